@@ -1,0 +1,23 @@
+"""Exceptions raised by sparktf on purpose.
+
+Every message names the offending thing (partition, record index, expected vs
+actual shape or dtype, worker rank) and says what to do about it.
+"""
+
+__all__ = ["SparkTFError", "DataError", "TrainingError", "CollectiveError"]
+
+
+class SparkTFError(Exception):
+    """Base class of every error sparktf raises on purpose."""
+
+
+class DataError(SparkTFError, ValueError):
+    """Bad records, specs, batch sizes or dataset options."""
+
+
+class TrainingError(SparkTFError, RuntimeError):
+    """A failure during training: non-finite loss, a failed worker, a timeout."""
+
+
+class CollectiveError(TrainingError):
+    """A failure of the all-reduce collective: a dead, silent or unauthenticated peer."""
