@@ -1,0 +1,229 @@
+"""A frozen TensorFlow graph with named inputs and outputs, runnable on NumPy.
+
+A :class:`FrozenGraph` is a serialized ``GraphDef`` (variables already turned
+into constants) plus the names of the tensors it is fed and fetched by. It is
+run through ``tf.compat.v1.wrap_function`` + ``prune``, which gives a
+``ConcreteFunction`` that works eagerly, inside ``tf.function`` and under
+``tf.GradientTape`` (gradients flow to the inputs). It pickles as its bytes
+and names, so it can travel to Spark executors; this module imports only
+TensorFlow and NumPy so executors never load Keras for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from typing import Callable, Iterable, Iterator, List, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+from sparktf.errors import DataError
+
+__all__ = ["FrozenGraph", "normalize_tensor_name", "cached_graph", "predict_partition"]
+
+_MAX_LISTED = 20
+_CACHE_SIZE = 4
+_cache: "collections.OrderedDict[str, FrozenGraph]" = collections.OrderedDict()
+
+
+def normalize_tensor_name(name: str) -> str:
+    """Return ``name`` as a tensor name: ``"x"`` becomes ``"x:0"``."""
+    if not isinstance(name, str) or not name:
+        raise DataError(f"A tensor name must be a non-empty string like 'Placeholder:0', got {name!r}.")
+    return name if ":" in name else name + ":0"
+
+
+def _listing(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_MAX_LISTED])
+    more = len(names) - _MAX_LISTED
+    return shown + (f", ... ({more} more)" if more > 0 else "") if names else "(none)"
+
+
+class FrozenGraph:
+    """A frozen ``GraphDef`` fed by ``input_names`` and fetched at ``output_names``.
+
+    Parameters
+    ----------
+    graph_def : tf.compat.v1.GraphDef or bytes
+        The graph, with every variable frozen into a constant.
+    input_names, output_names : sequence of str
+        Tensor names such as ``"Placeholder:0"`` (``"Placeholder"`` means
+        output 0 of that node). Their order is the order of the arrays that
+        :meth:`run` takes and returns.
+
+    Raises
+    ------
+    DataError
+        When a name is not a tensor of the graph; the message lists the
+        graph's placeholders (for inputs) or its unconsumed nodes (for outputs).
+    """
+
+    def __init__(
+        self,
+        graph_def: Union[tf.compat.v1.GraphDef, bytes],
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+    ) -> None:
+        if isinstance(graph_def, (bytes, bytearray)):
+            self.graph_def = tf.compat.v1.GraphDef.FromString(bytes(graph_def))
+        elif isinstance(graph_def, tf.compat.v1.GraphDef):
+            self.graph_def = graph_def
+        else:
+            raise DataError(
+                f"Expected a tf.compat.v1.GraphDef or its serialized bytes, got {type(graph_def).__name__}."
+            )
+        if isinstance(input_names, str) or isinstance(output_names, str):
+            raise DataError("input_names and output_names must be lists of tensor names, not a single string.")
+        self.input_names = [normalize_tensor_name(n) for n in input_names]
+        self.output_names = [normalize_tensor_name(n) for n in output_names]
+        if not self.output_names:
+            raise DataError("A frozen graph needs at least one output tensor name; got an empty list.")
+        self._function = self._build_function()  # now, so that bad names fail at construction
+
+    @property
+    def graph_bytes(self) -> bytes:
+        """The serialized ``GraphDef``."""
+        return self.graph_def.SerializeToString(deterministic=True)
+
+    @property
+    def key(self) -> str:
+        """A content hash of the graph and its input/output names."""
+        digest = hashlib.sha256(self.graph_bytes)
+        digest.update(repr((self.input_names, self.output_names)).encode())
+        return digest.hexdigest()
+
+    @property
+    def function(self):
+        """The ``ConcreteFunction`` from the input tensors to the output tensors."""
+        if self._function is None:
+            self._function = self._build_function()
+        return self._function
+
+    @property
+    def input_specs(self) -> List[tf.TensorSpec]:
+        """One ``tf.TensorSpec`` per input (batch dimension included)."""
+        return [tf.TensorSpec(t.shape, t.dtype, n) for t, n in zip(self.function.inputs, self.input_names)]
+
+    @property
+    def output_specs(self) -> List[tf.TensorSpec]:
+        """One ``tf.TensorSpec`` per output (batch dimension included)."""
+        outputs = tf.nest.flatten(self.function.structured_outputs)
+        return [tf.TensorSpec(t.shape, t.dtype, n) for t, n in zip(outputs, self.output_names)]
+
+    def _build_function(self):
+        graph_def = self.graph_def
+
+        def import_graph():
+            tf.compat.v1.import_graph_def(graph_def, name="")
+
+        wrapped = tf.compat.v1.wrap_function(import_graph, [])
+        graph = wrapped.graph
+        feeds = [self._lookup(graph, name, "input") for name in self.input_names]
+        fetches = [self._lookup(graph, name, "output") for name in self.output_names]
+        return wrapped.prune(feeds=feeds, fetches=fetches)
+
+    def _lookup(self, graph: tf.Graph, name: str, role: str) -> tf.Tensor:
+        try:
+            return graph.as_graph_element(name, allow_tensor=True, allow_operation=False)
+        except (KeyError, ValueError) as err:
+            if role == "input":
+                known = [op.name + ":0" for op in graph.get_operations() if op.type == "Placeholder"]
+                what = "placeholders"
+            else:
+                consumed = {t.op.name for op in graph.get_operations() for t in op.inputs}
+                known = [op.name + ":0" for op in graph.get_operations() if op.name not in consumed and op.outputs]
+                what = "tensors nothing else consumes (likely outputs)"
+            raise DataError(
+                f"Unknown {role} tensor {name!r} ({err}). The graph's {what}: {_listing(known)}. "
+                f"Pass {role} names from that list, written like 'name:0'."
+            ) from None
+
+    def check_inputs(self, arrays: Sequence) -> None:
+        """Raise ``DataError`` unless ``arrays`` has one entry per graph input."""
+        if len(arrays) != len(self.input_names):
+            raise DataError(
+                f"The graph takes {len(self.input_names)} input(s) ({', '.join(self.input_names)}) "
+                f"but got {len(arrays)}. Pass one array/tensor per input, in that order."
+            )
+
+    def as_graph_inputs(self, arrays: Sequence) -> List[np.ndarray]:
+        """Cast NumPy-like ``arrays`` to the inputs' dtypes as C-contiguous arrays, checking shapes."""
+        self.check_inputs(arrays)
+        converted = []
+        for value, spec in zip(arrays, self.input_specs):
+            if spec.dtype == tf.string:
+                array = np.asarray(value, dtype=object)
+            else:
+                array = np.ascontiguousarray(value, dtype=spec.dtype.as_numpy_dtype)
+            if not spec.shape.is_compatible_with(array.shape):
+                raise DataError(
+                    f"Input {spec.name!r} expects shape {spec.shape} (None = any size) but got an "
+                    f"array of shape {array.shape}. Reshape the input to match."
+                )
+            converted.append(array)
+        return converted
+
+    def run(self, arrays: Sequence) -> List[np.ndarray]:
+        """Run the graph on one batch of NumPy arrays (one per input), returning one array per output."""
+        outputs = self.function(*[tf.constant(a) for a in self.as_graph_inputs(arrays)])
+        return [t.numpy() for t in tf.nest.flatten(outputs)]
+
+    def __getstate__(self):
+        return {"graph_bytes": self.graph_bytes, "input_names": self.input_names, "output_names": self.output_names}
+
+    def __setstate__(self, state):
+        self.graph_def = tf.compat.v1.GraphDef.FromString(state["graph_bytes"])
+        self.input_names = state["input_names"]
+        self.output_names = state["output_names"]
+        self._function = None
+
+
+def cached_graph(key: str, load: Callable[[], FrozenGraph]) -> FrozenGraph:
+    """Return the graph cached under ``key`` in this process, calling ``load()`` on a miss.
+
+    A small LRU cache, so that later tasks of a reused Python worker skip
+    unpickling the graph and building its function.
+    """
+    graph = _cache.pop(key, None)
+    if graph is None:
+        graph = load()
+    _cache[key] = graph
+    while len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return graph
+
+
+def predict_partition(
+    blocks: Iterable[tuple], graph_broadcast, graph_key: str, batch: int, num_inputs: int
+) -> Iterator[Union[np.ndarray, List[np.ndarray]]]:
+    """Run a broadcast graph over one partition of Blocks, yielding one result per record.
+
+    Parameters
+    ----------
+    blocks : iterable of tuple of ndarray
+        The partition's Blocks (see ``docs/internals.md``); the first
+        ``num_inputs`` leaves are fed to the graph in order.
+    graph_broadcast : pyspark.Broadcast
+        Broadcast of the :class:`FrozenGraph`.
+    graph_key : str
+        ``FrozenGraph.key``, for the per-process cache.
+    batch : int
+        Records per graph run; the last batch may be shorter.
+    num_inputs : int
+        Number of graph inputs.
+
+    Yields
+    ------
+    ndarray or list of ndarray
+        The record's output (a list when the graph has several outputs), in
+        input order.
+    """
+    from sparktf.batching import inference_batches
+
+    graph = cached_graph(graph_key, lambda: graph_broadcast.value)
+    for leaves in inference_batches(blocks, batch):
+        outputs = graph.run(leaves[:num_inputs])
+        for index in range(len(outputs[0])):
+            rows = [out[index, ...] for out in outputs]
+            yield rows[0] if len(rows) == 1 else rows

@@ -1,0 +1,365 @@
+"""``TFNet``: a frozen TensorFlow graph as a Keras layer, and ``export_tf``.
+
+Every way of making a TFNet (SavedModel signature, frozen ``.pb``, export
+folder, ``tf.function``) ends in one :class:`~sparktf.frozen_graph.FrozenGraph`,
+so calling, pickling, Keras serialization and distributed prediction share a
+single code path.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import os
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from sparktf import graph_io
+from sparktf.errors import DataError
+from sparktf.frozen_graph import FrozenGraph, predict_partition
+
+__all__ = ["TFNet", "export_tf"]
+
+Arrays = Union[np.ndarray, List[np.ndarray]]
+
+
+def export_tf(
+    model_or_function: Any,
+    folder: Union[str, os.PathLike],
+    input_signature: Optional[Sequence[tf.TensorSpec]] = None,
+) -> str:
+    """Freeze a Keras model or a ``tf.function`` into an export folder.
+
+    Parameters
+    ----------
+    model_or_function : keras.Model, tf.function, ConcreteFunction or callable
+        What to export; a Keras model runs with ``training=False``.
+    folder : str or path
+        Created if missing; receives ``frozen_inference_graph.pb`` (variables
+        frozen into constants) and ``graph_meta.json`` (``input_names``,
+        ``output_names``, and each tensor's dtype and shape).
+    input_signature : sequence of tf.TensorSpec, optional
+        One spec per positional input; defaults to ``model.inputs`` for a
+        Keras model and to the function's own signature.
+
+    Returns
+    -------
+    str
+        The folder, ready for :meth:`TFNet.from_export_folder`.
+    """
+    return graph_io.write_export_folder(graph_io.freeze_callable(model_or_function, input_signature), folder)
+
+
+def _restore(graph_bytes: bytes, input_names: List[str], output_names: List[str], name: str) -> "TFNet":
+    return TFNet(graph_bytes, input_names, output_names, name=name)
+
+
+@keras.saving.register_keras_serializable(package="sparktf")
+class TFNet(keras.layers.Layer):
+    """A Keras layer running a frozen TensorFlow graph.
+
+    It has no weights (``trainable_weights == []``), but gradients flow
+    through it to its inputs, so trainable layers can sit before and after
+    it. Inputs are cast to the graph's input dtypes (floats are not
+    autocast by Keras). Usually built with a ``from_*`` factory.
+
+    Parameters
+    ----------
+    graph_def : tf.compat.v1.GraphDef or bytes
+        Frozen graph (no variables).
+    input_names, output_names : sequence of str
+        Tensor names like ``"Placeholder:0"``, in the order inputs are passed
+        and outputs returned.
+    **kwargs
+        Keras layer arguments such as ``name``.
+    """
+
+    def __init__(
+        self,
+        graph_def: Union[tf.compat.v1.GraphDef, bytes],
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        **kwargs: Any,
+    ) -> None:
+        kwargs["autocast"] = False
+        super().__init__(**kwargs)
+        self._graph = FrozenGraph(graph_def, input_names, output_names)
+        self.built = True
+
+    # ----------------------------------------------------------- factories
+    @classmethod
+    def _from_graph(cls, graph: FrozenGraph) -> "TFNet":
+        return cls(graph.graph_def, graph.input_names, graph.output_names)
+
+    @classmethod
+    def from_saved_model(
+        cls,
+        path: str,
+        signature: str = "serving_default",
+        inputs: Optional[Sequence[str]] = None,
+        outputs: Optional[Sequence[str]] = None,
+    ) -> "TFNet":
+        """Wrap one signature of a SavedModel, with its variables frozen.
+
+        Parameters
+        ----------
+        path : str
+            SavedModel directory.
+        signature : str
+            Signature key; a missing one raises ``DataError`` listing them.
+        inputs, outputs : sequence of str, optional
+            Signature input / output keys, selecting and ordering them;
+            default all of them in sorted key order.
+        """
+        return cls._from_graph(graph_io.freeze_saved_model(path, signature, inputs, outputs))
+
+    @classmethod
+    def from_frozen_graph(
+        cls,
+        graph_def_or_path: Union[tf.compat.v1.GraphDef, bytes, str, os.PathLike],
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+    ) -> "TFNet":
+        """Wrap a frozen ``GraphDef`` (object, bytes or binary ``.pb`` path).
+
+        ``inputs`` / ``outputs`` are tensor names like ``"Placeholder:0"``;
+        unknown names raise ``DataError`` listing the graph's candidates.
+        """
+        return cls(graph_io.read_graph_def(graph_def_or_path), inputs, outputs)
+
+    @classmethod
+    def from_export_folder(cls, folder: Union[str, os.PathLike]) -> "TFNet":
+        """Wrap a folder written by :func:`export_tf` (``frozen_inference_graph.pb`` + ``graph_meta.json``)."""
+        return cls._from_graph(graph_io.read_export_folder(folder))
+
+    @classmethod
+    def from_function(cls, tf_function: Any, input_signature: Optional[Sequence[tf.TensorSpec]] = None) -> "TFNet":
+        """Freeze a ``tf.function`` (or a Keras model or callable) into a TFNet.
+
+        ``input_signature`` gives one ``tf.TensorSpec`` per positional
+        argument; it may be omitted when the function has its own.
+        """
+        return cls._from_graph(graph_io.freeze_callable(tf_function, input_signature))
+
+    # ---------------------------------------------------------- properties
+    @property
+    def input_names(self) -> List[str]:
+        """The graph's input tensor names, in call order."""
+        return list(self._graph.input_names)
+
+    @property
+    def output_names(self) -> List[str]:
+        """The graph's output tensor names, in result order."""
+        return list(self._graph.output_names)
+
+    @property
+    def graph_def(self) -> tf.compat.v1.GraphDef:
+        """The frozen ``GraphDef``."""
+        return self._graph.graph_def
+
+    @property
+    def input_specs(self) -> List[tf.TensorSpec]:
+        """One ``tf.TensorSpec`` per input, batch dimension included."""
+        return self._graph.input_specs
+
+    @property
+    def output_specs(self) -> List[tf.TensorSpec]:
+        """One ``tf.TensorSpec`` per output, batch dimension included."""
+        return self._graph.output_specs
+
+    # --------------------------------------------------------------- Keras
+    def _as_list(self, inputs: Any) -> list:
+        if isinstance(inputs, dict):
+            by_name = {k if ":" in k else k + ":0": v for k, v in inputs.items()}
+            missing = [n for n in self._graph.input_names if n not in by_name]
+            if missing:
+                raise DataError(
+                    f"Inputs given as a dict lack {', '.join(missing)}; got keys {sorted(inputs)}. "
+                    f"Key them by the input names {self._graph.input_names}."
+                )
+            inputs = [by_name[n] for n in self._graph.input_names]
+        elif not isinstance(inputs, (list, tuple)):
+            inputs = [inputs]
+        self._graph.check_inputs(inputs)
+        return list(inputs)
+
+    def call(self, inputs: Any) -> Union[tf.Tensor, List[tf.Tensor]]:
+        """Run the graph on tensors (one per input, or a list/dict of them)."""
+        tensors = []
+        for value, spec in zip(self._as_list(inputs), self._graph.input_specs):
+            tensor = tf.convert_to_tensor(value)
+            if tensor.dtype != spec.dtype:
+                tensor = tf.cast(tensor, spec.dtype)
+            tensors.append(tensor)
+        outputs = tf.nest.flatten(self._graph.function(*tensors))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def compute_output_spec(self, inputs: Any) -> Any:
+        self._as_list(inputs)
+        specs = self._graph.output_specs
+        if any(spec.shape.rank is None for spec in specs):
+            return super().compute_output_spec(inputs)
+        tensors = [keras.KerasTensor(tuple(spec.shape), dtype=spec.dtype.name) for spec in specs]
+        return tensors[0] if len(tensors) == 1 else tensors
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        shapes = [tuple(spec.shape) for spec in self._graph.output_specs]
+        return shapes[0] if len(shapes) == 1 else shapes
+
+    def get_config(self) -> Dict[str, Any]:
+        config = super().get_config()
+        config.pop("autocast", None)
+        config.update(
+            graph_def=base64.b64encode(self._graph.graph_bytes).decode("ascii"),
+            input_names=self.input_names,
+            output_names=self.output_names,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "TFNet":
+        config = dict(config)
+        config["graph_def"] = base64.b64decode(config["graph_def"])
+        return cls(**config)
+
+    def __reduce__(self):
+        return (_restore, (self._graph.graph_bytes, self.input_names, self.output_names, self.name))
+
+    # ---------------------------------------------------------- inference
+    def forward(self, x: Arrays) -> Arrays:
+        """Run the graph once on NumPy input(s).
+
+        Parameters
+        ----------
+        x : ndarray or list of ndarray
+            One array per graph input (any array-like; it is cast to the
+            input's dtype and made contiguous).
+
+        Returns
+        -------
+        ndarray or list of ndarray
+            One array per output; a bare array when there is one output.
+        """
+        outputs = self._graph.run(self._as_list(x))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def predict(self, x: Any, batch_per_thread: int = 32, distributed: Optional[bool] = None) -> Any:
+        """Run the graph over many records.
+
+        Parameters
+        ----------
+        x : ndarray, list of ndarray, RDD or TFDataset
+            Arrays (one per input, records along axis 0), an RDD of records
+            (each an array, or a list of arrays for several inputs) or a
+            TFDataset whose first feature leaves feed the graph's inputs.
+        batch_per_thread : int
+            Records per graph run (per partition when distributed). A
+            TFDataset's own ``batch_per_thread`` / ``batch_size`` wins.
+        distributed : bool, optional
+            Arrays run locally unless True (then on Spark, still returning
+            arrays); RDDs and TFDatasets always run on Spark.
+
+        Returns
+        -------
+        ndarray, list of ndarray, or RDD
+            For arrays: the outputs for all records, like :meth:`forward`.
+            For an RDD / TFDataset: an RDD with one element per record in
+            input order and partitioning - an ndarray, or a list of them
+            when the graph has several outputs.
+        """
+        if not isinstance(batch_per_thread, int) or batch_per_thread <= 0:
+            raise DataError(f"batch_per_thread must be a positive integer, got {batch_per_thread!r}.")
+        from pyspark import RDD
+
+        if isinstance(x, RDD):
+            return self._predict_rdd(x, batch_per_thread)
+        if _is_tfdataset(x):
+            return self._predict_dataset(x, batch_per_thread)
+        arrays = [np.asarray(a) for a in self._as_list(x)]
+        if distributed:
+            return self._predict_arrays_on_spark(arrays, batch_per_thread)
+        return self._predict_arrays(arrays, batch_per_thread)
+
+    def _predict_arrays(self, arrays: List[np.ndarray], batch: int) -> Arrays:
+        count = _record_count(arrays)
+        if count is None:
+            return self.forward(arrays)
+        pieces = [self._graph.run([a[start : start + batch] for a in arrays]) for start in range(0, count, batch)]
+        outputs = [np.concatenate(parts) for parts in zip(*pieces)]
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _predict_arrays_on_spark(self, arrays: List[np.ndarray], batch: int) -> Arrays:
+        import sparktf
+
+        count = _record_count(arrays)
+        if count is None:
+            raise DataError("distributed=True needs a batch dimension; scalar inputs run locally (distributed=False).")
+        records = [a[0] if len(arrays) == 1 else list(a) for a in zip(*arrays)]
+        rdd = sparktf.init_spark().sparkContext.parallelize(records)
+        results = self._predict_rdd(rdd, batch).collect()
+        outputs = [np.stack(col) for col in zip(*results)] if len(self.output_names) > 1 else [np.stack(results)]
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _record_specs(self, rdd) -> list:
+        """Per-record ``(dtype, shape)`` specs of the inputs; unknown sizes come from the first record."""
+        specs = [(spec.dtype, spec.shape[1:]) for spec in self._graph.input_specs]
+        if all(shape.is_fully_defined() for _, shape in specs):
+            return [(dtype, shape.as_list()) for dtype, shape in specs]
+        first = rdd.first()
+        first = self._as_list(first)
+        return [(dtype, list(np.shape(value))) for (dtype, _), value in zip(specs, first)]
+
+    def _predict_rdd(self, rdd, batch: int):
+        from sparktf.dataset import TFDataset
+
+        specs = self._record_specs(rdd)
+        features = specs[0] if len(specs) == 1 else specs
+        dataset = TFDataset.from_rdd(rdd, features=features, batch_per_thread=batch, shuffle=False)
+        return self._predict_dataset(dataset, batch)
+
+    def _predict_dataset(self, dataset, batch: int):
+        from sparktf import specs
+
+        num_features = len(specs.flatten(dataset.feature_spec))
+        if num_features != len(self.input_names):
+            raise DataError(
+                f"The dataset has {num_features} feature tensor(s) but the graph takes "
+                f"{len(self.input_names)} input(s) ({', '.join(self.input_names)}). "
+                "Give the dataset one feature per graph input, in that order."
+            )
+        block_rdd = dataset.block_rdd
+        sc = block_rdd.context
+        if _has_batch_option(dataset):
+            batch = dataset.inference_batch_size(sc.defaultParallelism)
+        broadcast = sc.broadcast(self._graph)
+        run = functools.partial(
+            predict_partition,
+            graph_broadcast=broadcast,
+            graph_key=self._graph.key,
+            batch=batch,
+            num_inputs=num_features,
+        )
+        return block_rdd.mapPartitions(run, preservesPartitioning=True)
+
+
+def _record_count(arrays: List[np.ndarray]) -> Optional[int]:
+    """The common leading dimension of ``arrays``; None for scalar (rank-0) inputs."""
+    if any(a.ndim == 0 for a in arrays):
+        return None
+    counts = {len(a) for a in arrays}
+    if len(counts) != 1:
+        raise DataError(
+            f"All inputs must hold the same number of records (axis 0), got {[len(a) for a in arrays]}."
+        )
+    return counts.pop()
+
+
+def _is_tfdataset(x: Any) -> bool:
+    return type(x).__name__ == "TFDataset" and hasattr(x, "block_rdd")
+
+
+def _has_batch_option(dataset) -> bool:
+    return any((getattr(dataset, name, None) or -1) > 0 for name in ("batch_per_thread", "batch_size"))
