@@ -1,0 +1,95 @@
+"""init_spark: one session, the right Python on executors, sparktf shipped to them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import sparktf
+from sparktf.errors import CollectiveError, DataError, SparkTFError, TrainingError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CLUSTER_SCRIPT = r"""
+import json, os, sys
+import sitecustomize
+try:
+    import sparktf
+    raise SystemExit("the hidden-install fixture did not hide sparktf")
+except ModuleNotFoundError:
+    pass
+sitecustomize.reveal_installed()
+import sparktf
+
+spark = sparktf.init_spark(
+    "local-cluster[2,1,1024]",
+    conf={"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false",
+          "spark.executor.memory": "1g"},
+)
+
+def probe(_):
+    import os, sys
+    import tensorflow
+    import sparktf
+    return {
+        "executable": sys.executable,
+        "pid": os.getpid(),
+        "sparktf_file": sparktf.__file__,
+        "tf_version": tensorflow.__version__,
+        "error_class": sparktf.DataError.__mro__[1].__name__,
+    }
+
+rows = spark.sparkContext.parallelize(range(2), 2).map(probe).collect()
+print("RESULT_JSON " + json.dumps({
+    "driver_executable": sys.executable,
+    "pyspark_python": os.environ.get("PYSPARK_PYTHON"),
+    "same_session": sparktf.init_spark() is spark,
+    "rows": rows,
+}))
+spark.stop()
+"""
+
+
+def test_init_spark_returns_the_active_session(spark):
+    assert sparktf.init_spark() is spark
+    assert sparktf.init_spark(app_name="another-name") is spark
+
+
+def test_init_spark_ships_the_package_once(spark):
+    from sparktf.context import ship_package
+
+    first = ship_package(spark.sparkContext)
+    assert first.endswith("sparktf.zip")
+    assert ship_package(spark.sparkContext) == first
+
+
+def test_error_hierarchy():
+    assert issubclass(DataError, SparkTFError) and issubclass(DataError, ValueError)
+    assert issubclass(TrainingError, SparkTFError) and issubclass(TrainingError, RuntimeError)
+    assert issubclass(CollectiveError, TrainingError)
+
+
+def test_executors_without_sparktf_get_python_and_package_from_init_spark(tmp_path):
+    """Separate executor processes that lack sparktf import it from the shipped zip."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    env["PYTHONPATH"] = os.path.join(HERE, "hidden_install_site")
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    script = tmp_path / "cluster_job.py"
+    script.write_text(CLUSTER_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, cwd=str(tmp_path),
+        capture_output=True, text=True, timeout=300,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT_JSON ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT_JSON "):])
+    assert result["pyspark_python"] == result["driver_executable"]
+    assert result["same_session"] is True
+    assert len(result["rows"]) == 2
+    for row in result["rows"]:
+        assert row["executable"] == result["driver_executable"]
+        assert "sparktf.zip" in row["sparktf_file"]
+        assert row["error_class"] == "SparkTFError"
+        assert row["tf_version"]
