@@ -155,7 +155,7 @@ class FrozenGraph:
             if spec.dtype == tf.string:
                 array = np.asarray(value, dtype=object)
             else:
-                array = np.ascontiguousarray(value, dtype=spec.dtype.as_numpy_dtype)
+                array = np.asarray(value, dtype=spec.dtype.as_numpy_dtype, order="C")
             if not spec.shape.is_compatible_with(array.shape):
                 raise DataError(
                     f"Input {spec.name!r} expects shape {spec.shape} (None = any size) but got an "
