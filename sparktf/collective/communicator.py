@@ -1,0 +1,263 @@
+"""``Communicator``: the collective operations sparktf's training workers use.
+
+A communicator joins ``world_size`` ranks in a ring of authenticated TCP
+connections (see ``rendezvous``) and runs ring algorithms over it (see
+``ring``).  It is built inside Spark barrier tasks with
+:meth:`Communicator.from_barrier_context`, or from an explicit peer list with
+:meth:`Communicator.from_peers`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any, Callable, TypeVar
+
+import numpy as np
+
+from sparktf.collective.auth import check_secret
+from sparktf.collective.link import RingLink
+from sparktf.collective.rendezvous import barrier_task_peers, bind_listener, connect_ring, parse_peer
+from sparktf.collective.ring import SEGMENT_BYTES, ring_allgather_bytes, ring_allreduce, ring_broadcast
+from sparktf.errors import CollectiveError
+
+__all__ = ["Communicator", "SUPPORTED_DTYPES"]
+
+SUPPORTED_DTYPES = tuple(np.dtype(name) for name in ("float32", "float64", "int32", "int64"))
+MAX_OBJECT_BYTES = 16 << 20
+_ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER = 1, 2, 3, 4
+_T = TypeVar("_T")
+
+
+class Communicator:
+    """Collective operations among ``world_size`` ranks connected in a ring.
+
+    Use :meth:`from_barrier_context` or :meth:`from_peers` to build one.  Every
+    rank must call the same collectives in the same order with buffers of the
+    same size and dtype.  A dead peer (closed connection) makes the call raise
+    :class:`~sparktf.errors.CollectiveError` at once, a silent one after
+    ``timeout`` seconds; the error names the peer's rank, and the communicator
+    is closed afterwards.  Use it as a context manager or call :meth:`close`.
+
+    Parameters
+    ----------
+    rank : int
+        This rank, ``0 <= rank < world_size``.
+    world_size : int
+        Number of ranks.
+    link : RingLink or None
+        The connected ring (None when ``world_size`` is 1).
+    timeout : float
+        Seconds a peer may stay silent before a call fails.
+    """
+
+    def __init__(self, rank: int, world_size: int, link: RingLink | None, timeout: float):
+        self._rank = rank
+        self._world_size = world_size
+        self._link = link
+        self._timeout = timeout
+        self._scratch = np.empty(SEGMENT_BYTES if link is not None else 0, dtype=np.uint8)
+        self._failure: BaseException | None = None
+        self._closed = False
+
+    @classmethod
+    def from_peers(cls, rank: int, peers: list[str], secret: bytes, timeout: float = 300.0,
+                   listener: socket.socket | None = None) -> "Communicator":
+        """Connect ``rank`` to the ring of ``peers``.
+
+        Parameters
+        ----------
+        rank : int
+            This rank: its index in ``peers``.
+        peers : list of str
+            ``"host:port"`` of every rank's listening socket, by rank.
+        secret : bytes
+            The job secret (at least 16 bytes) every rank shares.
+        timeout : float
+            Seconds to wait for the neighbours to connect, and for a silent
+            peer during a collective.
+        listener : socket.socket, optional
+            This rank's already listening socket (from :func:`bind_listener`);
+            the communicator takes it over and closes it once connected.
+            Without it, a socket is bound to ``peers[rank]``.
+
+        Returns
+        -------
+        Communicator
+
+        Raises
+        ------
+        CollectiveError
+            A neighbour did not connect or authenticate within ``timeout``.
+        """
+        secret = check_secret(secret)
+        if not 0 <= rank < len(peers):
+            raise ValueError(f"rank must be in [0, {len(peers)}), got {rank}")
+        if len(peers) == 1:
+            if listener is not None:
+                listener.close()
+            return cls(0, 1, None, timeout)
+        if listener is None:
+            listener = bind_listener(*parse_peer(peers[rank]))
+        try:
+            left, right = connect_ring(rank, list(peers), listener, secret, timeout)
+        finally:
+            listener.close()
+        return cls(rank, len(peers), RingLink(rank, len(peers), left, right, timeout), timeout)
+
+    @classmethod
+    def from_barrier_context(cls, ctx, secret: bytes, timeout: float = 300.0) -> "Communicator":
+        """Connect the tasks of a Spark barrier stage; rank is the partition id.
+
+        Each task listens on its executor's own address (the host Spark lists
+        for it in ``ctx.getTaskInfos()``), publishes ``host:port`` with
+        ``ctx.allGather`` and connects to its ring neighbours.
+
+        Parameters
+        ----------
+        ctx : pyspark.BarrierTaskContext
+            The running task's context (``BarrierTaskContext.get()``).
+        secret : bytes
+            The job secret, created on the driver (``secrets.token_bytes(32)``)
+            and shipped in the task closure.
+        timeout : float
+            As in :meth:`from_peers`.
+
+        Returns
+        -------
+        Communicator
+        """
+        secret = check_secret(secret)
+        rank = ctx.partitionId()
+        infos = ctx.getTaskInfos()
+        if len(infos) == 1:
+            return cls(0, 1, None, timeout)
+        host, _ = parse_peer(infos[rank].address)
+        listener = bind_listener(host)
+        try:
+            peers = barrier_task_peers(ctx, listener)
+            left, right = connect_ring(rank, peers, listener, secret, timeout)
+        finally:
+            listener.close()
+        return cls(rank, len(peers), RingLink(rank, len(peers), left, right, timeout), timeout)
+
+    @property
+    def rank(self) -> int:
+        """This rank, ``0 <= rank < world_size``."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks in the ring."""
+        return self._world_size
+
+    def allreduce(self, buffer: np.ndarray, op: str = "mean") -> np.ndarray:
+        """Sum or average ``buffer`` over all ranks, in place.
+
+        Parameters
+        ----------
+        buffer : numpy.ndarray
+            A writeable, contiguous array of float32, float64, int32 or int64,
+            of the same shape and dtype on every rank.
+        op : {"mean", "sum"}
+            Sums are computed in the buffer's dtype (integers wrap around on
+            overflow, as in NumPy); "mean" divides the sum once by
+            ``world_size``, rounding integers down (floor division).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``buffer`` itself; every rank holds the same bits.
+        """
+        if op not in ("mean", "sum"):
+            raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
+        flat = _flat_view(buffer, "allreduce")
+        self._run(_tag(_ALLREDUCE, flat), lambda link: ring_allreduce(
+            link, flat, self._world_size, op == "mean", self._scratch))
+        return buffer
+
+    def broadcast(self, buffer: np.ndarray, root: int = 0) -> np.ndarray:
+        """Overwrite ``buffer`` on every rank with ``root``'s, in place.
+
+        Parameters
+        ----------
+        buffer : numpy.ndarray
+            As in :meth:`allreduce`.
+        root : int
+            The rank whose buffer is copied.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``buffer`` itself.
+        """
+        if not 0 <= root < self._world_size:
+            raise ValueError(f"root must be in [0, {self._world_size}), got {root}")
+        flat = _flat_view(buffer, "broadcast")
+        self._run(_tag(_BROADCAST, flat), lambda link: ring_broadcast(link, flat, self._world_size, root))
+        return buffer
+
+    def allgather_object(self, obj: Any) -> list:
+        """Return every rank's ``obj``, indexed by rank.
+
+        ``obj`` travels as JSON (never pickle), so it must be JSON-serialisable
+        and small (at most 16 MiB encoded); tuples come back as lists.
+        """
+        payload = json.dumps(obj).encode()
+        if len(payload) > MAX_OBJECT_BYTES:
+            raise ValueError(f"allgather_object takes at most {MAX_OBJECT_BYTES} bytes of JSON, got {len(payload)}")
+        gathered = self._run(_ALLGATHER << 8, lambda link: ring_allgather_bytes(
+            link, payload, self._world_size, MAX_OBJECT_BYTES))
+        return [json.loads(item) for item in (gathered or [payload])]
+
+    def barrier(self) -> None:
+        """Return once every rank has called ``barrier``."""
+        self._run(_BARRIER << 8, lambda link: ring_allgather_bytes(link, b"", self._world_size, 0))
+
+    def close(self) -> None:
+        """Close the connections and end the sender thread; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._link is not None and self._failure is None:
+            self._link.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self._rank}, world_size={self._world_size})"
+
+    def _run(self, tag: int, collective: Callable[[RingLink], _T]) -> _T | None:
+        if self._failure is not None:
+            raise CollectiveError(f"this communicator failed earlier and is closed: {self._failure}")
+        if self._closed:
+            raise CollectiveError("this communicator is closed")
+        if self._link is None:
+            return None
+        self._link.begin(tag)
+        try:
+            return collective(self._link)
+        except BaseException as exc:
+            self._failure = exc
+            self._closed = True
+            self._link.abort(exc)
+            raise
+
+
+def _flat_view(buffer: np.ndarray, what: str) -> np.ndarray:
+    if not isinstance(buffer, np.ndarray):
+        raise TypeError(f"{what} needs a numpy.ndarray, got {type(buffer).__name__}")
+    if buffer.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{what} supports float32, float64, int32 and int64 buffers, got {buffer.dtype}")
+    if not (buffer.flags.c_contiguous or buffer.flags.f_contiguous) or not buffer.flags.writeable:
+        raise ValueError(f"{what} works in place on a writeable contiguous array; pass np.ascontiguousarray(x)")
+    return buffer.reshape(-1, order="A")
+
+
+def _tag(collective: int, flat: np.ndarray) -> int:
+    return collective << 8 | ord(flat.dtype.char)
+

@@ -1,0 +1,141 @@
+"""One rank's two ring connections: frames go out to the right, come in from the left."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from sparktf.collective.sender import FrameSender
+from sparktf.collective.transport import (
+    ABORT, DATA, HEADER, FrameHeader, PeerFailure, decode_abort, encode_abort, recv_exact,
+)
+
+__all__ = ["RingLink"]
+
+logger = logging.getLogger(__name__)
+
+_ABORT_GRACE_SECONDS = 1.0
+
+
+class RingLink:
+    """Framed, overlapped I/O on the ring: ``post`` to the right, ``receive`` from the left.
+
+    Parameters
+    ----------
+    rank, world_size : int
+        This rank and the ring size.
+    left, right : socket.socket
+        Authenticated sockets from the left neighbour and to the right one.
+    timeout : float
+        Seconds a peer may stay silent before the collective fails.
+    """
+
+    def __init__(self, rank: int, world_size: int, left: socket.socket, right: socket.socket, timeout: float):
+        self.rank = rank
+        self.left_rank = (rank - 1) % world_size
+        self.right_rank = (rank + 1) % world_size
+        self.timeout = timeout
+        self._left = left
+        self._right = right
+        self._header = bytearray(HEADER.size)
+        self._tag = 0
+        self._seq = 0
+        self._sender = FrameSender(right, self.right_rank, self._wake_receiver,
+                                   name=f"sparktf-collective-sender-rank{rank}")
+
+    def begin(self, tag: int) -> None:
+        """Start a new collective call; its frames carry ``tag`` and a new sequence number."""
+        self._tag = tag
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+
+    def post(self, payload: memoryview) -> None:
+        """Queue ``payload`` (bytes) for the right neighbour; keep it unchanged until ``flush``."""
+        self._sender.post(FrameHeader(DATA, self._tag, self._seq, payload.nbytes), payload)
+
+    def receive_into(self, payload: memoryview) -> None:
+        """Receive the next frame from the left neighbour into ``payload``, which must fit it exactly."""
+        self._receive_header(payload.nbytes, payload.nbytes)
+        self._receive_payload(payload)
+
+    def receive_bytes(self, limit: int) -> bytes:
+        """Receive the next frame from the left neighbour, of at most ``limit`` bytes."""
+        payload = bytearray(self._receive_header(0, limit))
+        self._receive_payload(memoryview(payload))
+        return bytes(payload)
+
+    def flush(self) -> None:
+        """Wait until everything posted has been sent."""
+        self._sender.flush(self.timeout)
+
+    def abort(self, error: BaseException) -> None:
+        """Tell the right neighbour which rank failed (when the stream allows it), then close."""
+        clean = self._sender.stop(_ABORT_GRACE_SECONDS)
+        if clean and not (isinstance(error, PeerFailure) and error.rank == self.right_rank):
+            culprit = error.rank if isinstance(error, PeerFailure) else self.rank
+            notice = encode_abort(culprit, str(error) if isinstance(error, PeerFailure)
+                                  else f"rank {self.rank} failed: {error!r}")
+            self._right.settimeout(_ABORT_GRACE_SECONDS)
+            try:
+                self._right.sendall(FrameHeader(ABORT, 0, 0, len(notice)).pack() + notice)
+            except OSError:
+                logger.debug("rank %d could not send its abort notice to rank %d", self.rank, self.right_rank)
+        self._shutdown()
+        self._sender.join()
+        self._close_sockets()
+
+    def close(self) -> None:
+        """End the sender thread and close both connections."""
+        if not self._sender.stop(self.timeout):
+            self._shutdown()
+            self._sender.join()
+        self._close_sockets()
+
+    def _receive_header(self, minimum: int, maximum: int) -> int:
+        self._receive_payload(memoryview(self._header))
+        header = FrameHeader.unpack(self._header)
+        if header.kind == ABORT:
+            raise decode_abort(header, self._left, self.left_rank)
+        if header.kind != DATA or header.tag != self._tag or header.seq != self._seq:
+            raise PeerFailure(self.left_rank, (
+                f"rank {self.left_rank} is in another collective call than rank {self.rank} "
+                f"(tag {header.tag:#06x} call {header.seq}, expected tag {self._tag:#06x} call {self._seq}): "
+                "every rank must call the same collectives in the same order, with the same dtype"))
+        if not minimum <= header.length <= maximum:
+            raise PeerFailure(self.left_rank, (
+                f"rank {self.left_rank} sent {header.length} bytes where rank {self.rank} expected "
+                f"{minimum if minimum == maximum else f'at most {maximum}'}: every rank must pass "
+                "buffers of the same size"))
+        return header.length
+
+    def _receive_payload(self, view: memoryview) -> None:
+        try:
+            complete = recv_exact(self._left, view)
+        except TimeoutError:
+            raise self._sender.error or PeerFailure(self.left_rank, (
+                f"rank {self.left_rank} sent nothing for {self.timeout:g} s; it is stuck, slow or "
+                "waiting for another rank (raise collective_timeout if it is only slow)")) from None
+        except OSError as exc:
+            raise self._sender.error or PeerFailure(self.left_rank, (
+                f"the connection from rank {self.left_rank} failed ({exc}); it probably failed: "
+                "check its log")) from None
+        if not complete:
+            raise self._sender.error or PeerFailure(self.left_rank, (
+                f"rank {self.left_rank} closed its connection in the middle of a collective; "
+                "it probably failed: check its log"))
+
+    def _wake_receiver(self) -> None:
+        try:
+            self._left.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
+    def _shutdown(self) -> None:
+        for sock in (self._left, self._right):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _close_sockets(self) -> None:
+        self._left.close()
+        self._right.close()

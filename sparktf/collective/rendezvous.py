@@ -1,0 +1,177 @@
+"""Building the ring: listen on the executor's own address, connect to the right, accept from the left.
+
+Each rank accepts exactly one authenticated connection (from its left
+neighbour) on its listening socket and opens one (to its right neighbour).
+Accepting runs on a short-lived thread, joined before ``connect_ring``
+returns, so that every rank can wait for its right neighbour's handshake
+while answering its left neighbour's.  A connection that fails the handshake
+is logged and dropped; the listener keeps accepting until the real left
+neighbour authenticates or the deadline passes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+
+from sparktf.collective.auth import HandshakeError, client_handshake, server_handshake
+from sparktf.collective.transport import configure_socket
+from sparktf.errors import CollectiveError
+
+__all__ = ["bind_listener", "connect_ring", "barrier_task_peers", "format_peer", "parse_peer"]
+
+logger = logging.getLogger(__name__)
+
+_HANDSHAKE_SECONDS = 10.0
+_POLL_SECONDS = 0.2
+_RETRY_SECONDS = 0.05
+
+
+def bind_listener(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """Return a TCP socket listening on ``host:port``.
+
+    Parameters
+    ----------
+    host : str
+        The address to listen on: the executor's own address, never a wildcard.
+    port : int
+        The port; 0 lets the kernel choose a free one.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.bind((host, port))
+        listener.listen(16)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def format_peer(listener: socket.socket) -> str:
+    """The ``"host:port"`` (``"[v6host]:port"`` for IPv6) other ranks use to reach ``listener``."""
+    host, port = listener.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_peer(peer: str) -> tuple[str, int]:
+    """Split ``"host:port"`` or ``"[v6host]:port"`` into ``(host, port)``."""
+    host, _, port = peer.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"a peer address must look like 'host:port', got {peer!r}")
+    return host.strip("[]"), int(port)
+
+
+def barrier_task_peers(ctx, listener: socket.socket) -> list[str]:
+    """Publish this task's listening address through Spark and return every task's, by partition id."""
+    published = ctx.allGather(json.dumps({"peer": format_peer(listener)}))
+    return [json.loads(message)["peer"] for message in published]
+
+
+def connect_ring(rank: int, peers: list[str], listener: socket.socket, secret: bytes,
+                 timeout: float) -> tuple[socket.socket, socket.socket]:
+    """Return authenticated ``(left, right)`` sockets of ``rank`` in the ring of ``peers``.
+
+    Raises
+    ------
+    CollectiveError
+        A neighbour did not connect or authenticate within ``timeout`` seconds.
+    """
+    world_size = len(peers)
+    deadline = time.monotonic() + timeout
+    acceptor = _LeftAcceptor(rank, world_size, listener, secret, deadline)
+    acceptor.start()
+    try:
+        right = _connect_right(rank, peers, secret, deadline, timeout)
+    except BaseException:
+        acceptor.cancel()
+        raise
+    left = acceptor.result()
+    if left is None:
+        right.close()
+        raise CollectiveError(
+            f"rank {(rank - 1) % world_size} did not connect to rank {rank} within {timeout:g} s; "
+            "check that every rank started and that its task did not fail")
+    configure_socket(left, timeout)
+    configure_socket(right, timeout)
+    return left, right
+
+
+def _connect_right(rank: int, peers: list[str], secret: bytes, deadline: float, timeout: float) -> socket.socket:
+    right_rank = (rank + 1) % len(peers)
+    address = parse_peer(peers[right_rank])
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CollectiveError(
+                f"rank {rank} could not reach rank {right_rank} at {peers[right_rank]} within {timeout:g} s; "
+                "check that it started and that the address is reachable")
+        try:
+            sock = socket.create_connection(address, timeout=min(remaining, _HANDSHAKE_SECONDS))
+        except (ConnectionRefusedError, TimeoutError):
+            time.sleep(_RETRY_SECONDS)
+            continue
+        try:
+            client_handshake(sock, secret, rank, right_rank, len(peers))
+        except (HandshakeError, OSError) as exc:
+            sock.close()
+            raise CollectiveError(
+                f"rank {rank} could not authenticate with rank {right_rank} at {peers[right_rank]}: {exc}; "
+                "every rank must use the same job secret and peer list") from None
+        return sock
+
+
+class _LeftAcceptor:
+    """Accepts connections until the left neighbour authenticates, on a thread of its own."""
+
+    def __init__(self, rank: int, world_size: int, listener: socket.socket, secret: bytes, deadline: float):
+        self._rank = rank
+        self._left_rank = (rank - 1) % world_size
+        self._world_size = world_size
+        self._listener = listener
+        self._secret = secret
+        self._deadline = deadline
+        self._cancelled = threading.Event()
+        self._left: socket.socket | None = None
+        self._thread = threading.Thread(target=self._run, name=f"sparktf-collective-accept-rank{rank}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self._thread.join()
+        if self._left is not None:
+            self._left.close()
+
+    def result(self) -> socket.socket | None:
+        self._thread.join()
+        return self._left
+
+    def _run(self) -> None:
+        while not self._cancelled.is_set():
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._listener.settimeout(min(remaining, _POLL_SECONDS))
+            try:
+                sock, address = self._listener.accept()
+            except TimeoutError:
+                continue
+            if self._authenticate(sock, address, remaining):
+                self._left = sock
+                return
+
+    def _authenticate(self, sock: socket.socket, address, remaining: float) -> bool:
+        sock.settimeout(min(remaining, _HANDSHAKE_SECONDS))
+        try:
+            server_handshake(sock, self._secret, self._rank, self._left_rank, self._world_size)
+        except (HandshakeError, OSError) as exc:
+            logger.warning("rank %d dropped a connection from %s that claimed to be rank %d: %s",
+                           self._rank, address, self._left_rank, exc)
+            sock.close()
+            return False
+        return True
