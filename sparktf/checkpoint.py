@@ -1,0 +1,112 @@
+"""Training state (weights, optimizer variables, iteration) and its checkpoint files.
+
+A :class:`ModelState` is what moves between the driver and the barrier tasks
+at segment boundaries and what a checkpoint holds. Checkpoints are
+``model_dir/checkpoint-<iteration>.npz`` files written atomically by the
+driver, so ``model_dir`` only needs to be visible to the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+
+from sparktf.errors import SparkTFError
+
+__all__ = ["ModelState", "checkpoint_path", "latest_checkpoint", "save_checkpoint", "load_checkpoint"]
+
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\.npz$")
+
+
+@dataclass
+class ModelState:
+    """Weights and optimizer variables of a Keras model at an absolute iteration.
+
+    Attributes
+    ----------
+    weights : list of numpy.ndarray
+        ``model.weights`` in order (trainable and non-trainable).
+    optimizer_variables : list of numpy.ndarray
+        ``model.optimizer.variables`` in order (empty when not captured).
+    iteration : int
+        Absolute number of iterations trained.
+    """
+
+    weights: List[np.ndarray]
+    optimizer_variables: List[np.ndarray]
+    iteration: int = 0
+
+    @classmethod
+    def capture(cls, model, iteration: int = 0) -> "ModelState":
+        """Copy the weights and the (built) optimizer's variables of ``model``."""
+        optimizer = getattr(model, "optimizer", None)
+        optimizer_values = [] if optimizer is None else [np.array(v) for v in optimizer.variables]
+        return cls([np.array(v) for v in model.weights], optimizer_values, int(iteration))
+
+    def apply_to(self, model) -> None:
+        """Assign the weights and optimizer variables to ``model`` (same architecture)."""
+        _assign(model.weights, self.weights, "model weights")
+        if self.optimizer_variables:
+            _assign(model.optimizer.variables, self.optimizer_variables, "optimizer variables")
+
+
+def _assign(variables, values, what: str) -> None:
+    if len(variables) != len(values):
+        raise SparkTFError(
+            f"cannot restore {what}: the model has {len(variables)} but the state has "
+            f"{len(values)}; restore a checkpoint of the same model and optimizer"
+        )
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+def checkpoint_path(model_dir: str, iteration: int) -> str:
+    """Path of the checkpoint of ``iteration`` in ``model_dir``."""
+    return os.path.join(model_dir, f"checkpoint-{iteration}.npz")
+
+
+def latest_checkpoint(model_dir: str) -> Optional[str]:
+    """Path of the checkpoint with the highest iteration in ``model_dir``, or None."""
+    if not os.path.isdir(model_dir):
+        return None
+    found = [
+        (int(match.group(1)), name)
+        for name in os.listdir(model_dir)
+        if (match := _CHECKPOINT_RE.match(name))
+    ]
+    return os.path.join(model_dir, max(found)[1]) if found else None
+
+
+def save_checkpoint(state: ModelState, model_dir: str) -> str:
+    """Write ``state`` to ``model_dir/checkpoint-<iteration>.npz`` atomically; return the path."""
+    os.makedirs(model_dir, exist_ok=True)
+    path = checkpoint_path(model_dir, state.iteration)
+    arrays = {f"w{i}": w for i, w in enumerate(state.weights)}
+    arrays.update({f"o{i}": o for i, o in enumerate(state.optimizer_variables)})
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as handle:
+        np.savez(
+            handle,
+            iteration=np.int64(state.iteration),
+            counts=np.array([len(state.weights), len(state.optimizer_variables)]),
+            **arrays,
+        )
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path: str) -> ModelState:
+    """Read a checkpoint written by :func:`save_checkpoint`."""
+    if not os.path.isfile(path):
+        raise SparkTFError(f"checkpoint {path!r} does not exist; pass a path written by optimize")
+    with np.load(path) as data:
+        num_weights, num_optimizer = (int(n) for n in data["counts"])
+        return ModelState(
+            [data[f"w{i}"] for i in range(num_weights)],
+            [data[f"o{i}"] for i in range(num_optimizer)],
+            int(data["iteration"]),
+        )

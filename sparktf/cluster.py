@@ -1,0 +1,85 @@
+"""Cluster resources: free task slots for a barrier job, TensorFlow threads per task.
+
+Spark's own check for a barrier stage that does not fit retries for minutes;
+sparktf fails within seconds instead, naming the numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark import SparkContext
+
+from sparktf.errors import SparkTFError
+
+__all__ = ["total_task_slots", "free_task_slots", "check_free_slots", "configure_task_threads"]
+
+_LOG = logging.getLogger(__name__)
+
+
+def total_task_slots(sc: SparkContext) -> int:
+    """How many tasks of the default resource profile the cluster runs at once."""
+    scala_context = sc._jsc.sc()
+    profile = scala_context.resourceProfileManager().defaultResourceProfile()
+    return int(scala_context.maxNumConcurrentTasks(profile))
+
+
+def free_task_slots(sc: SparkContext) -> int:
+    """Task slots not taken by the tasks running right now."""
+    tracker = sc.statusTracker()
+    busy = 0
+    for stage_id in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(stage_id)
+        busy += info.numActiveTasks if info is not None else 0
+    return total_task_slots(sc) - busy
+
+
+def check_free_slots(sc: SparkContext, num_workers: int) -> None:
+    """Raise ``SparkTFError`` unless ``num_workers`` barrier tasks can start now.
+
+    Parameters
+    ----------
+    sc : pyspark.SparkContext
+        The context that will run the barrier job.
+    num_workers : int
+        Number of barrier tasks (one per training worker).
+    """
+    free = free_task_slots(sc)
+    if num_workers > free:
+        total = total_task_slots(sc)
+        raise SparkTFError(
+            f"num_workers={num_workers} training workers need {num_workers} free task slots, "
+            f"but the cluster has only {free} free (of {total} in total, at "
+            f"spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each). "
+            f"Use num_workers <= {free}, or add executors / cores."
+        )
+
+
+def configure_task_threads(cpus: int) -> int:
+    """Make TensorFlow in this Python worker use ``cpus`` intra-op and inter-op threads.
+
+    Must run before TensorFlow initialises its runtime in the process. In a
+    reused Python worker where it already did with other values, the old values
+    stay (TensorFlow cannot change them) and a warning is logged.
+
+    Returns
+    -------
+    int
+        The intra-op thread count in effect.
+    """
+    import tensorflow as tf
+
+    threading = tf.config.threading
+    try:
+        threading.set_intra_op_parallelism_threads(cpus)
+        threading.set_inter_op_parallelism_threads(cpus)
+    except RuntimeError:
+        current = threading.get_intra_op_parallelism_threads()
+        if current != cpus:
+            _LOG.warning(
+                "TensorFlow was already initialised in this Python worker with %d intra-op "
+                "threads; keeping them instead of spark.task.cpus=%d",
+                current,
+                cpus,
+            )
+    return threading.get_intra_op_parallelism_threads()
