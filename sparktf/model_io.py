@@ -1,0 +1,446 @@
+"""Shipping Keras models to Spark executors, and the per-process model cache.
+
+A Keras 3 model does not survive a plain ``cloudpickle`` trip to an executor
+when it uses classes or functions defined in the user's script or notebook:
+Keras pickles a model by its config, and the executor cannot locate
+``__main__.MyLayer``. :class:`ModelPayload` captures everything needed to
+rebuild the model elsewhere:
+
+* the architecture, as the Keras config (``keras.saving.serialize_keras_object``),
+  including the build and compile configs;
+* the custom classes and functions the model refers to (custom layers, Lambda
+  functions, custom losses and metrics, initializers, ...), pickled *by value*
+  when they come from the user's own code (``__main__`` or a module that is not
+  an installed package) so executors need not have them;
+* every model variable (trainable and non-trainable) as a NumPy array;
+* the optimizer variables (iteration counter, slots), when built.
+
+``payload.to_bytes()`` is the wire format, sent once per job in a broadcast;
+:func:`load_cached` rebuilds a model at most once per Python worker process
+for the same content (a small LRU cache keyed by the payload's content hash).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import json
+import os
+import pickle
+import sys
+import sysconfig
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Tuple, Union
+
+import cloudpickle
+import numpy as np
+
+from sparktf.errors import DataError
+
+__all__ = [
+    "ModelPayload",
+    "ModelCache",
+    "load_cached",
+    "cached",
+    "load_count",
+    "payload_key",
+]
+
+_MAGIC = b"SPARKTF-MODEL-1\n"
+_DIGEST_SIZE = hashlib.sha256().digest_size
+_FRAMEWORK_PACKAGES = frozenset({"builtins", "keras", "tensorflow", "tf_keras", "numpy", "jax", "torch"})
+_LAMBDA_ATTRIBUTES = ("function", "_output_shape", "mask")
+_LAMBDA_PREFIX = "sparktf_lambda_"
+DEFAULT_CACHE_ENTRIES = 4
+
+
+@dataclass(frozen=True)
+class ModelPayload:
+    """Everything needed to rebuild a Keras model in another process.
+
+    Attributes
+    ----------
+    config : str
+        JSON of the model's Keras config (with build and compile configs).
+        Python lambdas of ``Lambda`` layers are replaced by references to
+        ``custom_objects`` entries, so they travel with their globals.
+    custom_objects : bytes
+        cloudpickle of ``{name: class or function}``: the user-defined objects
+        the config refers to.
+    weights : tuple of numpy.ndarray
+        Values of ``model.weights`` (trainable and non-trainable), in order.
+    optimizer_variables : tuple of numpy.ndarray
+        Values of ``model.optimizer.variables`` (empty when the optimizer was
+        not built or not included).
+    key : str
+        Hex SHA-256 of the serialized content; equal content, equal key.
+    """
+
+    config: str
+    custom_objects: bytes
+    weights: Tuple[np.ndarray, ...]
+    optimizer_variables: Tuple[np.ndarray, ...]
+    key: str
+
+    @classmethod
+    def from_model(cls, model: Any, include_optimizer: bool = True) -> "ModelPayload":
+        """Capture ``model`` (a ``keras.Model``) for shipping.
+
+        Parameters
+        ----------
+        model : keras.Model
+            A functional, Sequential or subclassed model. A subclassed model
+            must be serializable by Keras (``get_config`` returning its
+            constructor arguments, which Keras does automatically when they
+            are plain values) and built.
+        include_optimizer : bool
+            Also capture the optimizer variables (iteration counter, slots),
+            so that ``build()`` resumes training exactly where it stopped.
+            The compile config (loss, metrics, optimizer hyper-parameters) is
+            always kept.
+
+        Returns
+        -------
+        ModelPayload
+
+        Raises
+        ------
+        DataError
+            When Keras cannot serialize the model.
+        """
+        import keras
+
+        try:
+            config = keras.saving.serialize_keras_object(model)
+        except NotImplementedError as exc:
+            raise DataError(
+                f"Keras cannot serialize the model {model.name!r} of class "
+                f"{type(model).__name__}: {exc}. Implement get_config() (and "
+                "from_config() when the constructor takes non-plain arguments) "
+                "on the model class, or build it with the functional API."
+            ) from exc
+        custom_objects = _user_objects(model)
+        custom_objects.update(_replace_lambdas(model, config))
+        weights = tuple(v.numpy() for v in model.weights)
+        optimizer = getattr(model, "optimizer", None)
+        optimizer_variables: Tuple[np.ndarray, ...] = ()
+        if include_optimizer and optimizer is not None and optimizer.built:
+            optimizer_variables = tuple(v.numpy() for v in optimizer.variables)
+        return cls._with_key(
+            config=json.dumps(config, sort_keys=True),
+            custom_objects=_pickle_by_value(custom_objects),
+            weights=weights,
+            optimizer_variables=optimizer_variables,
+        )
+
+    @classmethod
+    def _with_key(cls, **fields: Any) -> "ModelPayload":
+        body = _encode_body(fields)
+        return cls(key=hashlib.sha256(body).hexdigest(), **fields)
+
+    def to_bytes(self) -> bytes:
+        """Serialize to the wire format: a magic line, the digest, the body."""
+        fields = {name: getattr(self, name) for name in _BODY_FIELDS}
+        body = _encode_body(fields)
+        return _MAGIC + bytes.fromhex(self.key) + body
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "ModelPayload":
+        """Parse bytes written by :meth:`to_bytes`, checking their digest.
+
+        Raises
+        ------
+        DataError
+            When ``data`` is not a sparktf model payload or is corrupted.
+        """
+        key = payload_key(data)
+        body = memoryview(data)[len(_MAGIC) + _DIGEST_SIZE:]
+        if hashlib.sha256(body).hexdigest() != key:
+            raise DataError(
+                "The model payload is corrupted (its SHA-256 digest does not "
+                "match its content). Ship the model again with "
+                "ModelPayload.from_model(model).to_bytes()."
+            )
+        fields = pickle.loads(body)
+        return cls(key=key, **fields)
+
+    def build(self) -> Any:
+        """Rebuild the model, compiled when it was, with all its state.
+
+        Returns
+        -------
+        keras.Model
+            A new model whose weights and optimizer variables equal the
+            captured ones exactly.
+        """
+        import keras
+
+        custom_objects = cloudpickle.loads(self.custom_objects)
+        config = json.loads(self.config)
+        with keras.saving.custom_object_scope(custom_objects):
+            model = keras.saving.deserialize_keras_object(
+                config, custom_objects=custom_objects, safe_mode=False
+            )
+        _assign(model.weights, self.weights, "model weight")
+        if self.optimizer_variables:
+            optimizer = model.optimizer
+            if not optimizer.built:
+                optimizer.build(model.trainable_variables)
+            _assign(optimizer.variables, self.optimizer_variables, "optimizer variable")
+        return model
+
+
+_BODY_FIELDS = ("config", "custom_objects", "weights", "optimizer_variables")
+
+
+def _encode_body(fields: Dict[str, Any]) -> bytes:
+    return pickle.dumps({name: fields[name] for name in _BODY_FIELDS}, protocol=5)
+
+
+def payload_key(data: Union[bytes, memoryview]) -> str:
+    """Return the content hash stored in the header of payload bytes.
+
+    Cheap: reads the header only, without parsing the body.
+    """
+    header = bytes(data[: len(_MAGIC) + _DIGEST_SIZE])
+    if not header.startswith(_MAGIC) or len(header) < len(_MAGIC) + _DIGEST_SIZE:
+        raise DataError(
+            "These bytes are not a sparktf model payload (bad header). Pass "
+            "ModelPayload.from_model(model).to_bytes() or a broadcast of it."
+        )
+    return header[len(_MAGIC):].hex()
+
+
+# --------------------------------------------------------------------------
+# Finding the user-defined objects a model refers to
+
+
+def _user_objects(model: Any) -> Dict[str, Any]:
+    """Map Keras lookup name -> user-defined class or function used by ``model``."""
+    import keras
+
+    found: Dict[str, Any] = {}
+    for obj in _referenced_objects(model):
+        target = _serializable_target(obj)
+        if target is not None and _is_user_defined(target):
+            found.setdefault(keras.saving.get_registered_name(target), target)
+    return found
+
+
+def _serializable_target(obj: Any) -> Any:
+    """The class or function Keras would look up by name to rebuild ``obj``.
+
+    Free functions (not methods, not lambdas) and the classes of objects with
+    a ``get_config`` (layers, losses, metrics, initializers, ...); else None.
+    """
+    if isinstance(obj, types.FunctionType):
+        owner = obj.__qualname__.rpartition(".")[0]
+        is_free = not owner or owner.endswith("<locals>")
+        return obj if is_free and obj.__name__ != "<lambda>" else None
+    cls = obj if isinstance(obj, type) else type(obj)
+    return cls if hasattr(cls, "get_config") else None
+
+
+def _referenced_objects(model: Any) -> Iterator[Any]:
+    """Layers, their attribute values, the compile arguments and the optimizer."""
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        yield layer
+        yield from _nested_values(vars(layer).values())
+    compile_config = getattr(model, "_compile_config", None)
+    if compile_config is not None:
+        yield from _nested_values(compile_config.config.values())
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        yield optimizer
+        yield from _nested_values(vars(optimizer).values())
+
+
+def _nested_values(values: Iterable[Any], depth: int = 3) -> Iterator[Any]:
+    for value in values:
+        yield value
+        if depth and isinstance(value, (list, tuple)):
+            yield from _nested_values(value, depth - 1)
+        elif depth and isinstance(value, dict):
+            yield from _nested_values(value.values(), depth - 1)
+
+
+def _is_user_defined(obj: Any) -> bool:
+    package = (getattr(obj, "__module__", None) or "builtins").split(".", 1)[0]
+    return package not in _FRAMEWORK_PACKAGES and package not in sys.stdlib_module_names
+
+
+def _replace_lambdas(model: Any, config: Any) -> Dict[str, Any]:
+    """Swap Python lambdas in ``config`` for named references; return the names.
+
+    Keras stores a lambda as marshalled bytecode, which loses its globals
+    (``tf``, user helpers); a named reference to the cloudpickled function
+    keeps them.
+    """
+    import keras
+
+    by_config: Dict[str, Tuple[str, Any]] = {}
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if not isinstance(layer, keras.layers.Lambda):
+            continue
+        for attribute in _LAMBDA_ATTRIBUTES:
+            fn = getattr(layer, attribute, None)
+            if isinstance(fn, types.LambdaType) and fn.__name__ == "<lambda>":
+                node = layer._serialize_function_to_config(fn)
+                name = f"{_LAMBDA_PREFIX}{len(by_config)}"
+                by_config.setdefault(_canonical(node), (name, fn))
+    if by_config:
+        _substitute_lambda_nodes(config, by_config)
+    return dict(by_config.values())
+
+
+def _substitute_lambda_nodes(node: Any, by_config: Dict[str, Tuple[str, Any]]) -> None:
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, child in list(items):
+        if isinstance(child, dict) and child.get("class_name") == "__lambda__":
+            name, _ = by_config[_canonical(child)]
+            node[key] = {"module": "builtins", "class_name": "function", "config": name, "registered_name": "function"}
+        elif isinstance(child, (dict, list)):
+            _substitute_lambda_nodes(child, by_config)
+
+
+def _canonical(node: Any) -> str:
+    return json.dumps(node, sort_keys=True, default=repr)
+
+
+# --------------------------------------------------------------------------
+# Pickling user code by value
+
+
+def _pickle_by_value(objects: Dict[str, Any]) -> bytes:
+    """cloudpickle ``objects``, taking the user's own modules by value."""
+    modules = {sys.modules[obj.__module__] for obj in objects.values() if obj.__module__ in sys.modules}
+    with _registered_by_value(m for m in modules if _ships_by_value(m)):
+        return cloudpickle.dumps(objects)
+
+
+@contextlib.contextmanager
+def _registered_by_value(modules: Iterable[types.ModuleType]) -> Iterator[None]:
+    already = set(cloudpickle.list_registry_pickle_by_value())
+    added = [m for m in modules if m.__name__ not in already]
+    for module in added:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        for module in added:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _ships_by_value(module: types.ModuleType) -> bool:
+    """True for the user's own code: not ``__main__`` (cloudpickle already
+    takes it by value), not sparktf (shipped to executors), not installed."""
+    name = module.__name__
+    if name == "__main__" or name.split(".", 1)[0] == "sparktf":
+        return False
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return False
+    path = os.path.realpath(path)
+    return not any(path.startswith(root + os.sep) for root in _installed_roots())
+
+
+def _installed_roots() -> List[str]:
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    paths = sysconfig.get_paths()
+    return sorted({os.path.realpath(paths[k]) for k in keys if k in paths})
+
+
+# --------------------------------------------------------------------------
+# Restoring variables
+
+
+def _assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str) -> None:
+    if len(variables) != len(values):
+        raise DataError(
+            f"The rebuilt model has {len(variables)} {what}s but the payload "
+            f"holds {len(values)}. The model's architecture changed between "
+            "capture and rebuild (e.g. a layer that creates variables lazily); "
+            "build the model before ModelPayload.from_model()."
+        )
+    for variable, value in zip(variables, values):
+        if tuple(variable.shape) != value.shape:
+            raise DataError(
+                f"{what} {variable.path!r} has shape {tuple(variable.shape)} in "
+                f"the rebuilt model but {value.shape} in the payload. Rebuild "
+                "the payload from the current model."
+            )
+        variable.assign(value)
+
+
+# --------------------------------------------------------------------------
+# The per-process cache
+
+
+class ModelCache:
+    """A thread-safe LRU of loaded models keyed by content hash.
+
+    Parameters
+    ----------
+    max_entries : int
+        How many models a process keeps; the least recently used is dropped.
+    """
+
+    def __init__(self, max_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self.loads = 0
+        self._entries: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_or_load(self, key: str, loader: Callable[[], Any]) -> Any:
+        """Return the cached object for ``key``, calling ``loader()`` on a miss."""
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+            value = loader()
+            self.loads += 1
+            self._entries[key] = value
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+            return value
+
+
+_CACHE = ModelCache()
+
+
+def cached(key: str, loader: Callable[[], Any]) -> Any:
+    """Return this process's cached object for ``key``, loading it on a miss.
+
+    Shared by every model kind (Keras payloads, SavedModels) so that
+    :func:`load_count` counts them all.
+    """
+    return _CACHE.get_or_load(key, loader)
+
+
+def load_cached(source: Union["ModelPayload", bytes, Any]) -> Any:
+    """Return the model for ``source``, built at most once per process.
+
+    Parameters
+    ----------
+    source : ModelPayload, bytes or pyspark.Broadcast
+        A payload, its ``to_bytes()``, or a broadcast variable holding those
+        bytes.
+
+    Returns
+    -------
+    keras.Model
+        The same object for the same content within this Python process
+        (while it stays among the cache's most recent entries).
+    """
+    if isinstance(source, ModelPayload):
+        return cached(source.key, source.build)
+    data = source if isinstance(source, (bytes, bytearray, memoryview)) else source.value
+    return cached(payload_key(data), lambda: ModelPayload.from_bytes(data).build())
+
+
+def load_count() -> int:
+    """How many models this process has loaded (cache misses) so far."""
+    return _CACHE.loads
