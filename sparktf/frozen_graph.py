@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from sparktf.errors import DataError
 
-__all__ = ["FrozenGraph", "normalize_tensor_name", "cached_graph", "predict_partition"]
+__all__ = ["FrozenGraph", "normalize_tensor_name", "parse_graph_def", "cached_graph", "predict_partition"]
 
 _MAX_LISTED = 20
 _CACHE_SIZE = 4
@@ -32,6 +32,18 @@ def normalize_tensor_name(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise DataError(f"A tensor name must be a non-empty string like 'Placeholder:0', got {name!r}.")
     return name if ":" in name else name + ":0"
+
+
+def parse_graph_def(graph_def: Union[tf.compat.v1.GraphDef, bytes], source: str = "The graph") -> tf.compat.v1.GraphDef:
+    """Return ``graph_def`` itself, or the ``GraphDef`` its serialized bytes hold."""
+    if isinstance(graph_def, tf.compat.v1.GraphDef):
+        return graph_def
+    if not isinstance(graph_def, (bytes, bytearray)):
+        raise DataError(f"Expected a tf.compat.v1.GraphDef or its serialized bytes, got {type(graph_def).__name__}.")
+    try:
+        return tf.compat.v1.GraphDef.FromString(bytes(graph_def))
+    except Exception as err:  # protobuf raises its own DecodeError
+        raise DataError(f"{source} is not a binary GraphDef ({err}). Pass a frozen graph (.pb).") from None
 
 
 def _listing(names: Sequence[str]) -> str:
@@ -65,14 +77,7 @@ class FrozenGraph:
         input_names: Sequence[str],
         output_names: Sequence[str],
     ) -> None:
-        if isinstance(graph_def, (bytes, bytearray)):
-            self.graph_def = tf.compat.v1.GraphDef.FromString(bytes(graph_def))
-        elif isinstance(graph_def, tf.compat.v1.GraphDef):
-            self.graph_def = graph_def
-        else:
-            raise DataError(
-                f"Expected a tf.compat.v1.GraphDef or its serialized bytes, got {type(graph_def).__name__}."
-            )
+        self.graph_def = parse_graph_def(graph_def)
         if isinstance(input_names, str) or isinstance(output_names, str):
             raise DataError("input_names and output_names must be lists of tensor names, not a single string.")
         self.input_names = [normalize_tensor_name(n) for n in input_names]
@@ -173,7 +178,7 @@ class FrozenGraph:
         return {"graph_bytes": self.graph_bytes, "input_names": self.input_names, "output_names": self.output_names}
 
     def __setstate__(self, state):
-        self.graph_def = tf.compat.v1.GraphDef.FromString(state["graph_bytes"])
+        self.graph_def = parse_graph_def(state["graph_bytes"])
         self.input_names = state["input_names"]
         self.output_names = state["output_names"]
         self._function = None

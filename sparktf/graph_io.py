@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from sparktf.errors import DataError
-from sparktf.frozen_graph import FrozenGraph
+from sparktf.frozen_graph import FrozenGraph, parse_graph_def
 
 __all__ = [
     "GRAPH_FILE",
@@ -164,23 +164,13 @@ def freeze_saved_model(
 
 def read_graph_def(graph_def_or_path: Union[tf.compat.v1.GraphDef, bytes, str, os.PathLike]) -> tf.compat.v1.GraphDef:
     """Return a ``GraphDef`` given one, its bytes, or the path of a binary ``.pb`` file."""
-    if isinstance(graph_def_or_path, tf.compat.v1.GraphDef):
-        return graph_def_or_path
-    if isinstance(graph_def_or_path, (bytes, bytearray)):
-        return tf.compat.v1.GraphDef.FromString(bytes(graph_def_or_path))
     if not isinstance(graph_def_or_path, (str, os.PathLike)):
-        raise DataError(
-            f"Expected a GraphDef, its bytes or a .pb path, got {type(graph_def_or_path).__name__}."
-        )
+        return parse_graph_def(graph_def_or_path)
     path = os.fspath(graph_def_or_path)
     if not os.path.isfile(path):
         raise DataError(f"Frozen graph file {path!r} does not exist. Check the path.")
     with open(path, "rb") as handle:
-        data = handle.read()
-    try:
-        return tf.compat.v1.GraphDef.FromString(data)
-    except Exception as err:  # protobuf raises its own DecodeError
-        raise DataError(f"{path!r} is not a binary GraphDef ({err}). Pass a frozen .pb file.") from None
+        return parse_graph_def(handle.read(), source=repr(path))
 
 
 def write_export_folder(graph: FrozenGraph, folder: Union[str, os.PathLike]) -> str:

@@ -150,6 +150,10 @@ def test_bad_names_and_input_counts_raise_data_error(model, tmp_path):
         TFNet.from_export_folder(tmp_path)
     with pytest.raises(DataError, match="does not exist"):
         TFNet.from_frozen_graph(str(tmp_path / "missing.pb"), ["Placeholder:0"], [output])
+    garbage = tmp_path / "garbage.pb"
+    garbage.write_bytes(b"this is not a graph")
+    with pytest.raises(DataError, match="garbage.pb' is not a binary GraphDef"):
+        TFNet.from_frozen_graph(str(garbage), ["Placeholder:0"], [output])
     with pytest.raises(DataError, match="input_signature"):
         TFNet.from_function(tf.function(lambda x: x * 2))
 
