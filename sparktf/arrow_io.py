@@ -1,0 +1,220 @@
+"""DataFrame columns <-> Arrow record batches <-> NumPy columns.
+
+Driver side, :func:`column_layouts` works out the dtype and per-row shape of
+numeric, ``ArrayType`` and MLlib ``Vector`` columns, and :func:`arrow_ready`
+turns vectors into float arrays inside the JVM. Executor side,
+:class:`ArrowBlockEncoder` (a ``mapInArrow`` function) converts each Arrow
+record batch into a Block without creating per-row Python objects, and
+:func:`decode_block` unpacks it. TensorFlow-free.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Iterator, List, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import types as T
+
+from sparktf import specs
+from sparktf.columnar import Block, records_per_block
+from sparktf.errors import DataError
+
+__all__ = [
+    "column_layouts",
+    "arrow_ready",
+    "ArrowBlockEncoder",
+    "BLOCK_SCHEMA",
+    "decode_block",
+    "arrow_to_numpy",
+]
+
+#: NumPy dtype of each supported scalar Spark type (doubles become float32, as in from_ndarrays).
+_SCALAR_DTYPES = {
+    T.ByteType: "int8",
+    T.ShortType: "int16",
+    T.IntegerType: "int32",
+    T.LongType: "int64",
+    T.FloatType: "float32",
+    T.DoubleType: "float32",
+    T.BooleanType: "bool",
+}
+
+#: Schema of the ``mapInArrow`` output: one pickled Block per row.
+BLOCK_SCHEMA = "block binary"
+
+_SUPPORTED = "numeric scalars, (nested) ArrayType of numbers, or pyspark.ml / pyspark.mllib Vector"
+
+
+def column_layouts(df: DataFrame, columns: Sequence[str]) -> List[Tuple[str, Tuple[int, ...]]]:
+    """``(numpy dtype name, per-row shape)`` of each of ``columns``.
+
+    The lengths of array and vector columns are read from the DataFrame's
+    first row (one small Spark job, only when there are such columns); every
+    other row must have the same lengths, which the executors check.
+
+    Raises
+    ------
+    DataError
+        For a missing column, an unsupported column type (naming the column
+        and its type), or when a length cannot be read from the first row.
+    """
+    fields = {field.name: field for field in df.schema.fields}
+    kinds = []
+    for name in columns:
+        if name not in fields:
+            raise DataError(f"column {name!r} is not in the DataFrame; its columns are {df.columns}")
+        kinds.append(_column_kind(name, fields[name].dataType))
+    needs_sample = [name for name, (_, depth) in zip(columns, kinds) if depth]
+    sample = df.select(*needs_sample).head() if needs_sample else None
+    if needs_sample and sample is None:
+        raise DataError(
+            f"cannot read the lengths of array/vector columns {needs_sample} from an empty DataFrame"
+        )
+    layouts = []
+    for name, (dtype, depth) in zip(columns, kinds):
+        shape = _sample_shape(name, sample[name], depth) if depth else ()
+        layouts.append((dtype, shape))
+    return layouts
+
+
+def _column_kind(name: str, data_type: T.DataType) -> Tuple[str, int]:
+    """``(dtype, array depth)`` of a column; vectors have depth 1."""
+    if _is_vector(data_type):
+        return "float32", 1
+    depth, element = 0, data_type
+    while isinstance(element, T.ArrayType):
+        depth, element = depth + 1, element.elementType
+    dtype = _SCALAR_DTYPES.get(type(element))
+    if dtype is None:
+        raise DataError(
+            f"column {name!r} has type {data_type.simpleString()}, which TFDataset cannot feed to "
+            f"TensorFlow; supported are {_SUPPORTED}. Cast or transform the column first "
+            "(e.g. col.cast('double'), or a StringIndexer for strings)."
+        )
+    return dtype, depth
+
+
+def _is_vector(data_type: T.DataType) -> bool:
+    return isinstance(data_type, T.UserDefinedType) and data_type.simpleString() == "vector"
+
+
+def _sample_shape(name: str, value, depth: int) -> Tuple[int, ...]:
+    if value is None:
+        raise DataError(f"column {name!r} is null in the first row; fill or drop nulls first (df.na.drop())")
+    if hasattr(value, "size") and not isinstance(value, (list, tuple)):  # an MLlib vector
+        return (int(value.size),)
+    try:
+        shape = np.asarray(value, dtype=np.float64).shape
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"column {name!r}: the nested arrays of the first row are ragged ({exc})") from None
+    if len(shape) != depth:
+        raise DataError(
+            f"column {name!r}: cannot read {depth} array lengths from the first row {value!r:.80} "
+            "(an empty inner array?)"
+        )
+    return shape
+
+
+def arrow_ready(df: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """``df`` reduced to ``columns`` in order (named ``_0, _1, ...``), vectors as float32 arrays.
+
+    The conversion of vectors runs in the JVM (``vector_to_array``), so no
+    Python object is created per row.
+    """
+    from pyspark.ml.functions import vector_to_array
+
+    fields = {field.name: field for field in df.schema.fields}
+    selected: List[Column] = []
+    for i, name in enumerate(columns):
+        column = df[name]
+        if _is_vector(fields[name].dataType):
+            column = vector_to_array(column, "float32")
+        selected.append(column.alias(f"_{i}"))
+    return df.select(*selected)
+
+
+class ArrowBlockEncoder:
+    """``mapInArrow`` function: Arrow record batches -> one pickled Block per output row.
+
+    Parameters
+    ----------
+    leaves : list of LeafSpec
+        One per selected column, in order.
+    column_names : list of str
+        The user's names of the columns, for error messages.
+    """
+
+    def __init__(self, leaves: Sequence[specs.LeafSpec], column_names: Sequence[str]):
+        self.leaves = list(leaves)
+        self.column_names = list(column_names)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        capacity = records_per_block(self.leaves)
+        first_row = 0
+        for batch in batches:
+            for start in range(0, batch.num_rows, capacity):
+                chunk = batch.slice(start, capacity)
+                block = tuple(
+                    arrow_to_numpy(chunk.column(i), leaf, name, partition, first_row + start)
+                    for i, (leaf, name) in enumerate(zip(self.leaves, self.column_names))
+                )
+                payload = pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
+                yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())], names=["block"])
+            first_row += batch.num_rows
+
+
+def decode_block(row) -> Block:
+    """The Block of one output row of :class:`ArrowBlockEncoder` (an RDD ``map`` function)."""
+    return pickle.loads(row[0])
+
+
+def arrow_to_numpy(
+    array: pa.Array, leaf: specs.LeafSpec, column: str, partition: int, first_row: int
+) -> np.ndarray:
+    """An Arrow column as a C-contiguous array of ``leaf``'s dtype, shape ``(rows,) + leaf.shape``.
+
+    Nested list columns are flattened level by level; each level must have
+    the leaf's length in every row.
+
+    Raises
+    ------
+    DataError
+        For a null or a row of another length, naming the column, the
+        partition and the row's index within the partition.
+    """
+    rows = len(array)
+    values = array
+    elements_per_row = 1
+    for level, length in enumerate(leaf.shape):
+        _check_no_nulls(values, column, partition, first_row, elements_per_row)
+        lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
+        wrong = np.flatnonzero(lengths != length)
+        if wrong.size:
+            row = first_row + int(wrong[0]) // elements_per_row
+            raise DataError(
+                f"column {column!r}, partition {partition}, row {row} (0-based within the partition): "
+                f"an array of length {int(lengths[wrong[0]])} at nesting level {level}, expected {length} "
+                f"(shape {list(leaf.shape)}, read from the first row). Pad or truncate the arrays to one length."
+            )
+        values = values.flatten()
+        elements_per_row *= length
+    _check_no_nulls(values, column, partition, first_row, elements_per_row)
+    flat = values.to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(flat.astype(leaf.dtype, copy=False).reshape((rows,) + leaf.shape))
+
+
+def _check_no_nulls(values: pa.Array, column: str, partition: int, first_row: int, elements_per_row: int) -> None:
+    if values.null_count:
+        position = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+        row = first_row + position // max(elements_per_row, 1)
+        raise DataError(
+            f"column {column!r}, partition {partition}, row {row} (0-based within the partition) holds a "
+            "null; fill or drop nulls before TFDataset.from_dataframe (df.na.fill / df.na.drop)."
+        )

@@ -1,0 +1,249 @@
+"""Records <-> columnar Blocks, the unit that moves between Spark and TensorFlow.
+
+A *Block* is a tuple of NumPy arrays, one per leaf of the dataset's element
+structure (features first, then labels), all with the same leading record
+dimension, each C-contiguous and already of its leaf's dtype (``tf.string``
+leaves are ``object`` arrays of ``bytes``). This module runs on the executors
+and never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, Iterable, Iterator, List, Sequence, Tuple
+
+import numpy as np
+
+from sparktf import specs
+from sparktf.errors import DataError
+
+__all__ = [
+    "Block",
+    "RecordFormat",
+    "block_size",
+    "concat_blocks",
+    "slice_block",
+    "to_leaf_array",
+    "to_leaf_column",
+    "records_per_block",
+    "count_records",
+    "BlockRouter",
+    "sorted_blocks",
+]
+
+Block = Tuple[np.ndarray, ...]
+
+#: Blocks built from records hold about this many bytes (and at least one record).
+TARGET_BLOCK_BYTES = 16 << 20
+
+
+def block_size(block: Block) -> int:
+    """The number of records in ``block``."""
+    return len(block[0])
+
+
+def slice_block(block: Block, start: int, stop: int) -> Block:
+    """Records ``start:stop`` of ``block`` (views, no copy)."""
+    return tuple(array[start:stop] for array in block)
+
+
+def concat_blocks(blocks: Sequence[Block]) -> Block:
+    """One block holding the records of ``blocks`` in order (no copy for a single block)."""
+    if len(blocks) == 1:
+        return tuple(blocks[0])
+    return tuple(np.concatenate(columns) for columns in zip(*blocks))
+
+
+def records_per_block(leaves: Sequence[specs.LeafSpec]) -> int:
+    """How many records of these leaves make a block of about :data:`TARGET_BLOCK_BYTES`."""
+    record_bytes = sum(leaf.record_nbytes for leaf in leaves)
+    return max(1, TARGET_BLOCK_BYTES // max(record_bytes, 1))
+
+
+def count_records(blocks: Iterable[Block]) -> List[int]:
+    """``[number of records]`` of one partition of blocks (for ``mapPartitions``)."""
+    return [sum(block_size(block) for block in blocks)]
+
+
+def to_leaf_array(value: Any, leaf: specs.LeafSpec) -> np.ndarray:
+    """One record's ``value`` as an array of ``leaf``'s dtype and shape.
+
+    Raises
+    ------
+    DataError
+        If ``value`` is ``None``, cannot be converted to the dtype, or has
+        another shape. The message names ``leaf.path``; callers add where the
+        value came from.
+    """
+    array = _converted(value, leaf)
+    if array.shape != leaf.shape:
+        raise DataError(f"{leaf.path} has shape {list(array.shape)}, expected {list(leaf.shape)}")
+    return array
+
+
+def to_leaf_column(values: Any, leaf: specs.LeafSpec) -> np.ndarray:
+    """A column of records as a C-contiguous array of ``leaf``'s dtype, shape ``(n,) + leaf.shape``.
+
+    Raises
+    ------
+    DataError
+        As :func:`to_leaf_array`, for the per-record shape ``values.shape[1:]``.
+    """
+    array = _converted(values, leaf)
+    if array.shape[1:] != leaf.shape or array.ndim == 0:
+        raise DataError(
+            f"{leaf.path} has records of shape {list(array.shape[1:])} (array shape {list(array.shape)}), "
+            f"expected {list(leaf.shape)}"
+        )
+    return np.ascontiguousarray(array)
+
+
+def _converted(value: Any, leaf: specs.LeafSpec) -> np.ndarray:
+    if value is None:
+        raise DataError(f"{leaf.path} is None, expected a {leaf.dtype_name} value of shape {list(leaf.shape)}")
+    try:
+        return _strings_to_bytes(value) if leaf.is_string else np.asarray(value, dtype=leaf.dtype)
+    except (TypeError, ValueError) as exc:
+        raise DataError(
+            f"{leaf.path} could not be converted to {leaf.dtype_name} with shape {list(leaf.shape)} "
+            f"({type(value).__name__}: {exc})"
+        ) from None
+
+
+def _strings_to_bytes(value: Any) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind == "U":
+        return np.char.encode(array, "utf-8").astype(object)
+    if array.dtype.kind == "S":
+        return array.astype(object)
+    array = np.asarray(value, dtype=object)
+    flat = array.reshape(-1)
+    for i, item in enumerate(flat):
+        if isinstance(item, str):
+            flat[i] = item.encode("utf-8")
+        elif isinstance(item, (bytes, np.bytes_)):
+            flat[i] = bytes(item)
+        else:
+            raise TypeError(f"expected str or bytes, got {type(item).__name__} {item!r:.60}")
+    return array
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    """How records of a dataset map to and from Blocks; picklable, TensorFlow-free.
+
+    Attributes
+    ----------
+    element : tuple
+        The element structure ``(features, labels)`` or ``(features,)`` with a
+        :class:`~sparktf.specs.LeafSpec` at every leaf.
+    has_labels : bool
+        Whether a record is ``(features, labels)`` (else just ``features``).
+    """
+
+    element: tuple
+    has_labels: bool
+
+    @classmethod
+    def from_specs(cls, feature_spec, label_spec=None) -> "RecordFormat":
+        """The format of records with these ``tf.TensorSpec`` structures."""
+        leaves = specs.leaf_specs(feature_spec, "features")
+        structure = specs.element_structure(feature_spec, label_spec)
+        if label_spec is not None:
+            leaves += specs.leaf_specs(label_spec, "labels")
+        return cls(specs.pack(structure, leaves), label_spec is not None)
+
+    @property
+    def leaves(self) -> List[specs.LeafSpec]:
+        """The :class:`~sparktf.specs.LeafSpec` of every leaf, features first."""
+        return specs.flatten(self.element)
+
+    def as_element(self, record: Any) -> tuple:
+        """A record as an element: ``(features, labels)`` stays, ``features`` becomes ``(features,)``."""
+        return record if self.has_labels else (record,)
+
+    def record_leaves(self, record: Any) -> list:
+        """The leaf values of one record (unconverted), in leaf order."""
+        if self.has_labels:
+            if not isinstance(record, (list, tuple)) or len(record) != 2:
+                raise DataError(
+                    f"a record should be (features, labels) because labels were given, got {specs.describe(record)}"
+                )
+            return specs.flatten_like(self.element[0], record[0], "features") + specs.flatten_like(
+                self.element[1], record[1], "labels"
+            )
+        return specs.flatten_like(self.element[0], record, "features")
+
+    def to_blocks(self, partition: int, records: Iterable[Any]) -> Iterator[Block]:
+        """Blocks of the records of one partition (for ``mapPartitionsWithIndex``).
+
+        Raises
+        ------
+        DataError
+            Naming the partition, the record's index in it, the leaf and the
+            expected vs actual shape or dtype.
+        """
+        leaves = self.leaves
+        capacity = records_per_block(leaves)
+        buffers: List[np.ndarray] = []
+        filled = 0
+        for index, record in enumerate(records):
+            if filled == 0:
+                buffers = [np.empty((capacity,) + leaf.shape, leaf.dtype) for leaf in leaves]
+            try:
+                for buffer, leaf, value in zip(buffers, leaves, self.record_leaves(record)):
+                    buffer[filled, ...] = to_leaf_array(value, leaf)
+            except DataError as exc:
+                raise DataError(
+                    f"partition {partition}, record {index} (0-based within the partition): {exc}. "
+                    "Fix the record or the spec given to TFDataset."
+                ) from None
+            filled += 1
+            if filled == capacity:
+                yield tuple(buffers)
+                filled = 0
+        if filled:
+            yield tuple(buffer[:filled] for buffer in buffers)
+
+    def to_records(self, block: Block) -> Iterator[Any]:
+        """The records of ``block``, each nested like the element (a ``flatMap`` function)."""
+        for i in range(block_size(block)):
+            element = specs.pack(self.element, [array[i] for array in block])
+            yield element if self.has_labels else element[0]
+
+
+class BlockRouter:
+    """Splits a partition's blocks among ``num_workers`` contiguous, balanced ranges.
+
+    Worker ``w`` gets the records ``[w * n // W, (w + 1) * n // W)`` of the
+    dataset in its global order (partition by partition). Called with
+    ``mapPartitionsWithIndex``, it yields ``((worker, partition, piece),
+    block)`` pairs to ``partitionBy(W, itemgetter(0))`` followed by
+    :func:`sorted_blocks`.
+    """
+
+    def __init__(self, partition_counts: Sequence[int], num_workers: int):
+        self.offsets = np.concatenate([[0], np.cumsum(partition_counts)]).tolist()
+        total = self.offsets[-1]
+        self.bounds = [w * total // num_workers for w in range(num_workers + 1)]
+
+    def __call__(self, partition: int, blocks: Iterable[Block]) -> Iterator[Tuple[tuple, Block]]:
+        position = self.offsets[partition]
+        piece = 0
+        for block in blocks:
+            start, end = position, position + block_size(block)
+            worker = max(0, int(np.searchsorted(self.bounds, start, side="right")) - 1)
+            while start < end:
+                stop = min(end, self.bounds[worker + 1])
+                if stop > start:
+                    yield (worker, partition, piece), slice_block(block, start - position, stop - position)
+                    piece += 1
+                start = stop
+                worker += 1
+            position = end
+
+
+def sorted_blocks(keyed_blocks: Iterable[Tuple[tuple, Block]]) -> Iterator[Block]:
+    """The blocks of a routed partition in global record order, without keys."""
+    return (block for _, block in sorted(keyed_blocks, key=itemgetter(0)))

@@ -1,0 +1,93 @@
+"""TFRecord files -> Blocks: path expansion and spec tracing (driver), reading (executors)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import tensorflow as tf
+
+from sparktf import specs
+from sparktf.columnar import Block, RecordFormat, records_per_block, to_leaf_column
+from sparktf.errors import DataError
+
+__all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader"]
+
+
+def expand_paths(paths: Union[str, Sequence[str]]) -> List[str]:
+    """The files named by ``paths`` (a file, a glob, or a list of them), globs sorted.
+
+    Raises
+    ------
+    DataError
+        If a path or glob matches no file.
+    """
+    patterns = [paths] if isinstance(paths, str) else list(paths)
+    if not patterns:
+        raise DataError("no TFRecord paths given: pass a file, a glob or a list of them")
+    files: List[str] = []
+    for pattern in patterns:
+        matches = sorted(tf.io.gfile.glob(pattern))
+        if not matches:
+            raise DataError(f"TFRecord path {pattern!r} matches no file")
+        files.extend(match for match in matches if match not in files)
+    return files
+
+
+def trace_parse_fn(parse_fn: Callable) -> Tuple[object, Optional[object]]:
+    """``(feature_spec, label_spec)`` of what ``parse_fn`` returns, by tracing it.
+
+    ``parse_fn(serialized)`` returning a tuple of two is read as ``(features,
+    labels)``; anything else is features only (``label_spec`` is ``None``).
+
+    Raises
+    ------
+    DataError
+        If an output is not a dense tensor of a fully known shape.
+    """
+    serialized = tf.data.Dataset.from_tensors(tf.constant(b"", dtype=tf.string))
+    element = serialized.map(parse_fn).element_spec
+    for path, leaf in specs.flatten_with_paths(element, "output"):
+        if not isinstance(leaf, tf.TensorSpec):
+            raise DataError(
+                f"parse_fn output {path} is a {type(leaf).__name__}; return dense tensors of a fixed "
+                "shape (e.g. tf.sparse.to_dense / tf.io.FixedLenFeature, then tf.reshape)"
+            )
+    if isinstance(element, tuple) and len(element) == 2:
+        return specs.parse_spec(element[0], "features"), specs.parse_spec(element[1], "labels")
+    return specs.parse_spec(element, "features"), None
+
+
+class TFRecordReader:
+    """``mapPartitionsWithIndex`` function: TFRecord file paths -> Blocks of parsed records.
+
+    Parameters
+    ----------
+    parse_fn : callable
+        ``parse_fn(serialized)`` as given to ``TFDataset.from_tfrecord_file``.
+    record_format : RecordFormat
+        The format traced from ``parse_fn``.
+    """
+
+    def __init__(self, parse_fn: Callable, record_format: RecordFormat):
+        self.parse_fn = parse_fn
+        self.record_format = record_format
+
+    def __call__(self, partition: int, paths: Iterable[str]) -> Iterator[Block]:
+        leaves = self.record_format.leaves
+        batch = records_per_block(leaves)
+        for path in paths:
+            parsed = tf.data.TFRecordDataset(path).map(
+                self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+            )
+            first = 0
+            try:
+                for element in parsed.batch(batch).as_numpy_iterator():
+                    values = specs.flatten(self.record_format.as_element(element))
+                    block = tuple(to_leaf_column(value, leaf) for value, leaf in zip(values, leaves))
+                    yield block
+                    first += len(block[0])
+            except tf.errors.OpError as exc:
+                raise DataError(
+                    f"TFRecord file {path} (partition {partition}): reading or parsing failed after "
+                    f"record {first}: {' '.join(exc.message.split())[:400]}"
+                ) from None
