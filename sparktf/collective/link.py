@@ -68,9 +68,13 @@ class RingLink:
         self._sender.flush(self.timeout)
 
     def abort(self, error: BaseException) -> None:
-        """Tell the right neighbour which rank failed (when the stream allows it), then close."""
+        """Tell the right neighbour which rank failed (when the stream allows it), then close.
+
+        The notice goes out even when the right neighbour is the culprit: it
+        may be alive (a mismatched call) and then learns what went wrong.
+        """
         clean = self._sender.stop(_ABORT_GRACE_SECONDS)
-        if clean and not (isinstance(error, PeerFailure) and error.rank == self.right_rank):
+        if clean:
             culprit = error.rank if isinstance(error, PeerFailure) else self.rank
             notice = encode_abort(culprit, str(error) if isinstance(error, PeerFailure)
                                   else f"rank {self.rank} failed: {error!r}")

@@ -1,0 +1,340 @@
+"""The ring collective among real processes on loopback: results, faults and authentication."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sparktf.collective import Communicator, bind_listener, format_peer
+from sparktf.collective.auth import HandshakeError, client_handshake
+from sparktf.collective.rendezvous import parse_peer
+from sparktf.errors import CollectiveError
+
+CONTEXT = multiprocessing.get_context("forkserver")
+CONTEXT.set_forkserver_preload(["numpy", "sparktf.collective"])
+SIZES = (0, 1, 7, 1000003)
+DTYPES = ("float32", "float64", "int32", "int64")
+JOIN_SECONDS = 60
+
+
+# --------------------------------------------------------------------------- harness
+
+def _collective_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("sparktf")]
+
+
+def _child(scenario, rank, secret, addresses, peer_queue, results, options):
+    listener = bind_listener("127.0.0.1")
+    addresses.put((rank, format_peer(listener)))
+    peers = peer_queue.get()
+    try:
+        value, error = scenario(rank, peers, listener, secret, **options), None
+    except BaseException as exc:  # reported to the test process, which asserts on it
+        value, error = None, f"{type(exc).__name__}: {exc}"
+    results.put((rank, value, error, _collective_threads()))
+
+
+class Ranks:
+    """``world_size`` processes running ``scenario(rank, peers, listener, secret, **options)``."""
+
+    def __init__(self, world_size, scenario, secret=None, **options):
+        self.world_size = world_size
+        self.secret = secret or secrets.token_bytes(32)
+        self._addresses, self._results = CONTEXT.Queue(), CONTEXT.Queue()
+        self._peer_queues = [CONTEXT.Queue() for _ in range(world_size)]
+        self.processes = [
+            CONTEXT.Process(target=_child, args=(scenario, rank, self.secret, self._addresses,
+                                                 self._peer_queues[rank], self._results, options), daemon=True)
+            for rank in range(world_size)]
+        for process in self.processes:
+            process.start()
+        published = dict(self._addresses.get(timeout=JOIN_SECONDS) for _ in range(world_size))
+        self.peers = [published[rank] for rank in range(world_size)]
+
+    def connect(self):
+        for queue in self._peer_queues:
+            queue.put(self.peers)
+
+    def results(self, count=None):
+        """``{rank: (value, error, collective thread names)}`` of ``count`` ranks (default all)."""
+        reports = {}
+        for _ in range(self.world_size if count is None else count):
+            rank, value, error, threads = self._results.get(timeout=JOIN_SECONDS)
+            reports[rank] = (value, error, threads)
+        return reports
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        for process in self.processes:
+            process.join(JOIN_SECONDS)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def run_ranks(world_size, scenario, **options):
+    with Ranks(world_size, scenario, **options) as ranks:
+        ranks.connect()
+        reports = ranks.results()
+    for rank, (_, error, threads) in reports.items():
+        assert error is None, f"rank {rank}: {error}"
+        assert threads == [], f"rank {rank} left threads running: {threads}"
+    return [reports[rank][0] for rank in range(world_size)]
+
+
+# --------------------------------------------------------------------------- scenarios (run in the ranks)
+
+def _inputs(dtype, size, world_size):
+    rng = np.random.default_rng(size)
+    if dtype.startswith("float"):
+        return [rng.standard_normal(size).astype(dtype) for _ in range(world_size)]
+    return [rng.integers(-(1 << 20), 1 << 20, size).astype(dtype) for _ in range(world_size)]
+
+
+def _mismatch(result, inputs, op):
+    world_size, dtype = len(inputs), inputs[0].dtype
+    if dtype.kind == "f":
+        expected = np.sum(np.stack(inputs).astype(np.float64), axis=0)
+        if op == "mean":
+            expected /= world_size
+        tolerance = 1e-5 if dtype == np.float32 else 1e-12
+        return not np.allclose(result, expected, rtol=tolerance, atol=tolerance)
+    expected = np.sum(np.stack(inputs), axis=0, dtype=dtype)
+    if op == "mean":
+        expected = np.floor_divide(expected, world_size)
+    return not np.array_equal(result, expected)
+
+
+def allreduce_every_case(rank, peers, listener, secret):
+    """Every dtype, size and op, twice on the same communicator; returns failures and result digests."""
+    failures, digests = [], []
+    with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
+        for repeat in range(2):
+            for dtype in DTYPES:
+                for size in SIZES:
+                    inputs = _inputs(dtype, size, len(peers))
+                    for op in ("sum", "mean"):
+                        buffer = inputs[rank].copy()
+                        assert comm.allreduce(buffer, op=op) is buffer
+                        if _mismatch(buffer, inputs, op):
+                            failures.append((repeat, dtype, size, op))
+                        digests.append(hashlib.sha256(buffer.tobytes()).hexdigest())
+        matrix = np.arange(12, dtype=np.float32).reshape(3, 4).T * (rank + 1)  # Fortran-ordered view
+        comm.allreduce(matrix, op="sum")
+        if not np.array_equal(matrix, np.arange(12, dtype=np.float32).reshape(3, 4).T * sum(range(1, len(peers) + 1))):
+            failures.append("fortran-ordered")
+    return failures, digests
+
+
+def broadcast_gather_barrier(rank, peers, listener, secret, last_rank_entered):
+    root = len(peers) - 1
+    with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
+        floats = np.arange(1000003, dtype=np.float64) * (rank + 1)
+        comm.broadcast(floats, root=root)
+        small = np.full(7, rank, dtype=np.int32)
+        comm.broadcast(small, root=0)
+        gathered = comm.allgather_object({"rank": rank, "text": "é" * rank, "list": [rank, None]})
+        if rank == root:
+            last_rank_entered.value = 1
+        comm.barrier()
+        seen_after_barrier = last_rank_entered.value
+        return (bool(np.array_equal(floats, np.arange(1000003, dtype=np.float64) * (root + 1))),
+                small.tolist(), gathered, seen_after_barrier, comm.rank, comm.world_size)
+
+
+def allreduce_until_failure(rank, peers, listener, secret, started):
+    """Loop 8 MiB all-reduces; the victim rank signals after the first so the test can kill it mid-run."""
+    comm = Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener)
+    buffer = np.ones(2 << 20, dtype=np.float32)
+    while True:
+        begin = time.monotonic()
+        try:
+            comm.allreduce(buffer)
+        except CollectiveError as exc:
+            elapsed = time.monotonic() - begin
+            try:
+                comm.barrier()
+                reused = "reusable after failure"
+            except CollectiveError as again:
+                reused = str(again)
+            return str(exc), elapsed, reused
+        started.set()
+
+
+def silent_peer(rank, peers, listener, secret, released):
+    """Rank 1 connects but never takes part; rank 0's all-reduce must time out naming it."""
+    comm = Communicator.from_peers(rank, peers, secret, timeout=2, listener=listener)
+    if rank == 1:
+        released.wait(JOIN_SECONDS)
+        comm.close()
+        return None
+    begin = time.monotonic()
+    try:
+        comm.allreduce(np.ones(1000, dtype=np.float32))
+    except CollectiveError as exc:
+        return str(exc), time.monotonic() - begin, _collective_threads()
+    finally:
+        released.set()
+    return "no error", 0.0, []
+
+
+def mismatched_sizes(rank, peers, listener, secret):
+    with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
+        try:
+            comm.allreduce(np.ones(10 + 2 * rank, dtype=np.float32))
+        except CollectiveError as exc:
+            return str(exc)
+    return "no error"
+
+
+def one_allreduce(rank, peers, listener, secret):
+    with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
+        return comm.allreduce(np.full(5, rank + 1, dtype=np.int64), op="sum").tolist()
+
+
+# --------------------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_allreduce_matches_numpy_for_every_dtype_and_size(world_size):
+    reports = run_ranks(world_size, allreduce_every_case)
+    for rank, (failures, _) in enumerate(reports):
+        assert failures == [], f"rank {rank} got wrong results for {failures}"
+    assert all(digests == reports[0][1] for _, digests in reports), "ranks ended with different bits"
+
+
+def test_broadcast_allgather_object_and_barrier():
+    entered = CONTEXT.Value("i", 0)
+    reports = run_ranks(3, broadcast_gather_barrier, last_rank_entered=entered)
+    expected_gather = [{"rank": r, "text": "é" * r, "list": [r, None]} for r in range(3)]
+    for rank, (floats_ok, small, gathered, seen, comm_rank, world_size) in enumerate(reports):
+        assert floats_ok, f"rank {rank} did not receive root's buffer"
+        assert small == [0] * 7
+        assert gathered == expected_gather
+        assert seen == 1, f"rank {rank} left the barrier before the last rank entered it"
+        assert (comm_rank, world_size) == (rank, 3)
+
+
+def test_dead_rank_fails_its_peers_at_once_naming_it():
+    started = CONTEXT.Event()
+    with Ranks(3, allreduce_until_failure, started=started) as ranks:
+        ranks.connect()
+        assert started.wait(JOIN_SECONDS)
+        ranks.processes[2].kill()
+        reports = ranks.results(count=2)
+    for rank in (0, 1):
+        (message, elapsed, reused), error, threads = reports[rank]
+        assert error is None, error
+        assert "rank 2" in message, f"rank {rank}: {message}"
+        assert elapsed < 10, f"rank {rank} took {elapsed:.1f} s to notice (timeout 30 s)"
+        assert "failed earlier" in reused
+        assert threads == []
+
+
+def test_silent_rank_times_out_naming_it():
+    released = CONTEXT.Event()
+    message, elapsed, threads = run_ranks(2, silent_peer, released=released)[0]
+    assert "rank 1" in message and "sent nothing for 2 s" in message, message
+    assert 1.5 <= elapsed < 10
+    assert threads == []
+
+
+def test_mismatched_buffer_sizes_raise_on_every_rank():
+    for message in run_ranks(2, mismatched_sizes):
+        assert "same size" in message, message
+
+
+def _forge_client(address, connected, claimed_rank, world_size):
+    """Speak the handshake format but answer with a made-up MAC; return what the server sends after it."""
+    with socket.create_connection(address, timeout=JOIN_SECONDS) as sock:
+        connected.set()
+        sock.sendall(struct.pack("!4sII", b"STFC", world_size, claimed_rank) + secrets.token_bytes(32))
+        reply = b""
+        while len(reply) < 72:
+            reply += sock.recv(72 - len(reply))
+        sock.sendall(secrets.token_bytes(32))
+        return sock.recv(2)
+
+
+def test_wrong_secret_is_refused_while_real_peers_complete():
+    outcomes = {}
+
+    def wrong_secret(address, connected):
+        with socket.create_connection(address, timeout=JOIN_SECONDS) as sock:
+            connected.set()
+            try:
+                client_handshake(sock, secrets.token_bytes(32), 0, 1, 2)
+                outcomes["wrong secret"] = "accepted"
+            except HandshakeError as exc:
+                outcomes["wrong secret"] = str(exc)
+
+    def forged_mac(address, connected):
+        outcomes["forged mac"] = _forge_client(address, connected, 0, 2)
+
+    with Ranks(2, one_allreduce) as ranks:
+        target = parse_peer(ranks.peers[1])
+        connected = [threading.Event(), threading.Event()]
+        intruders = [threading.Thread(target=f, args=(target, event))
+                     for f, event in zip((wrong_secret, forged_mac), connected)]
+        for intruder in intruders:
+            intruder.start()
+        assert all(event.wait(JOIN_SECONDS) for event in connected)
+        ranks.connect()  # the real rank 0 queues up behind the intruders
+        reports = ranks.results()
+        for intruder in intruders:
+            intruder.join(JOIN_SECONDS)
+    assert "did not prove it knows the job secret" in outcomes["wrong secret"]
+    assert outcomes["forged mac"] == b"", "the server answered a client that forged its MAC"
+    for rank in (0, 1):
+        value, error, _ = reports[rank]
+        assert error is None, error
+        assert value == [3] * 5
+
+
+def test_world_size_one_is_a_no_op_without_sockets():
+    open_files = len(os.listdir("/proc/self/fd"))
+    threads = threading.active_count()
+    with Communicator.from_peers(0, ["127.0.0.1:0"], secrets.token_bytes(32)) as comm:
+        buffer = np.arange(5, dtype=np.int32)
+        assert comm.allreduce(buffer) is buffer and buffer.tolist() == [0, 1, 2, 3, 4]
+        comm.broadcast(buffer)
+        comm.barrier()
+        assert comm.allgather_object((1, "a")) == [[1, "a"]]
+        assert (comm.rank, comm.world_size) == (0, 1)
+        assert len(os.listdir("/proc/self/fd")) == open_files
+        assert threading.active_count() == threads
+    with pytest.raises(CollectiveError, match="closed"):
+        comm.barrier()
+
+
+@pytest.mark.parametrize("buffer, error", [
+    (np.ones(3, dtype=np.float16), TypeError),
+    (np.ones((4, 4), dtype=np.float32)[:, 1], ValueError),
+    ([1.0, 2.0], TypeError),
+])
+def test_bad_buffers_are_rejected(buffer, error):
+    with Communicator.from_peers(0, ["127.0.0.1:0"], secrets.token_bytes(32)) as comm:
+        with pytest.raises(error):
+            comm.allreduce(buffer)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        Communicator.from_peers(0, ["127.0.0.1:0"], b"short")
+    with pytest.raises(TypeError, match="must be bytes"):
+        Communicator.from_peers(0, ["127.0.0.1:0"], "a text secret of some length")
+    with Communicator.from_peers(0, ["127.0.0.1:0"], secrets.token_bytes(32)) as comm:
+        with pytest.raises(ValueError, match="op must be"):
+            comm.allreduce(np.ones(2), op="max")
+        with pytest.raises(ValueError, match="root"):
+            comm.broadcast(np.ones(2), root=1)
