@@ -11,20 +11,17 @@ TensorFlow and NumPy so executors never load Keras for it.
 
 from __future__ import annotations
 
-import collections
 import hashlib
-from typing import Callable, Iterable, Iterator, List, Sequence, Union
+from typing import Iterable, Iterator, List, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
 from sparktf.errors import DataError
 
-__all__ = ["FrozenGraph", "normalize_tensor_name", "parse_graph_def", "cached_graph", "predict_partition"]
+__all__ = ["FrozenGraph", "normalize_tensor_name", "parse_graph_def", "predict_partition"]
 
 _MAX_LISTED = 20
-_CACHE_SIZE = 4
-_cache: "collections.OrderedDict[str, FrozenGraph]" = collections.OrderedDict()
 
 
 def normalize_tensor_name(name: str) -> str:
@@ -93,10 +90,10 @@ class FrozenGraph:
 
     @property
     def key(self) -> str:
-        """A content hash of the graph and its input/output names."""
+        """A content hash of the graph and its input/output names (a per-process cache key)."""
         digest = hashlib.sha256(self.graph_bytes)
         digest.update(repr((self.input_names, self.output_names)).encode())
-        return digest.hexdigest()
+        return "frozen-graph-" + digest.hexdigest()
 
     @property
     def function(self):
@@ -184,21 +181,6 @@ class FrozenGraph:
         self._function = None
 
 
-def cached_graph(key: str, load: Callable[[], FrozenGraph]) -> FrozenGraph:
-    """Return the graph cached under ``key`` in this process, calling ``load()`` on a miss.
-
-    A small LRU cache, so that later tasks of a reused Python worker skip
-    unpickling the graph and building its function.
-    """
-    graph = _cache.pop(key, None)
-    if graph is None:
-        graph = load()
-    _cache[key] = graph
-    while len(_cache) > _CACHE_SIZE:
-        _cache.popitem(last=False)
-    return graph
-
-
 def predict_partition(
     blocks: Iterable[tuple], graph_broadcast, graph_key: str, batch: int, num_inputs: int
 ) -> Iterator[Union[np.ndarray, List[np.ndarray]]]:
@@ -212,7 +194,8 @@ def predict_partition(
     graph_broadcast : pyspark.Broadcast
         Broadcast of the :class:`FrozenGraph`.
     graph_key : str
-        ``FrozenGraph.key``, for the per-process cache.
+        ``FrozenGraph.key``, for the per-process cache of
+        :func:`sparktf.model_io.cached` (a hit skips reading the broadcast).
     batch : int
         Records per graph run; the last batch may be shorter.
     num_inputs : int
@@ -225,8 +208,9 @@ def predict_partition(
         input order.
     """
     from sparktf.batching import inference_batches
+    from sparktf.model_io import cached
 
-    graph = cached_graph(graph_key, lambda: graph_broadcast.value)
+    graph = cached(graph_key, lambda: graph_broadcast.value)
     for leaves in inference_batches(blocks, batch):
         outputs = graph.run(leaves[:num_inputs])
         for index in range(len(outputs[0])):

@@ -274,9 +274,11 @@ class TFNet(keras.layers.Layer):
             raise DataError(f"batch_per_thread must be a positive integer, got {batch_per_thread!r}.")
         from pyspark import RDD
 
+        from sparktf.dataset import TFDataset
+
         if isinstance(x, RDD):
             return self._predict_rdd(x, batch_per_thread)
-        if _is_tfdataset(x):
+        if isinstance(x, TFDataset):
             return self._predict_dataset(x, batch_per_thread)
         arrays = [np.asarray(a) for a in self._as_list(x)]
         if distributed:
@@ -293,54 +295,59 @@ class TFNet(keras.layers.Layer):
 
     def _predict_arrays_on_spark(self, arrays: List[np.ndarray], batch: int) -> Arrays:
         import sparktf
+        from sparktf.remote_errors import reraise_remote
 
         count = _record_count(arrays)
         if count is None:
             raise DataError("distributed=True needs a batch dimension; scalar inputs run locally (distributed=False).")
-        records = [a[0] if len(arrays) == 1 else list(a) for a in zip(*arrays)]
-        rdd = sparktf.init_spark().sparkContext.parallelize(records)
-        results = self._predict_rdd(rdd, batch).collect()
-        outputs = [np.stack(col) for col in zip(*results)] if len(self.output_names) > 1 else [np.stack(results)]
-        return outputs[0] if len(outputs) == 1 else outputs
+        sc = sparktf.init_spark().sparkContext
+        columns = self._graph.as_graph_inputs(arrays)
+        bounds = [i * count // sc.defaultParallelism for i in range(sc.defaultParallelism + 1)]
+        blocks = [tuple(c[lo:hi] for c in columns) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+        with reraise_remote():
+            rows = self._run_blocks(sc.parallelize(blocks, len(blocks)), batch).collect()
+        if len(self.output_names) == 1:
+            return np.stack(rows)
+        return [np.stack(column) for column in zip(*rows)]
 
     def _record_specs(self, rdd) -> list:
         """Per-record ``(dtype, shape)`` specs of the inputs; unknown sizes come from the first record."""
         specs = [(spec.dtype, spec.shape[1:]) for spec in self._graph.input_specs]
         if all(shape.is_fully_defined() for _, shape in specs):
             return [(dtype, shape.as_list()) for dtype, shape in specs]
-        first = rdd.first()
-        first = self._as_list(first)
+        first = self._as_list(rdd.first())
         return [(dtype, list(np.shape(value))) for (dtype, _), value in zip(specs, first)]
 
     def _predict_rdd(self, rdd, batch: int):
-        from sparktf.dataset import TFDataset
+        from sparktf.columnar import RecordFormat
+        from sparktf.specs import parse_spec
 
-        specs = self._record_specs(rdd)
-        features = specs[0] if len(specs) == 1 else specs
-        dataset = TFDataset.from_rdd(rdd, features=features, batch_per_thread=batch, shuffle=False)
-        return self._predict_dataset(dataset, batch)
+        record_specs = self._record_specs(rdd)
+        features = parse_spec(record_specs[0] if len(record_specs) == 1 else record_specs, "features")
+        return self._run_blocks(rdd.mapPartitionsWithIndex(RecordFormat.from_specs(features).to_blocks), batch)
 
     def _predict_dataset(self, dataset, batch: int):
-        from sparktf import specs
+        from sparktf.specs import flatten
 
-        num_features = len(specs.flatten(dataset.feature_spec))
+        num_features = len(flatten(dataset.feature_spec))
         if num_features != len(self.input_names):
             raise DataError(
                 f"The dataset has {num_features} feature tensor(s) but the graph takes "
                 f"{len(self.input_names)} input(s) ({', '.join(self.input_names)}). "
                 "Give the dataset one feature per graph input, in that order."
             )
-        block_rdd = dataset.block_rdd
-        sc = block_rdd.context
-        if _has_batch_option(dataset):
-            batch = dataset.inference_batch_size(sc.defaultParallelism)
-        broadcast = sc.broadcast(self._graph)
+        if dataset.batch_per_thread > 0 or dataset.batch_size > 0:
+            batch = dataset.inference_batch_size(dataset.block_rdd.context.defaultParallelism)
+        return self._run_blocks(dataset.block_rdd, batch)
+
+    def _run_blocks(self, block_rdd, batch: int):
+        """The per-record outputs of an RDD of Blocks whose first leaves feed the graph."""
         run = functools.partial(
             predict_partition,
-            graph_broadcast=broadcast,
+            graph_broadcast=block_rdd.context.broadcast(self._graph),
             graph_key=self._graph.key,
             batch=batch,
-            num_inputs=num_features,
+            num_inputs=len(self.input_names),
         )
         return block_rdd.mapPartitions(run, preservesPartitioning=True)
 
@@ -355,11 +362,3 @@ def _record_count(arrays: List[np.ndarray]) -> Optional[int]:
             f"All inputs must hold the same number of records (axis 0), got {[len(a) for a in arrays]}."
         )
     return counts.pop()
-
-
-def _is_tfdataset(x: Any) -> bool:
-    return type(x).__name__ == "TFDataset" and hasattr(x, "block_rdd")
-
-
-def _has_batch_option(dataset) -> bool:
-    return any((getattr(dataset, name, None) or -1) > 0 for name in ("batch_per_thread", "batch_size"))

@@ -123,6 +123,15 @@ def test_saved_model_inputs_and_outputs_select_and_order(two_heads_dir):
     np.testing.assert_allclose(chosen.forward([zeta, alpha]), zeta @ w + alpha, rtol=1e-5)
     np.testing.assert_allclose(chosen.forward({"zeta": zeta, "alpha": alpha}), zeta @ w + alpha, rtol=1e-5)
 
+    inputs = [keras.Input((2,)), keras.Input((3,))]
+    symbolic = default(inputs)
+    assert [tuple(t.shape) for t in symbolic] == [(None, 2), (None, 2)]
+    functional = keras.Model(inputs, symbolic)
+    for got, want in zip(functional.predict([alpha, zeta], verbose=0), [prod, total]):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    with pytest.raises(DataError, match="takes 2 input.*got 1"):
+        default(keras.Input((2,)))
+
 
 def test_saved_model_errors_list_what_exists(two_heads_dir, tmp_path):
     with pytest.raises(DataError, match="serving_default.*other|other.*serving_default"):
@@ -249,12 +258,19 @@ def test_frozen_layer_between_trainable_stem_and_head_trains_with_fit(model, exp
     np.testing.assert_allclose(restored.predict(x, verbose=0), combined.predict(x, verbose=0), rtol=1e-5)
 
 
-def test_get_config_round_trip(export_dir):
+def test_get_config_round_trip_and_model_payload(export_dir):
+    from sparktf.model_io import ModelPayload
+
     net = TFNet.from_export_folder(export_dir)
     config = keras.saving.serialize_keras_object(net)
     assert config["registered_name"] == "sparktf>TFNet"
     clone = keras.saving.deserialize_keras_object(json.loads(json.dumps(config)))
     np.testing.assert_array_equal(clone.forward(X), net.forward(X))
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(net(inputs)))
+    rebuilt = ModelPayload.from_bytes(ModelPayload.from_model(model).to_bytes()).build()
+    np.testing.assert_allclose(rebuilt.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-6)
 
 
 def _uneven_rdd(sc, records, sizes):
@@ -269,9 +285,9 @@ def test_distributed_predict_over_uneven_partitions_keeps_order_and_count(export
     net = TFNet.from_export_folder(export_dir)
     x = RNG.normal(size=(20, 4)).astype("float32")
     rdd = _uneven_rdd(sc, list(x), [1, 7, 12])
-    result = net.predict(rdd, batch_per_thread=5)
-    assert [len(p) for p in result.glom().collect()] == [1, 7, 12]
-    rows = result.collect()
+    partitions = net.predict(rdd, batch_per_thread=5).glom().collect()
+    assert [len(p) for p in partitions] == [1, 7, 12]
+    rows = [row for partition in partitions for row in partition]
     assert len(rows) == 20 and all(r.shape == (2,) for r in rows)
     np.testing.assert_allclose(np.stack(rows), net.forward(x), rtol=1e-6)
     np.testing.assert_allclose(net.predict(x, batch_per_thread=3, distributed=True), net.forward(x), rtol=1e-6)
