@@ -14,7 +14,7 @@ __all__ = ["RingLink"]
 
 logger = logging.getLogger(__name__)
 
-_ABORT_GRACE_SECONDS = 1.0
+_GRACE_SECONDS = 1.0  # how long a frame being sent may take to finish when stopping
 
 
 class RingLink:
@@ -73,26 +73,33 @@ class RingLink:
         The notice goes out even when the right neighbour is the culprit: it
         may be alive (a mismatched call) and then learns what went wrong.
         """
-        clean = self._sender.stop(_ABORT_GRACE_SECONDS)
-        if clean:
+        if self._stop_sender():
             culprit = error.rank if isinstance(error, PeerFailure) else self.rank
-            notice = encode_abort(culprit, str(error) if isinstance(error, PeerFailure)
+            notice = encode_abort(culprit, error.reason if isinstance(error, PeerFailure)
                                   else f"rank {self.rank} failed: {error!r}")
-            self._right.settimeout(_ABORT_GRACE_SECONDS)
+            self._right.settimeout(_GRACE_SECONDS)
             try:
                 self._right.sendall(FrameHeader(ABORT, 0, 0, len(notice)).pack() + notice)
             except OSError:
                 logger.debug("rank %d could not send its abort notice to rank %d", self.rank, self.right_rank)
-        self._shutdown()
-        self._sender.join()
         self._close_sockets()
 
     def close(self) -> None:
         """End the sender thread and close both connections."""
-        if not self._sender.stop(self.timeout):
-            self._shutdown()
-            self._sender.join()
+        self._stop_sender()
         self._close_sockets()
+
+    def _stop_sender(self) -> bool:
+        """End the sender thread; return False if it had to be cut off in the middle of a frame."""
+        if self._sender.stop(_GRACE_SECONDS):
+            return True
+        for sock in (self._left, self._right):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._sender.join()
+        return False
 
     def _receive_header(self, minimum: int, maximum: int) -> int:
         self._receive_payload(memoryview(self._header))
@@ -132,13 +139,6 @@ class RingLink:
             self._left.shutdown(socket.SHUT_RD)
         except OSError:
             pass
-
-    def _shutdown(self) -> None:
-        for sock in (self._left, self._right):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def _close_sockets(self) -> None:
         self._left.close()

@@ -33,11 +33,16 @@ _MAX_ABORT_BYTES = 64 << 10
 
 
 class PeerFailure(CollectiveError):
-    """A collective failed because of one peer; ``rank`` names that peer."""
+    """A collective failed because of one peer.
 
-    def __init__(self, rank: int, message: str):
+    ``rank`` names that peer and ``reason`` says what happened to it, without
+    the note of which rank passed the news on.
+    """
+
+    def __init__(self, rank: int, message: str, reason: str | None = None):
         super().__init__(message)
         self.rank = rank
+        self.reason = reason or message
 
 
 @dataclass(frozen=True)
@@ -104,4 +109,4 @@ def decode_abort(header: FrameHeader, sock: socket.socket, sender_rank: int) -> 
         culprit, reason = int(notice["rank"]), str(notice["reason"])
     except (ValueError, KeyError, TypeError):
         return PeerFailure(sender_rank, f"rank {sender_rank} sent a malformed abort notice")
-    return PeerFailure(culprit, f"{reason} (reported to this rank by rank {sender_rank})")
+    return PeerFailure(culprit, f"{reason} (reported to this rank by rank {sender_rank})", reason)
