@@ -189,6 +189,22 @@ def silent_peer(rank, peers, listener, secret, released):
     return "no error", 0.0, []
 
 
+def absent_peer(rank, peers, listener, secret, released):
+    """Rank 1 keeps its socket listening but never joins; rank 0's constructor must fail naming it."""
+    if rank == 1:
+        released.wait(JOIN_SECONDS)
+        listener.close()
+        return None
+    begin = time.monotonic()
+    try:
+        Communicator.from_peers(rank, peers, secret, timeout=1, listener=listener)
+    except CollectiveError as exc:
+        return str(exc), time.monotonic() - begin, _collective_threads()
+    finally:
+        released.set()
+    return "no error", 0.0, []
+
+
 def mismatched_sizes(rank, peers, listener, secret):
     with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
         try:
@@ -246,6 +262,14 @@ def test_silent_rank_times_out_naming_it():
     message, elapsed, threads = run_ranks(2, silent_peer, released=released)[0]
     assert "rank 1" in message and "sent nothing for 2 s" in message, message
     assert 1.5 <= elapsed < 10
+    assert threads == []
+
+
+def test_absent_rank_fails_the_rendezvous_naming_it():
+    released = CONTEXT.Event()
+    message, elapsed, threads = run_ranks(2, absent_peer, released=released)[0]
+    assert "rank 1" in message, message
+    assert elapsed < 10
     assert threads == []
 
 
