@@ -173,9 +173,9 @@ def allreduce_until_failure(rank, peers, listener, secret, started):
 
 
 def silent_peer(rank, peers, listener, secret, released):
-    """Rank 1 connects but never takes part; rank 0's all-reduce must time out naming it."""
+    """The last rank connects but never takes part; every other rank's all-reduce must time out naming it."""
     comm = Communicator.from_peers(rank, peers, secret, timeout=2, listener=listener)
-    if rank == 1:
+    if rank == len(peers) - 1:
         released.wait(JOIN_SECONDS)
         comm.close()
         return None
@@ -184,8 +184,6 @@ def silent_peer(rank, peers, listener, secret, released):
         comm.allreduce(np.ones(1000, dtype=np.float32))
     except CollectiveError as exc:
         return str(exc), time.monotonic() - begin, _collective_threads()
-    finally:
-        released.set()
     return "no error", 0.0, []
 
 
@@ -259,10 +257,17 @@ def test_dead_rank_fails_its_peers_at_once_naming_it():
 
 def test_silent_rank_times_out_naming_it():
     released = CONTEXT.Event()
-    message, elapsed, threads = run_ranks(2, silent_peer, released=released)[0]
-    assert "rank 1" in message and "sent nothing for 2 s" in message, message
-    assert 1.5 <= elapsed < 10
-    assert threads == []
+    with Ranks(3, silent_peer, released=released) as ranks:
+        ranks.connect()
+        reports = ranks.results(count=2)
+        released.set()
+        assert ranks.results(count=1)[2][1] is None
+    for rank in (0, 1):
+        (message, elapsed, threads), error, _ = reports[rank]
+        assert error is None, error
+        assert "rank 2 sent nothing for 2 s" in message, f"rank {rank}: {message}"
+        assert 1.5 <= elapsed < 10
+        assert threads == []
 
 
 def test_absent_rank_fails_the_rendezvous_naming_it():

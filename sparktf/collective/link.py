@@ -40,6 +40,7 @@ class RingLink:
         self._header = bytearray(HEADER.size)
         self._tag = 0
         self._seq = 0
+        self._frames_this_call = 0
         self._sender = FrameSender(right, self.right_rank, self._wake_receiver,
                                    name=f"sparktf-collective-sender-rank{rank}")
 
@@ -47,6 +48,7 @@ class RingLink:
         """Start a new collective call; its frames carry ``tag`` and a new sequence number."""
         self._tag = tag
         self._seq = (self._seq + 1) & 0xFFFFFFFF
+        self._frames_this_call = 0
 
     def post(self, payload: memoryview) -> None:
         """Queue ``payload`` (bytes) for the right neighbour; keep it unchanged until ``flush``."""
@@ -55,12 +57,12 @@ class RingLink:
     def receive_into(self, payload: memoryview) -> None:
         """Receive the next frame from the left neighbour into ``payload``, which must fit it exactly."""
         self._receive_header(payload.nbytes, payload.nbytes)
-        self._receive_payload(payload)
+        self._receive_body(payload)
 
     def receive_bytes(self, limit: int) -> bytes:
         """Receive the next frame from the left neighbour, of at most ``limit`` bytes."""
         payload = bytearray(self._receive_header(0, limit))
-        self._receive_payload(memoryview(payload))
+        self._receive_body(memoryview(payload))
         return bytes(payload)
 
     def flush(self) -> None:
@@ -102,8 +104,7 @@ class RingLink:
         return False
 
     def _receive_header(self, minimum: int, maximum: int) -> int:
-        self._receive_payload(memoryview(self._header))
-        header = FrameHeader.unpack(self._header)
+        header = self._read_header()
         if header.kind == ABORT:
             raise decode_abort(header, self._left, self.left_rank)
         if header.kind != DATA or header.tag != self._tag or header.seq != self._seq:
@@ -118,13 +119,47 @@ class RingLink:
                 "buffers of the same size"))
         return header.length
 
+    def _read_header(self) -> FrameHeader:
+        """The next header; a left neighbour silent for ``timeout`` fails the call, naming the right rank.
+
+        A left neighbour that sent nothing in this call is the silent one.  One
+        that took part and then stopped is most likely waiting for a silent
+        rank further left, whose right neighbour times out at about the same
+        moment and sends an abort notice naming it: wait a moment more for
+        that notice (or for the data, if the left was only slow).
+        """
+        try:
+            self._receive_payload(memoryview(self._header))
+        except TimeoutError:
+            if not self._frames_this_call:
+                raise self._silence() from None
+            self._left.settimeout(_GRACE_SECONDS)
+            try:
+                self._receive_payload(memoryview(self._header))
+            except TimeoutError:
+                raise self._silence() from None
+            finally:
+                self._left.settimeout(self.timeout)
+        self._frames_this_call += 1
+        return FrameHeader.unpack(self._header)
+
+    def _receive_body(self, view: memoryview) -> None:
+        try:
+            self._receive_payload(view)
+        except TimeoutError:
+            raise self._silence() from None
+
+    def _silence(self) -> PeerFailure:
+        return self._sender.error or PeerFailure(self.left_rank, (
+            f"rank {self.left_rank} sent nothing for {self.timeout:g} s; it is stuck, slow or "
+            "waiting for another rank (raise collective_timeout if it is only slow)"))
+
     def _receive_payload(self, view: memoryview) -> None:
+        """Fill ``view`` from the left; a closed or broken connection raises ``PeerFailure``, silence ``TimeoutError``."""
         try:
             complete = recv_exact(self._left, view)
         except TimeoutError:
-            raise self._sender.error or PeerFailure(self.left_rank, (
-                f"rank {self.left_rank} sent nothing for {self.timeout:g} s; it is stuck, slow or "
-                "waiting for another rank (raise collective_timeout if it is only slow)")) from None
+            raise
         except OSError as exc:
             raise self._sender.error or PeerFailure(self.left_rank, (
                 f"the connection from rank {self.left_rank} failed ({exc}); it probably failed: "
