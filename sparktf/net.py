@@ -198,6 +198,7 @@ class TFNet(keras.layers.Layer):
         return outputs[0] if len(outputs) == 1 else outputs
 
     def compute_output_spec(self, inputs: Any) -> Any:
+        """Symbolic outputs (KerasTensors) with the graph's output shapes and dtypes."""
         self._as_list(inputs)
         specs = self._graph.output_specs
         if any(spec.shape.rank is None for spec in specs):
@@ -206,10 +207,12 @@ class TFNet(keras.layers.Layer):
         return tensors[0] if len(tensors) == 1 else tensors
 
     def compute_output_shape(self, input_shape: Any) -> Any:
+        """The graph's output shapes (a list for several outputs)."""
         shapes = [tuple(spec.shape) for spec in self._graph.output_specs]
         return shapes[0] if len(shapes) == 1 else shapes
 
     def get_config(self) -> Dict[str, Any]:
+        """Keras config: the layer's config plus the graph (base64) and tensor names."""
         config = super().get_config()
         config.pop("autocast", None)
         config.update(
@@ -221,6 +224,7 @@ class TFNet(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config: Dict[str, Any]) -> "TFNet":
+        """Rebuild a TFNet from :meth:`get_config` output."""
         config = dict(config)
         config["graph_def"] = base64.b64decode(config["graph_def"])
         return cls(**config)
@@ -270,7 +274,7 @@ class TFNet(keras.layers.Layer):
             input order and partitioning - an ndarray, or a list of them
             when the graph has several outputs.
         """
-        if not isinstance(batch_per_thread, int) or batch_per_thread <= 0:
+        if isinstance(batch_per_thread, bool) or not isinstance(batch_per_thread, (int, np.integer)) or batch_per_thread <= 0:
             raise DataError(f"batch_per_thread must be a positive integer, got {batch_per_thread!r}.")
         from pyspark import RDD
 
@@ -315,8 +319,9 @@ class TFNet(keras.layers.Layer):
         specs = [(spec.dtype, spec.shape[1:]) for spec in self._graph.input_specs]
         if all(shape.is_fully_defined() for _, shape in specs):
             return [(dtype, shape.as_list()) for dtype, shape in specs]
-        first = self._as_list(rdd.first())
-        return [(dtype, list(np.shape(value))) for (dtype, _), value in zip(specs, first)]
+        first = rdd.first()
+        values = [first] if len(specs) == 1 else self._as_list(first)
+        return [(dtype, list(np.shape(value))) for (dtype, _), value in zip(specs, values)]
 
     def _predict_rdd(self, rdd, batch: int):
         from sparktf.columnar import RecordFormat
