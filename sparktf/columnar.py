@@ -112,12 +112,11 @@ def _converted(value: Any, leaf: specs.LeafSpec) -> np.ndarray:
 
 
 def _strings_to_bytes(value: Any) -> np.ndarray:
-    array = np.asarray(value)
-    if array.dtype.kind == "U":
-        return np.char.encode(array, "utf-8").astype(object)
-    if array.dtype.kind == "S":
-        return array.astype(object)
-    array = np.asarray(value, dtype=object)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "U":
+        return np.char.encode(value, "utf-8").astype(object)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "S":
+        return value.astype(object)
+    array = np.array(value, dtype=object)  # a copy: the loop below rewrites it
     flat = array.reshape(-1)
     for i, item in enumerate(flat):
         if isinstance(item, str):

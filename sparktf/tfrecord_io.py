@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+import cloudpickle
 import tensorflow as tf
 
-from sparktf import specs
+from sparktf import model_io, specs
 from sparktf.columnar import Block, RecordFormat, records_per_block, to_leaf_column
 from sparktf.errors import DataError
 
@@ -64,21 +65,22 @@ class TFRecordReader:
     ----------
     parse_fn : callable
         ``parse_fn(serialized)`` as given to ``TFDataset.from_tfrecord_file``.
+        It travels by value when it comes from the user's own module (which
+        the executors may not be able to import).
     record_format : RecordFormat
         The format traced from ``parse_fn``.
     """
 
     def __init__(self, parse_fn: Callable, record_format: RecordFormat):
-        self.parse_fn = parse_fn
+        self.parse_fn_bytes = model_io._pickle_by_value({"parse_fn": parse_fn})
         self.record_format = record_format
 
     def __call__(self, partition: int, paths: Iterable[str]) -> Iterator[Block]:
+        parse_fn = cloudpickle.loads(self.parse_fn_bytes)["parse_fn"]
         leaves = self.record_format.leaves
         batch = records_per_block(leaves)
         for path in paths:
-            parsed = tf.data.TFRecordDataset(path).map(
-                self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-            )
+            parsed = tf.data.TFRecordDataset(path).map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             first = 0
             try:
                 for element in parsed.batch(batch).as_numpy_iterator():

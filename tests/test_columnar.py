@@ -1,0 +1,97 @@
+"""columnar: records -> Blocks with errors naming partition and record; routing blocks to workers."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparktf import columnar
+from sparktf.columnar import BlockRouter, RecordFormat, block_size, sorted_blocks
+from sparktf.errors import DataError
+
+IMAGE_LABEL = RecordFormat.from_specs(tf.TensorSpec([2], tf.float32), tf.TensorSpec([], tf.int32))
+
+
+def test_records_become_blocks_cast_to_the_specs(monkeypatch):
+    monkeypatch.setattr(columnar, "TARGET_BLOCK_BYTES", 3 * 12)  # 3 records of 8 + 4 bytes per block
+    records = [(np.array([i, i + 0.5], dtype=np.float64), i) for i in range(7)] + [([7, 7.5], np.int64(7))]
+    blocks = list(IMAGE_LABEL.to_blocks(0, iter(records)))
+    assert [block_size(b) for b in blocks] == [3, 3, 2]
+    features, labels = (np.concatenate(column) for column in zip(*blocks))
+    assert features.dtype == np.float32 and labels.dtype == np.int32
+    np.testing.assert_array_equal(features[:, 1], np.arange(8) + 0.5)
+    np.testing.assert_array_equal(labels, np.arange(8))
+    assert all(array.flags.c_contiguous for block in blocks for array in block)
+
+
+def test_blocks_turn_back_into_records():
+    record_format = RecordFormat.from_specs(
+        {"a": tf.TensorSpec([2], tf.int64), "b": tf.TensorSpec([], tf.string)}, tf.TensorSpec([1], tf.float32)
+    )
+    records = [({"b": "x", "a": [1, 2]}, [0.5]), ({"a": np.array([3, 4]), "b": b"y"}, np.array([1.5]))]
+    (block,) = record_format.to_blocks(0, records)
+    back = list(record_format.to_records(block))
+    assert back[0][0]["b"] == b"x" and back[1][0]["b"] == b"y"
+    np.testing.assert_array_equal(back[1][0]["a"], [3, 4])
+    np.testing.assert_array_equal(back[1][1], np.array([1.5], np.float32))
+
+
+def test_records_without_labels_are_the_features():
+    record_format = RecordFormat.from_specs([tf.TensorSpec([], tf.float32), tf.TensorSpec([2], tf.uint8)])
+    (block,) = record_format.to_blocks(0, [(1, [2, 3]), [4, (5, 6)]])
+    assert [a.dtype for a in block] == [np.float32, np.uint8]
+    assert [list(map(np.ndarray.tolist, map(np.asarray, r))) for r in record_format.to_records(block)] == [
+        [1.0, [2, 3]],
+        [4.0, [5, 6]],
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad_record, fragment",
+    [
+        ((np.zeros(3), 1), "features has shape [3], expected [2]"),
+        ((np.zeros(2), [1, 2]), "labels has shape [2], expected []"),
+        ((None, 1), "features is None, expected a float32 value of shape [2]"),
+        ((["a", "b"], 1), "features could not be converted to float32 with shape [2]"),
+        ((np.zeros(2),), "a record should be (features, labels) because labels were given"),
+    ],
+)
+def test_a_bad_record_names_partition_record_and_leaf(bad_record, fragment):
+    records = [(np.zeros(2), 0)] * 4 + [bad_record]
+    with pytest.raises(DataError) as info:
+        list(IMAGE_LABEL.to_blocks(3, iter(records)))
+    message = str(info.value)
+    assert message.startswith("partition 3, record 4 (0-based within the partition): ")
+    assert fragment in message
+
+
+def test_string_leaves_hold_bytes():
+    leaf = RecordFormat.from_specs(tf.TensorSpec([2], tf.string)).leaves[0]
+    column = columnar.to_leaf_column(np.array([["é", "b"], ["c", "d"]]), leaf)
+    assert column.dtype == object and column[0, 0] == "é".encode()
+    with pytest.raises(DataError, match="expected str or bytes, got int"):
+        columnar.to_leaf_array([b"a", 3], leaf)
+
+
+def test_to_leaf_column_checks_the_per_record_shape():
+    leaf = IMAGE_LABEL.leaves[0]
+    assert columnar.to_leaf_column(np.ones((5, 2)), leaf).dtype == np.float32
+    with pytest.raises(DataError, match=r"records of shape \[3\] \(array shape \[5, 3\]\), expected \[2\]"):
+        columnar.to_leaf_column(np.ones((5, 3)), leaf)
+
+
+@pytest.mark.parametrize("counts, num_workers", [([7, 1, 2], 2), ([0, 5, 0, 6], 3), ([10], 4), ([3, 3, 3, 3], 2)])
+def test_router_gives_each_worker_a_contiguous_balanced_range(counts, num_workers):
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    partitions = []
+    for p, count in enumerate(counts):  # blocks of at most 2 records holding their global record numbers
+        ids = np.arange(offsets[p], offsets[p + 1])
+        partitions.append([(ids[i : i + 2],) for i in range(0, count, 2)])
+    router = BlockRouter(counts, num_workers)
+    routed = {w: [] for w in range(num_workers)}
+    for p, blocks in reversed(list(enumerate(partitions))):  # arrival order must not matter
+        for key, block in router(p, iter(blocks)):
+            routed[key[0]].append((key, block))
+    total = sum(counts)
+    for w in range(num_workers):
+        records = np.concatenate([b[0] for b in sorted_blocks(routed[w])])
+        np.testing.assert_array_equal(records, np.arange(w * total // num_workers, (w + 1) * total // num_workers))

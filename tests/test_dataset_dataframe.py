@@ -1,0 +1,110 @@
+"""TFDataset.from_dataframe: numeric, array and Vector columns through Arrow."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from pyspark.ml.linalg import Vectors, VectorUDT
+from pyspark.sql import types as T
+
+from sparktf import TFDataset
+from sparktf.errors import DataError
+
+SCHEMA = T.StructType(
+    [
+        T.StructField("x", T.DoubleType()),
+        T.StructField("ids", T.ArrayType(T.IntegerType())),
+        T.StructField("grid", T.ArrayType(T.ArrayType(T.DoubleType()))),
+        T.StructField("vec", VectorUDT()),
+        T.StructField("flag", T.BooleanType()),
+        T.StructField("label", T.LongType()),
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def df(spark):
+    rows = [
+        (
+            i / 2,
+            [i, -i],
+            [[float(i), 1.0], [2.0, 3.0]],
+            Vectors.dense([i, 0.5, 1.0]) if i % 2 else Vectors.sparse(3, [0], [float(i)]),
+            i % 3 == 0,
+            i % 2,
+        )
+        for i in range(9)
+    ]
+    return spark.createDataFrame(rows, SCHEMA).repartition(2)
+
+
+def test_columns_become_specs_and_records(df):
+    ds = TFDataset.from_dataframe(df, ["x", "ids", "grid", "vec", "flag"], ["label"], batch_size=2)
+    assert ds.feature_spec == [
+        tf.TensorSpec([], tf.float32),
+        tf.TensorSpec([2], tf.int32),
+        tf.TensorSpec([2, 2], tf.float32),
+        tf.TensorSpec([3], tf.float32),
+        tf.TensorSpec([], tf.bool),
+    ]
+    assert ds.label_spec == tf.TensorSpec([], tf.int64), "a list of one column is a single spec"
+    assert ds.num_records == 9
+    by_x = {float(features[0]): (features, label) for features, label in ds.rdd.collect()}
+    features, label = by_x[2.5]
+    assert features[1].tolist() == [5, -5] and features[2].tolist() == [[5.0, 1.0], [2.0, 3.0]]
+    assert features[3].tolist() == [5.0, 0.5, 1.0] and not features[4] and label == 1
+    assert by_x[2.0][0][3].tolist() == [4.0, 0.0, 0.0], "sparse vectors are densified"
+
+
+def test_blocks_are_columnar_not_per_row(spark):
+    big = spark.range(0, 5000, numPartitions=2).selectExpr("cast(id as double) as x", "id % 10 as y")
+    ds = TFDataset.from_dataframe(big, "x", "y", batch_per_thread=64)
+    blocks_per_partition = ds.block_rdd.glom().map(len).collect()
+    assert blocks_per_partition == [1, 1]
+    assert ds.feature_spec == tf.TensorSpec([], tf.float32) and ds.num_records == 5000
+
+
+def test_validation_df_must_match(df):
+    ds = TFDataset.from_dataframe(df, "vec", "label", batch_size=2, validation_df=df.limit(4))
+    assert ds.val_dataset.num_records == 4 and ds.val_dataset.feature_spec == ds.feature_spec
+    with pytest.raises(DataError, match="validation_df columns"):
+        TFDataset.from_dataframe(df, "x", "label", validation_df=df.selectExpr("cast(x as int) as x", "label"))
+
+
+def test_unsupported_column_type_names_column_and_type(df):
+    with pytest.raises(DataError, match=r"column 'name' has type string"):
+        TFDataset.from_dataframe(df.selectExpr("cast(x as string) as name", "label"), "name", "label")
+    with pytest.raises(DataError, match=r"column 'nope' is not in the DataFrame"):
+        TFDataset.from_dataframe(df, "nope")
+
+
+@pytest.mark.parametrize(
+    "rows, ddl, fragment",
+    [
+        ([([1.0, 2.0],), ([1.0],)], "a array<double>", "column 'a', partition 0, row 1 (0-based within the partition): "
+         "an array of length 1 at nesting level 0, expected 2"),
+        ([([[1, 2]],), ([[1, 2], [3, 4]],)], "a array<array<int>>", "row 1 (0-based within the partition): an array "
+         "of length 2 at nesting level 0, expected 1"),
+        ([(1.0,), (None,)], "a double", "column 'a', partition 0, row 1 (0-based within the partition) holds a null"),
+        ([([1, 2],), ([1, None],)], "a array<int>", "row 1 (0-based within the partition) holds a null"),
+    ],
+)
+def test_bad_rows_name_column_partition_and_row(spark, rows, ddl, fragment):
+    ds = TFDataset.from_dataframe(spark.createDataFrame(rows, ddl).coalesce(1), "a")
+    with pytest.raises(DataError) as info:
+        ds.num_records
+    assert fragment in str(info.value)
+
+
+def test_array_lengths_need_a_first_row(spark):
+    with pytest.raises(DataError, match="empty DataFrame"):
+        TFDataset.from_dataframe(spark.createDataFrame([], "a array<float>"), "a")
+    with pytest.raises(DataError, match="null in the first row"):
+        TFDataset.from_dataframe(spark.createDataFrame([(None,)], "a array<float>"), "a")
+
+
+def test_feature_values_round_trip_exactly(spark):
+    x = np.random.default_rng(0).random((20, 4)).astype(np.float32)
+    frame = spark.createDataFrame([(row.tolist(), i) for i, row in enumerate(x)], "x array<float>, i int")
+    ds = TFDataset.from_dataframe(frame, "x", "i")
+    got = {int(i): f for f, i in ds.rdd.collect()}
+    np.testing.assert_array_equal(np.stack([got[i] for i in range(20)]), x)

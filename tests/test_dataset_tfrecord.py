@@ -1,0 +1,86 @@
+"""TFDataset.from_tfrecord_file: real TFRecord files parsed on the executors."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparktf import TFDataset
+from sparktf.errors import DataError
+
+pytestmark = pytest.mark.usefixtures("spark")
+
+FEATURES = {"x": tf.io.FixedLenFeature([2], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+
+
+def parse_example(serialized):
+    parsed = tf.io.parse_single_example(serialized, FEATURES)
+    return parsed["x"], parsed["y"]
+
+
+@pytest.fixture(scope="module")
+def record_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tfrecords")
+    for part in range(3):
+        with tf.io.TFRecordWriter(str(folder / f"part-{part}.tfrecord")) as writer:
+            for i in range(4 + part):
+                x = tf.train.Feature(float_list=tf.train.FloatList(value=[i, part]))
+                y = tf.train.Feature(int64_list=tf.train.Int64List(value=[10 * part + i]))
+                example = tf.train.Example(features=tf.train.Features(feature={"x": x, "y": y}))
+                writer.write(example.SerializeToString())
+    (folder / "broken.tfrecord").write_bytes(b"this is not a TFRecord file at all")
+    return folder
+
+
+def test_glob_gives_one_partition_per_file_in_order(record_dir):
+    ds = TFDataset.from_tfrecord_file(
+        str(record_dir / "part-*.tfrecord"), parse_example, batch_size=4, validation_paths=str(record_dir / "part-0.tfrecord")
+    )
+    assert ds.feature_spec == tf.TensorSpec([2], tf.float32)
+    assert ds.label_spec == tf.TensorSpec([], tf.int64)
+    assert ds.partition_counts == [4, 5, 6]
+    records = ds.rdd.collect()
+    assert [int(y) for _, y in records] == [0, 1, 2, 3, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 25]
+    np.testing.assert_array_equal(records[5][0], np.array([1.0, 1.0], np.float32))
+    assert ds.val_dataset.num_records == 4
+
+
+def test_dict_features_without_labels_and_a_list_of_paths(record_dir):
+    def parse_features(serialized):
+        parsed = tf.io.parse_single_example(serialized, FEATURES)
+        return {"x": parsed["x"], "text": tf.strings.as_string(parsed["y"])}
+
+    paths = [str(record_dir / "part-2.tfrecord"), str(record_dir / "part-0.tfrecord")]
+    ds = TFDataset.from_tfrecord_file(paths, parse_features, batch_per_thread=8)
+    assert ds.label_spec is None
+    assert ds.feature_spec == {"x": tf.TensorSpec([2], tf.float32), "text": tf.TensorSpec([], tf.string)}
+    assert [r["text"] for r in ds.rdd.collect()] == [b"20", b"21", b"22", b"23", b"24", b"25", b"0", b"1", b"2", b"3"]
+
+
+def test_a_corrupt_file_raises_data_error_naming_it(record_dir):
+    ds = TFDataset.from_tfrecord_file(str(record_dir / "broken.tfrecord"), parse_example)
+    with pytest.raises(DataError, match=r"broken\.tfrecord \(partition 0\): reading or parsing failed after record 0"):
+        ds.num_records
+
+
+def test_paths_matching_nothing_and_shapeless_outputs_are_rejected(record_dir):
+    with pytest.raises(DataError, match="matches no file"):
+        TFDataset.from_tfrecord_file(str(record_dir / "missing-*.tfrecord"), parse_example)
+
+    def sparse_parse(serialized):
+        return tf.io.parse_single_example(serialized, {"x": tf.io.VarLenFeature(tf.float32)})["x"]
+
+    with pytest.raises(DataError, match="parse_fn output output is a SparseTensorSpec"):
+        TFDataset.from_tfrecord_file(str(record_dir / "part-0.tfrecord"), sparse_parse)
+
+    def unknown_shape(serialized):
+        return tf.io.parse_tensor(serialized, tf.float32)
+
+    with pytest.raises(DataError, match="unknown dimension"):
+        TFDataset.from_tfrecord_file(str(record_dir / "part-0.tfrecord"), unknown_shape)
+
+
+def test_files_are_read_on_the_executors(record_dir, sc):
+    ds = TFDataset.from_tfrecord_file(str(record_dir / "part-1.tfrecord"), parse_example)
+    assert ds.block_rdd.map(lambda block: os.getpid()).first() != os.getpid()
