@@ -26,6 +26,7 @@ import multiprocessing
 import queue
 import secrets
 import socket
+import statistics
 import threading
 import time
 
@@ -37,7 +38,7 @@ from sparktf.collective.transport import configure_socket
 
 KIB, MIB = 1 << 10, 1 << 20
 WORLD_SIZE = 2
-ROUNDS = 3
+ROUNDS = 5
 
 
 def _sizes(quick: bool) -> list[int]:
@@ -145,12 +146,13 @@ def _rank_main(rank: int, secret: bytes, quick: bool, addresses, peers_in, resul
             data = memoryview(buffer).cast("B")
             repetitions = _repetitions(size, quick)
             timings = {"time": [], "raw_uni": [], "raw_bidi": []}
-            for _ in range(ROUNDS):  # interleaved, best of ROUNDS: other load on the machine only slows a round
+            for _ in range(ROUNDS):  # interleaved rounds, median of each: other jobs share the 2 cores
                 timings["time"].append(_timed(lambda: comm.allreduce(buffer, op="mean"), repetitions, comm))
                 timings["raw_uni"].append(_timed(lambda: raw.one_way(data), repetitions, comm))
                 timings["raw_bidi"].append(_timed(lambda: raw.exchange(data), repetitions, comm))
-            row = {"size": size, "time": min(timings["time"]),
-                   "raw_uni": size / min(timings["raw_uni"]), "raw_bidi": size / min(timings["raw_bidi"])}
+            row = {"size": size, "time": statistics.median(timings["time"]),
+                   "raw_uni": size / statistics.median(timings["raw_uni"]),
+                   "raw_bidi": size / statistics.median(timings["raw_bidi"])}
             if rank == 0:
                 results.put(row)
     raw.close()

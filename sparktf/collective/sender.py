@@ -33,6 +33,8 @@ class FrameSender:
         self._peer_rank = peer_rank
         self._on_error = on_error
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._posted = 0  # frames queued; written by the posting thread only
+        self._sent = 0  # frames handled; written by the sender thread only
         self._stopping = False
         self.error: PeerFailure | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -40,14 +42,16 @@ class FrameSender:
 
     def post(self, header: FrameHeader, payload: memoryview) -> None:
         """Queue one frame; ``payload`` must not change until ``flush`` returns."""
+        self._posted += 1
         self._queue.put((header, payload))
 
     def flush(self, timeout: float) -> None:
-        """Wait until every posted frame is sent; raise the sending error if any."""
-        done = threading.Event()
-        self._queue.put(done)
-        if not done.wait(timeout):
-            raise PeerFailure(self._peer_rank, f"rank {self._peer_rank} accepted no data for {timeout:g} s")
+        """Wait until every posted frame is sent (no hand-off if it already is); raise the sending error if any."""
+        if self._sent != self._posted:
+            done = threading.Event()
+            self._queue.put(done)
+            if not done.wait(timeout):
+                raise PeerFailure(self._peer_rank, f"rank {self._peer_rank} accepted no data for {timeout:g} s")
         if self.error is not None:
             raise self.error
 
@@ -69,8 +73,10 @@ class FrameSender:
                 return
             if isinstance(item, threading.Event):
                 item.set()
-            elif self.error is None and not self._stopping:
+                continue
+            if self.error is None and not self._stopping:
                 self._send(*item)
+            self._sent += 1
 
     def _send(self, header: FrameHeader, payload: memoryview) -> None:
         try:
