@@ -46,16 +46,17 @@ class Communicator:
     world_size : int
         Number of ranks.
     link : RingLink or None
-        The connected ring (None when ``world_size`` is 1).
-    timeout : float
-        Seconds a peer may stay silent before a call fails.
+        The connected ring (None when ``world_size`` is 1); it carries the timeout.
+
+    Notes
+    -----
+    A communicator is used by one thread at a time.
     """
 
-    def __init__(self, rank: int, world_size: int, link: RingLink | None, timeout: float):
+    def __init__(self, rank: int, world_size: int, link: RingLink | None):
         self._rank = rank
         self._world_size = world_size
         self._link = link
-        self._timeout = timeout
         self._scratch = np.empty(SEGMENT_BYTES if link is not None else 0, dtype=np.uint8)
         self._failure: BaseException | None = None
         self._closed = False
@@ -96,14 +97,10 @@ class Communicator:
         if len(peers) == 1:
             if listener is not None:
                 listener.close()
-            return cls(0, 1, None, timeout)
+            return cls(0, 1, None)
         if listener is None:
             listener = bind_listener(*parse_peer(peers[rank]))
-        try:
-            left, right = connect_ring(rank, list(peers), listener, secret, timeout)
-        finally:
-            listener.close()
-        return cls(rank, len(peers), RingLink(rank, len(peers), left, right, timeout), timeout)
+        return cls._join_ring(rank, list(peers), listener, secret, timeout)
 
     @classmethod
     def from_barrier_context(cls, ctx, secret: bytes, timeout: float = 300.0) -> "Communicator":
@@ -131,15 +128,25 @@ class Communicator:
         rank = ctx.partitionId()
         infos = ctx.getTaskInfos()
         if len(infos) == 1:
-            return cls(0, 1, None, timeout)
+            return cls(0, 1, None)
         host, _ = parse_peer(infos[rank].address)
         listener = bind_listener(host)
         try:
             peers = barrier_task_peers(ctx, listener)
+        except BaseException:
+            listener.close()
+            raise
+        return cls._join_ring(rank, peers, listener, secret, timeout)
+
+    @classmethod
+    def _join_ring(cls, rank: int, peers: list[str], listener: socket.socket, secret: bytes,
+                   timeout: float) -> "Communicator":
+        """Connect to the ring neighbours through ``listener``, which is closed afterwards."""
+        try:
             left, right = connect_ring(rank, peers, listener, secret, timeout)
         finally:
             listener.close()
-        return cls(rank, len(peers), RingLink(rank, len(peers), left, right, timeout), timeout)
+        return cls(rank, len(peers), RingLink(rank, len(peers), left, right, timeout))
 
     @property
     def rank(self) -> int:
@@ -235,7 +242,7 @@ class Communicator:
         if self._failure is not None:
             raise CollectiveError(f"this communicator failed earlier and is closed: {self._failure}")
         if self._closed:
-            raise CollectiveError("this communicator is closed")
+            raise CollectiveError("this communicator is closed; build a new one to run more collectives")
         if self._link is None:
             return None
         self._link.begin(tag)
