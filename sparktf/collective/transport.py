@@ -63,12 +63,26 @@ class FrameHeader:
 
 
 def configure_socket(sock: socket.socket, timeout: float) -> None:
-    """Set the options every ring socket uses: no Nagle delay, big buffers, a timeout."""
+    """Set the options every ring socket uses: no Nagle delay, big buffers, a timeout.
+
+    A buffer size is only set when the kernel allows the full
+    ``SOCKET_BUFFER_BYTES``: on Linux a smaller explicit size (capped by
+    ``net.core.wmem_max`` / ``rmem_max``) would switch off the kernel's own
+    buffer growth, which reaches several MiB by itself.
+    """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        if sock.getsockopt(socket.SOL_SOCKET, option) < SOCKET_BUFFER_BYTES:
+    for option, limit in ((socket.SO_SNDBUF, "wmem_max"), (socket.SO_RCVBUF, "rmem_max")):
+        if _kernel_allows(limit) and sock.getsockopt(socket.SOL_SOCKET, option) < SOCKET_BUFFER_BYTES:
             sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
     sock.settimeout(timeout)
+
+
+def _kernel_allows(limit: str) -> bool:
+    try:
+        with open(f"/proc/sys/net/core/{limit}") as setting:
+            return int(setting.read()) >= SOCKET_BUFFER_BYTES
+    except (OSError, ValueError):  # not Linux: the size asked for is the size given
+        return True
 
 
 def recv_exact(sock: socket.socket, view: memoryview) -> bool:
