@@ -181,8 +181,9 @@ def main() -> None:
     addresses, results = context.Queue(), context.Queue()
     peer_queues = [context.Queue() for _ in range(WORLD_SIZE)]
     secret = secrets.token_bytes(32)
-    processes = [context.Process(target=_rank_main, args=(rank, secret, args.quick, addresses, peer_queues[rank], results))
-                 for rank in range(WORLD_SIZE)]
+    processes = [
+        context.Process(target=_rank_main, args=(rank, secret, args.quick, addresses, peer_queues[rank], results))
+        for rank in range(WORLD_SIZE)]
     for process in processes:
         process.start()
     published = sorted(addresses.get(timeout=60) for _ in range(WORLD_SIZE))

@@ -46,7 +46,8 @@ class HandshakeError(CollectiveError):
 def check_secret(secret: bytes) -> bytes:
     """Return ``secret`` if it is usable as a job secret, else raise ``TypeError`` / ``ValueError``."""
     if not isinstance(secret, (bytes, bytearray)):
-        raise TypeError(f"the collective secret must be bytes (e.g. secrets.token_bytes(32)), got {type(secret).__name__}")
+        raise TypeError("the collective secret must be bytes (e.g. secrets.token_bytes(32)), "
+                        f"got {type(secret).__name__}")
     if len(secret) < MIN_SECRET_BYTES:
         raise ValueError(f"the collective secret must have at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
     return bytes(secret)
@@ -84,7 +85,8 @@ def client_handshake(sock: socket.socket, secret: bytes, rank: int, server_rank:
     nonce_s = reply[_SERVER_HELLO.size:_SERVER_HELLO.size + _NONCE_BYTES]
     mac_server = reply[_SERVER_HELLO.size + _NONCE_BYTES:]
     if magic != b"STFS" or claimed != server_rank:
-        raise HandshakeError(f"the listener is not rank {server_rank} of this job (it answered as {magic!r} rank {claimed})")
+        raise HandshakeError(
+            f"the listener is not rank {server_rank} of this job (it answered as {magic!r} rank {claimed})")
     expected = _mac(secret, b"server", world_size, rank, server_rank, nonce_c, nonce_s)
     if not hmac.compare_digest(mac_server, expected):
         raise HandshakeError(f"the listener for rank {server_rank} did not prove it knows the job secret")

@@ -155,7 +155,10 @@ class RingLink:
             "waiting for another rank (raise collective_timeout if it is only slow)"))
 
     def _receive_payload(self, view: memoryview) -> None:
-        """Fill ``view`` from the left; a closed or broken connection raises ``PeerFailure``, silence ``TimeoutError``."""
+        """Fill ``view`` from the left.
+
+        A closed or broken connection raises ``PeerFailure``; silence raises ``TimeoutError``.
+        """
         try:
             complete = recv_exact(self._left, view)
         except TimeoutError:

@@ -25,7 +25,7 @@ __all__ = ["bind_listener", "connect_ring", "barrier_task_peers", "format_peer",
 
 logger = logging.getLogger(__name__)
 
-_HANDSHAKE_SECONDS = 10.0
+_HANDSHAKE_SECONDS = 10.0  # the most one accepted connection may take to authenticate
 _POLL_SECONDS = 0.2
 _RETRY_SECONDS = 0.05
 
@@ -110,7 +110,8 @@ def _connect_right(rank: int, peers: list[str], secret: bytes, deadline: float, 
                 f"rank {rank} could not reach rank {right_rank} at {peers[right_rank]} within {timeout:g} s; "
                 "check that it started and that the address is reachable")
         try:
-            sock = socket.create_connection(address, timeout=min(remaining, _HANDSHAKE_SECONDS))
+            # the whole remaining time: the right rank may first be busy dropping intruders
+            sock = socket.create_connection(address, timeout=remaining)
         except (ConnectionRefusedError, TimeoutError):
             time.sleep(_RETRY_SECONDS)
             continue
