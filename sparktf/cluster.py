@@ -7,12 +7,13 @@ sparktf fails within seconds instead, naming the numbers.
 from __future__ import annotations
 
 import logging
+import time
 
 from pyspark import SparkContext
 
 from sparktf.errors import SparkTFError
 
-__all__ = ["total_task_slots", "free_task_slots", "check_free_slots", "configure_task_threads"]
+__all__ = ["total_task_slots", "free_task_slots", "wait_for_free_slots", "configure_task_threads"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -34,8 +35,8 @@ def free_task_slots(sc: SparkContext) -> int:
     return total_task_slots(sc) - busy
 
 
-def check_free_slots(sc: SparkContext, num_workers: int) -> None:
-    """Raise ``SparkTFError`` unless ``num_workers`` barrier tasks can start now.
+def wait_for_free_slots(sc: SparkContext, num_workers: int, timeout: float = 0.0) -> None:
+    """Return once ``num_workers`` barrier tasks can start; raise ``SparkTFError`` after ``timeout``.
 
     Parameters
     ----------
@@ -43,16 +44,25 @@ def check_free_slots(sc: SparkContext, num_workers: int) -> None:
         The context that will run the barrier job.
     num_workers : int
         Number of barrier tasks (one per training worker).
+    timeout : float
+        Seconds to wait for busy slots to be released (e.g. by the tasks of
+        a failed job that Spark is killing); 0 checks once.
     """
-    free = free_task_slots(sc)
-    if num_workers > free:
-        total = total_task_slots(sc)
-        raise SparkTFError(
-            f"num_workers={num_workers} training workers need {num_workers} free task slots, "
-            f"but the cluster has only {free} free (of {total} in total, at "
-            f"spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each). "
-            f"Use num_workers <= {free}, or add executors / cores."
-        )
+    deadline = time.monotonic() + timeout
+    while True:
+        free = free_task_slots(sc)
+        if num_workers <= free:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    total = total_task_slots(sc)
+    raise SparkTFError(
+        f"num_workers={num_workers} training workers need {num_workers} free task slots, "
+        f"but the cluster has only {free} free (of {total} in total, at "
+        f"spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each). "
+        f"Use num_workers <= {free}, or add executors / cores."
+    )
 
 
 def configure_task_threads(cpus: int) -> int:

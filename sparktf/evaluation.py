@@ -1,0 +1,110 @@
+"""Record-weighted distributed evaluation of a compiled Keras model.
+
+Each partition runs ``model.evaluate`` over its records (fresh metric state,
+the last batch may be short) and returns the *state variables* of the model's
+metrics (loss tracker included): totals and counts, confusion counts, ...
+The driver sums them over partitions, loads the sums into its own model's
+metric objects and asks them for ``result()``. The loss tracker weights each
+batch's mean loss by its number of records, so the numbers equal a local
+``model.evaluate`` over all records, however unevenly they are partitioned.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+import numpy as np
+
+__all__ = ["evaluate_blocks"]
+
+
+def evaluate_blocks(
+    model: Any,
+    block_rdd: Any,
+    element_structure: tuple,
+    batch_size: int,
+    payload: Any,
+    state: Optional[Any] = None,
+) -> Dict[str, float]:
+    """Evaluate ``model``'s compiled loss and metrics over every record of ``block_rdd``.
+
+    Parameters
+    ----------
+    model : keras.Model
+        The driver's compiled model (its metric objects compute the result).
+    block_rdd : pyspark.RDD
+        RDD of Blocks (see ``docs/internals.md``).
+    element_structure : tuple
+        ``(feature_spec, label_spec)`` of the blocks.
+    batch_size : int
+        Records per batch in each partition.
+    payload : pyspark.Broadcast
+        ``model_io`` payload bytes of the model.
+    state : pyspark.Broadcast, optional
+        ``checkpoint.ModelState`` to assign on the executors (default: the
+        payload's own weights).
+
+    Returns
+    -------
+    dict
+        Metric name -> value, as ``model.evaluate(..., return_dict=True)``.
+    """
+    from sparktf.errors import DataError
+    from sparktf.spark_jobs import run_job
+
+    task = partial(_evaluate_partition, payload, state, element_structure, batch_size)
+    per_partition = run_job(lambda: block_rdd.mapPartitions(task).collect())
+    if not per_partition:
+        raise DataError("cannot evaluate: the dataset has no records")
+    totals = [np.sum(values, axis=0) for values in zip(*per_partition)]
+    _build_metrics(model, element_structure)
+    variables = _metric_variables(model)
+    for variable, total in zip(variables, totals):
+        variable.assign(total.astype(np.dtype(variable.dtype)))
+    return {name: float(np.asarray(value)) for name, value in model.get_metrics_result().items()}
+
+
+def _evaluate_partition(
+    payload: Any,
+    state: Optional[Any],
+    element_structure: tuple,
+    batch_size: int,
+    blocks: Iterable[tuple],
+) -> Iterator[List[np.ndarray]]:
+    from pyspark import TaskContext
+
+    from sparktf import model_io
+    from sparktf.batching import Shard
+    from sparktf.cluster import configure_task_threads
+    from sparktf.specs import pack
+
+    configure_task_threads(TaskContext.get().cpus())
+    shard = Shard.from_blocks(blocks)
+    if shard.num_records == 0:
+        return
+    model = model_io.load_cached(payload)
+    if state is not None:
+        state.value.apply_to(model)
+    element = pack(element_structure, shard.arrays)
+    labels = element[1] if len(element) == 2 else None
+    model.evaluate(element[0], labels, batch_size=batch_size, verbose=0)
+    yield [np.array(v) for v in _metric_variables(model)]
+
+
+def _metric_variables(model: Any) -> list:
+    return [variable for metric in model.metrics for variable in metric.variables]
+
+
+def _build_metrics(model: Any, element_structure: tuple) -> None:
+    """Create the driver model's metric variables by evaluating one all-zero record."""
+    from sparktf.specs import flatten, pack
+
+    leaves = [
+        np.full((1, *spec.shape), b"", dtype=object)
+        if spec.dtype.name == "string"
+        else np.zeros((1, *spec.shape), dtype=spec.dtype.as_numpy_dtype)
+        for spec in flatten(element_structure)
+    ]
+    element = pack(element_structure, leaves)
+    model.test_on_batch(element[0], element[1] if len(element) == 2 else None)

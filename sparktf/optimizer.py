@@ -1,0 +1,493 @@
+"""``TFOptimizer``: synchronous data-parallel training of a Keras model on Spark barrier tasks.
+
+The driver runs training in *segments*. A segment is one Spark barrier job of
+``num_workers`` tasks (``training_loop.run_segment``) that trains from the
+driver's current state until the first iteration where the end, checkpoint or
+validation trigger fires, then hands the state back. Between segments the
+driver writes summaries and checkpoints, validates, and decides whether to go
+on. A failed segment is relaunched from the last good state (the latest
+checkpoint or later) up to ``max_failures`` times. See ``docs/optimizer.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from functools import partial
+from typing import Any, Dict, List, Optional
+
+from sparktf import cluster
+from sparktf.checkpoint import (
+    ModelState,
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from sparktf.errors import DataError, SparkTFError, TrainingError
+from sparktf.summary import TrainSummary, ValidationSummary
+from sparktf.train_step import GradientClipping
+from sparktf.training_loop import NON_FINITE, SegmentResult, SegmentSpec, run_segment
+from sparktf.triggers import (
+    EveryEpoch,
+    MaxEpoch,
+    TrainingProgress,
+    Trigger,
+    TriggerOr,
+    check_trigger,
+)
+
+__all__ = ["TFOptimizer"]
+
+_LOG = logging.getLogger(__name__)
+_SLOT_WAIT_SECONDS = 30.0
+
+
+class TFOptimizer:
+    """Distributed synchronous training of a compiled Keras model.
+
+    Create it with :meth:`from_keras` or :meth:`from_loss`, then call
+    :meth:`optimize`.
+
+    Parameters
+    ----------
+    model : keras.Model
+        A compiled model (loss and optimizer set).
+    dataset : TFDataset
+        Training data (with ``batch_size`` for :meth:`optimize`), optionally
+        with validation data.
+    model_dir : str, optional
+        Driver-visible directory for checkpoints.
+    num_workers : int, optional
+        Number of barrier tasks (default ``sc.defaultParallelism``).
+    max_failures : int
+        How many failed segments are relaunched before giving up.
+    collective_timeout : float
+        Seconds a worker waits for its peers in an all-reduce.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        dataset: Any,
+        model_dir: Optional[str] = None,
+        num_workers: Optional[int] = None,
+        max_failures: int = 3,
+        collective_timeout: float = 300,
+    ):
+        from pyspark import SparkContext
+
+        from sparktf.context import init_spark
+
+        self.sc = SparkContext._active_spark_context or init_spark().sparkContext
+        self.model = model
+        self.dataset = dataset
+        self.model_dir = model_dir
+        self.num_workers = int(num_workers or self.sc.defaultParallelism)
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be positive, got {num_workers}")
+        if max_failures < 0:
+            raise ValueError(f"max_failures must be >= 0, got {max_failures}")
+        self.max_failures = int(max_failures)
+        self.collective_timeout = float(collective_timeout)
+        self.clipping = GradientClipping()
+        self.train_summary: Optional[TrainSummary] = None
+        self.val_summary: Optional[ValidationSummary] = None
+        self.iteration = 0
+        self.last_loss: Optional[float] = None
+        self.last_score: Optional[float] = None
+        self.last_timings: Dict[str, float] = {}
+        self._payload = None
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+
+    # ------------------------------------------------------------------ factories
+
+    @classmethod
+    def from_keras(
+        cls,
+        keras_model: Any,
+        dataset: Any,
+        optimizer: Any = None,
+        model_dir: Optional[str] = None,
+        metrics: Optional[List[Any]] = None,
+        num_workers: Optional[int] = None,
+        max_failures: int = 3,
+        collective_timeout: float = 300,
+    ) -> "TFOptimizer":
+        """Train a compiled Keras model with its own loss, optimizer and metrics.
+
+        Parameters
+        ----------
+        keras_model : keras.Model
+            Must be compiled, unless ``optimizer`` is given (then the model is
+            compiled with it, keeping its loss and metrics).
+        dataset : TFDataset
+            Training data.
+        optimizer : keras.optimizers.Optimizer or str, optional
+            Replaces the compiled optimizer.
+        model_dir : str, optional
+            Directory for checkpoints.
+        metrics : list, optional
+            Replaces the compiled metrics (used by validation and evaluate).
+        num_workers, max_failures, collective_timeout
+            See the class description.
+
+        Returns
+        -------
+        TFOptimizer
+
+        Raises
+        ------
+        DataError
+            When the model is not compiled and no ``optimizer`` is given.
+        """
+        compiled = getattr(keras_model, "compiled", False)
+        if not compiled and optimizer is None:
+            raise DataError(
+                f"the Keras model {keras_model.name!r} is not compiled: call "
+                "model.compile(optimizer=..., loss=...) before TFOptimizer.from_keras, "
+                "or pass optimizer=..."
+            )
+        if optimizer is not None or metrics is not None:
+            settings = dict(keras_model._compile_config.config) if compiled else {}
+            if optimizer is not None:
+                settings["optimizer"] = optimizer
+            if metrics is not None:
+                settings["metrics"] = metrics
+            keras_model.compile(**settings)
+        return cls(keras_model, dataset, model_dir, num_workers, max_failures, collective_timeout)
+
+    @classmethod
+    def from_loss(
+        cls,
+        model: Any,
+        loss_fn: Any,
+        optim_method: Any,
+        dataset: Any,
+        metrics: Optional[List[Any]] = None,
+        model_dir: Optional[str] = None,
+        num_workers: Optional[int] = None,
+        max_failures: int = 3,
+        collective_timeout: float = 300,
+    ) -> "TFOptimizer":
+        """Train a Keras model with a loss function and an optimizer.
+
+        The model is compiled with ``loss=loss_fn``, ``optimizer=optim_method``
+        and ``metrics``; ``loss_fn`` may be defined in the user's script or
+        notebook (it travels by value).
+
+        Parameters
+        ----------
+        model : keras.Model
+            The model to train.
+        loss_fn : callable
+            ``loss_fn(y_true, y_pred) -> scalar tensor``.
+        optim_method : keras.optimizers.Optimizer or str
+            The optimizer.
+        dataset : TFDataset
+            Training data.
+        metrics : list, optional
+            Metrics for validation and evaluate.
+        model_dir, num_workers, max_failures, collective_timeout
+            See the class description.
+
+        Returns
+        -------
+        TFOptimizer
+        """
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable(y_true, y_pred), got {loss_fn!r}")
+        model.compile(optimizer=optim_method, loss=loss_fn, metrics=metrics)
+        return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout)
+
+    # ------------------------------------------------------------------ settings
+
+    def set_train_summary(self, summary: TrainSummary) -> "TFOptimizer":
+        """Write ``Loss``, ``Throughput`` and ``LearningRate`` of every iteration to ``summary``."""
+        if not isinstance(summary, TrainSummary):
+            raise TypeError(f"expected a TrainSummary, got {summary!r}")
+        self.train_summary = summary
+        return self
+
+    def set_val_summary(self, summary: ValidationSummary) -> "TFOptimizer":
+        """Write the validation loss and metrics of every validation to ``summary``."""
+        if not isinstance(summary, ValidationSummary):
+            raise TypeError(f"expected a ValidationSummary, got {summary!r}")
+        self.val_summary = summary
+        return self
+
+    def set_constant_gradient_clipping(self, min_value: float, max_value: float) -> "TFOptimizer":
+        """Clip every element of the global (all-reduced) gradient to ``[min_value, max_value]``."""
+        if not min_value <= max_value:
+            raise ValueError(f"min_value {min_value} must be <= max_value {max_value}")
+        self.clipping = GradientClipping(float(min_value), float(max_value), self.clipping.clip_norm)
+        return self
+
+    def set_gradient_clipping_by_l2_norm(self, clip_norm: float) -> "TFOptimizer":
+        """Rescale the global (all-reduced) gradient so that its L2 norm is at most ``clip_norm``."""
+        if not clip_norm > 0:
+            raise ValueError(f"clip_norm must be positive, got {clip_norm}")
+        self.clipping = GradientClipping(
+            self.clipping.min_value, self.clipping.max_value, float(clip_norm)
+        )
+        return self
+
+    # ------------------------------------------------------------------ training
+
+    def optimize(
+        self,
+        end_trigger: Trigger = MaxEpoch(1),
+        checkpoint_trigger: Trigger = EveryEpoch(),
+        validation_trigger: Optional[Trigger] = None,
+    ) -> Dict[str, Any]:
+        """Train until ``end_trigger`` fires.
+
+        Parameters
+        ----------
+        end_trigger : Trigger
+            When to stop (absolute counters: a resumed run that already
+            reached it trains nothing).
+        checkpoint_trigger : Trigger
+            When to write a checkpoint to ``model_dir`` (if set).
+        validation_trigger : Trigger, optional
+            When to validate on the dataset's validation data (default:
+            ``checkpoint_trigger``).
+
+        Returns
+        -------
+        dict
+            ``{"loss": [one value per iteration of this call], "val_<metric>":
+            [one value per validation], "iterations": n, "epochs": e}`` with
+            the absolute counters at the end.
+
+        Raises
+        ------
+        DataError
+            When the dataset has no ``batch_size`` (or it does not fit
+            ``num_workers``).
+        SparkTFError
+            When ``num_workers`` is more than the free task slots.
+        TrainingError
+            When the loss becomes non-finite, or training failed more than
+            ``max_failures`` times.
+        """
+        end_trigger = check_trigger(end_trigger, "end_trigger")
+        checkpoint_trigger = check_trigger(checkpoint_trigger, "checkpoint_trigger")
+        validation_trigger = check_trigger(
+            validation_trigger if validation_trigger is not None else checkpoint_trigger,
+            "validation_trigger",
+        )
+        local_batch = self.dataset.local_batch_size(self.num_workers)
+        cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=0)
+        validation = self.dataset.val_dataset
+        stops = [end_trigger]
+        stops += [checkpoint_trigger] if self.model_dir else []
+        stops += [validation_trigger] if validation is not None else []
+        history: Dict[str, Any] = {"loss": []}
+        blocks = self.dataset.training_block_rdd(self.num_workers)
+        persisted_here = not blocks.is_cached
+        if persisted_here:
+            blocks.persist()
+        try:
+            progress = self._progress()
+            while not end_trigger(progress):
+                result = self._run_segment(blocks, local_batch, progress, TriggerOr(*stops))
+                progress = self._finish_segment(result, history)
+                if self.model_dir and checkpoint_trigger(progress):
+                    save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir)
+                if validation is not None and validation_trigger(progress):
+                    progress = self._validate(validation, progress, history)
+        finally:
+            if persisted_here:
+                blocks.unpersist()
+        history["iterations"] = self.iteration
+        history["epochs"] = progress.epoch
+        return history
+
+    def _progress(self) -> TrainingProgress:
+        return TrainingProgress(
+            self.iteration,
+            self.dataset.iterations_per_epoch(self.num_workers),
+            self.last_loss,
+            self.last_score,
+        )
+
+    def _run_segment(
+        self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger
+    ) -> SegmentResult:
+        """Run one segment, relaunching it from the driver's state after a failure."""
+        failures = 0
+        while True:
+            try:
+                return self._launch_segment(blocks, local_batch, progress, stop)
+            except DataError:
+                raise
+            except Exception as error:  # a worker failed: relaunch from the last good state
+                failures += 1
+                if failures > self.max_failures:
+                    raise TrainingError(
+                        f"training failed {failures} times (max_failures={self.max_failures}) "
+                        f"after iteration {progress.iteration}; the last failure was: {error}"
+                    ) from error
+                _LOG.warning(
+                    "training segment after iteration %d failed (%d of %d allowed), relaunching "
+                    "from the last good state: %s",
+                    progress.iteration, failures, self.max_failures, error,
+                )
+                cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=_SLOT_WAIT_SECONDS)
+
+    def _launch_segment(
+        self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger
+    ) -> SegmentResult:
+        from sparktf.spark_jobs import run_job
+
+        state = self.sc.broadcast(ModelState.capture(self.model, self.iteration))
+        spec = SegmentSpec(
+            payload=self._payload_broadcast(),
+            state=state,
+            element_structure=self.dataset.element_structure,
+            local_batch=local_batch,
+            start=progress,
+            stop=stop,
+            shuffle=self.dataset.shuffle,
+            seed=self.dataset.seed,
+            sequential_order=self.dataset.sequential_order,
+            clipping=self.clipping,
+            secret=secrets.token_bytes(32),
+            collective_timeout=self.collective_timeout,
+        )
+        started = time.perf_counter()
+        try:
+            results = run_job(
+                lambda: blocks.barrier().mapPartitions(partial(run_segment, spec)).collect()
+            )
+        finally:
+            state.destroy()
+        (result,) = results
+        worker_seconds = sum(result.timings.values())
+        result.timings["launch"] = time.perf_counter() - started - worker_seconds
+        return result
+
+    def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
+        """Take the segment's state into the driver's model; log its iterations."""
+        if result.status == NON_FINITE:
+            raise TrainingError(
+                f"the training loss is not finite at iteration {result.iteration}: check the "
+                "learning rate, the input data (NaN/inf values) and the loss function; the "
+                f"model keeps the weights of iteration {result.iteration - 1}"
+            )
+        result.state.apply_to(self.model)
+        first = self.iteration + 1
+        self.iteration = result.iteration
+        self.last_loss = float(result.losses[-1])
+        self.last_timings = result.timings
+        history["loss"].extend(float(loss) for loss in result.losses)
+        if self.train_summary is not None:
+            self._write_train_summary(first, result)
+        return self._progress()
+
+    def _write_train_summary(self, first: int, result: SegmentResult) -> None:
+        per_epoch = self.dataset.iterations_per_epoch(self.num_workers)
+        global_batch = self.dataset.batch_size
+        rows = zip(result.losses, result.learning_rates, result.wall_times, result.step_seconds)
+        for offset, (loss, rate, wall_time, seconds) in enumerate(rows):
+            progress = TrainingProgress(first + offset, per_epoch, float(loss), self.last_score)
+            self.train_summary.add_scalar("Loss", loss, progress, wall_time)
+            self.train_summary.add_scalar("Throughput", global_batch / seconds, progress, wall_time)
+            self.train_summary.add_scalar("LearningRate", rate, progress, wall_time)
+        self.train_summary.flush()
+
+    def _validate(
+        self, validation: Any, progress: TrainingProgress, history: Dict[str, Any]
+    ) -> TrainingProgress:
+        try:
+            batch = validation.inference_batch_size(self.num_workers)
+        except DataError:
+            batch = self.dataset.local_batch_size(self.num_workers)
+        results = self._evaluate_blocks(validation, batch)
+        for name, value in results.items():
+            history.setdefault(f"val_{name}", []).append(value)
+            if self.val_summary is not None:
+                tag = "Loss" if name == "loss" else name
+                self.val_summary.add_scalar(tag, value, progress)
+        if self.val_summary is not None:
+            self.val_summary.flush()
+        scores = [value for name, value in results.items() if name != "loss"]
+        self.last_score = scores[0] if scores else results.get("loss")
+        return self._progress()
+
+    # ------------------------------------------------------------------ evaluation and state
+
+    def evaluate(self, dataset: Any = None, batch_per_thread: Optional[int] = None) -> Dict[str, float]:
+        """Compute the compiled loss and metrics over every record of ``dataset``.
+
+        Parameters
+        ----------
+        dataset : TFDataset, optional
+            Data to evaluate (default: the training dataset).
+        batch_per_thread : int, optional
+            Records per batch in each partition (default: the dataset's
+            ``batch_per_thread``, else ``batch_size // num_workers``).
+
+        Returns
+        -------
+        dict
+            Metric name -> value (``"loss"`` included), record-weighted over
+            all records like a local ``model.evaluate``.
+        """
+        dataset = self.dataset if dataset is None else dataset
+        batch = batch_per_thread or dataset.inference_batch_size(self.num_workers)
+        return self._evaluate_blocks(dataset, int(batch))
+
+    def _evaluate_blocks(self, dataset: Any, batch: int) -> Dict[str, float]:
+        from sparktf.evaluation import evaluate_blocks
+
+        state = self.sc.broadcast(ModelState.capture(self.model, self.iteration))
+        try:
+            return evaluate_blocks(
+                self.model,
+                dataset.block_rdd,
+                dataset.element_structure,
+                batch,
+                self._payload_broadcast(),
+                state,
+            )
+        finally:
+            state.destroy()
+
+    def load_checkpoint(self, path: Optional[str] = None, version: Optional[int] = None) -> None:
+        """Restore weights, optimizer state and the iteration counter from a checkpoint.
+
+        Parameters
+        ----------
+        path : str, optional
+            A checkpoint file, or a directory of them (default ``model_dir``).
+        version : int, optional
+            The iteration of the checkpoint to load from the directory
+            (default: the latest).
+        """
+        directory = self.model_dir if path is None else path
+        if directory is None:
+            raise SparkTFError("load_checkpoint needs a path, or a TFOptimizer with model_dir")
+        if version is not None:
+            path = checkpoint_path(directory, int(version))
+        elif path is None or not path.endswith(".npz"):
+            path = latest_checkpoint(directory)
+            if path is None:
+                raise SparkTFError(f"no checkpoint in {directory!r}; run optimize with model_dir first")
+        state = load_checkpoint(path)
+        state.apply_to(self.model)
+        self.iteration = state.iteration
+        self.last_loss = None
+        self.last_score = None
+
+    def _payload_broadcast(self) -> Any:
+        """The model's architecture and compile config, broadcast once per TFOptimizer."""
+        if self._payload is None:
+            from sparktf.model_io import ModelPayload
+
+            payload = ModelPayload.from_model(self.model, include_optimizer=True)
+            self._payload = self.sc.broadcast(payload.to_bytes())
+        return self._payload

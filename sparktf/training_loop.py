@@ -1,0 +1,252 @@
+"""The training loop of one barrier task (one worker), for one segment of training.
+
+The driver runs training as a sequence of *segments*, one Spark barrier job
+each (see ``docs/optimizer.md``). In a segment every barrier task:
+
+1. sets TensorFlow's thread counts to ``spark.task.cpus``;
+2. caches its partition as columnar NumPy arrays (``batching.Shard``);
+3. gets the model from the per-process cache (built once per Python worker
+   from the broadcast ``model_io`` payload) and assigns the segment's start
+   state (weights, optimizer variables) from a second broadcast;
+4. connects to its peers (``collective.Communicator``);
+5. loops: local batch -> fused gradients + loss -> all-reduce (mean) ->
+   global-gradient clipping and ``optimizer.apply``, until the segment's stop
+   trigger fires on the (identical) progress every worker sees;
+6. averages the non-trainable float variables (BatchNorm statistics) across
+   workers, and rank 0 returns the state, the per-iteration records and
+   where the time went.
+
+This module runs on executors: it never imports driver-only modules.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+import numpy as np
+
+from sparktf import model_io
+from sparktf.checkpoint import ModelState
+from sparktf.cluster import configure_task_threads
+from sparktf.train_step import GradientClipping, TrainStep
+from sparktf.triggers import TrainingProgress, Trigger
+
+__all__ = ["SegmentSpec", "SegmentResult", "run_segment"]
+
+OK = "ok"
+NON_FINITE = "non_finite"
+
+
+@dataclass
+class SegmentSpec:
+    """What every barrier task of a segment needs (pickled into the task closure).
+
+    Attributes
+    ----------
+    payload : pyspark.Broadcast
+        ``model_io`` payload bytes of the model (architecture, compile config).
+    state : pyspark.Broadcast
+        :class:`ModelState` to start from.
+    element_structure : tuple
+        ``(feature_spec, label_spec)`` or ``(feature_spec,)``.
+    local_batch : int
+        Records per worker per iteration.
+    start : TrainingProgress
+        Progress before the segment's first iteration.
+    stop : Trigger
+        The segment ends after the first iteration where it fires.
+    shuffle, seed, sequential_order
+        Options of ``batching.TrainBatches``.
+    clipping : GradientClipping
+        Clipping of the global gradient.
+    secret : bytes
+        Shared secret authenticating the collective's connections.
+    collective_timeout : float
+        Seconds a worker waits for its peers in a collective operation.
+    """
+
+    payload: Any
+    state: Any
+    element_structure: tuple
+    local_batch: int
+    start: TrainingProgress
+    stop: Trigger
+    shuffle: bool
+    seed: int
+    sequential_order: bool
+    clipping: GradientClipping
+    secret: bytes
+    collective_timeout: float
+
+
+@dataclass
+class SegmentResult:
+    """What rank 0 returns at the end of a segment.
+
+    Attributes
+    ----------
+    status : str
+        ``"ok"``, or ``"non_finite"`` when the loss of ``iteration`` was not finite.
+    iteration : int
+        Absolute iteration the segment ended at.
+    state : ModelState, optional
+        Weights (non-trainable ones averaged over workers) and optimizer
+        variables at the end (None when the loss was not finite).
+    losses, learning_rates, wall_times, step_seconds : numpy.ndarray
+        One entry per iteration run: mean loss over workers, learning rate
+        used, time the iteration ended, its duration.
+    timings : dict
+        Seconds spent in each phase (``threads``, ``data_cache``,
+        ``model_load``, ``connect``, ``batches``, ``compute``, ``allreduce``,
+        ``apply``, ``finish``) on rank 0.
+    """
+
+    status: str
+    iteration: int
+    state: Optional[ModelState]
+    losses: np.ndarray
+    learning_rates: np.ndarray
+    wall_times: np.ndarray
+    step_seconds: np.ndarray
+    timings: Dict[str, float] = field(default_factory=dict)
+
+
+class _Stopwatch:
+    """Accumulates seconds per phase."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> float:
+        now = time.perf_counter()
+        elapsed = now - self._last
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
+        self._last = now
+        return now
+
+
+def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentResult]:
+    """Run one training segment in a barrier task; rank 0 yields its :class:`SegmentResult`.
+
+    Parameters
+    ----------
+    spec : SegmentSpec
+        The segment's settings.
+    blocks : iterable of Block
+        This task's partition of the training block RDD.
+    """
+    from pyspark import BarrierTaskContext
+
+    from sparktf.batching import Shard, TrainBatches
+    from sparktf.collective import Communicator
+
+    watch = _Stopwatch()
+    context = BarrierTaskContext.get()
+    configure_task_threads(context.cpus())
+    watch.lap("threads")
+    shard = Shard.from_blocks(blocks)
+    watch.lap("data_cache")
+    step = _cached_step(spec.payload, spec.clipping)
+    spec.state.value.apply_to(step.model)
+    watch.lap("model_load")
+    communicator = Communicator.from_barrier_context(
+        context, spec.secret, spec.collective_timeout
+    )
+    watch.lap("connect")
+    try:
+        rank = context.partitionId()
+        batches = TrainBatches(
+            shard, spec.local_batch, spec.shuffle, spec.seed, rank, spec.sequential_order
+        )
+        result = _train(spec, step, _skip(batches, spec.start.iteration), communicator, watch)
+        if result.status == OK:
+            _average_non_trainable(step.model, communicator)
+            result.state = ModelState.capture(step.model, result.iteration)
+        watch.lap("finish")
+    finally:
+        communicator.close()
+    if rank == 0:
+        result.timings = watch.seconds
+        yield result
+
+
+def _train(
+    spec: SegmentSpec,
+    step: TrainStep,
+    batches: Iterator[List[np.ndarray]],
+    communicator: Any,
+    watch: _Stopwatch,
+) -> SegmentResult:
+    from sparktf.specs import pack
+
+    losses, learning_rates, wall_times, step_seconds = [], [], [], []
+    progress = spec.start
+    status = OK
+    while True:
+        started = time.perf_counter()
+        element = pack(spec.element_structure, next(batches))
+        features, labels = element if len(element) == 2 else (element[0], None)
+        watch.lap("batches")
+        fused = step.gradients(features, labels)
+        watch.lap("compute")
+        communicator.allreduce(fused, op="mean")
+        watch.lap("allreduce")
+        loss = float(fused[-1])
+        iteration = progress.iteration + 1
+        if not np.isfinite(loss):
+            status = NON_FINITE
+            progress = TrainingProgress(iteration, progress.iterations_per_epoch, loss, progress.score)
+            break
+        learning_rates.append(step.apply(fused))
+        ended = watch.lap("apply")
+        losses.append(loss)
+        wall_times.append(time.time())
+        step_seconds.append(ended - started)
+        progress = TrainingProgress(iteration, progress.iterations_per_epoch, loss, progress.score)
+        if spec.stop(progress):
+            break
+    return SegmentResult(
+        status=status,
+        iteration=progress.iteration,
+        state=None,
+        losses=np.array(losses, np.float64),
+        learning_rates=np.array(learning_rates, np.float64),
+        wall_times=np.array(wall_times, np.float64),
+        step_seconds=np.array(step_seconds, np.float64),
+    )
+
+
+def _cached_step(payload: Any, clipping: GradientClipping) -> TrainStep:
+    """The process's TrainStep (model + traced functions) for this payload and clipping."""
+    model = model_io.load_cached(payload)  # outside the step's loader: the cache lock is not reentrant
+    key = f"{model_io.payload_key(payload.value)}/train-step/{clipping!r}/{id(model)}"
+    return model_io.cached(key, lambda: TrainStep(model, clipping))
+
+
+def _skip(batches: Iterator[List[np.ndarray]], count: int) -> Iterator[List[np.ndarray]]:
+    """Advance the batch stream past the ``count`` batches earlier iterations used."""
+    return itertools.islice(batches, count, None)
+
+
+def _average_non_trainable(model: Any, communicator: Any) -> None:
+    """All-reduce (mean) the non-trainable float variables, e.g. BatchNorm moving statistics."""
+    trainable = {id(v) for v in model.trainable_variables}
+    variables = [
+        v
+        for v in model.weights
+        if id(v) not in trainable and np.dtype(v.dtype).kind == "f"
+    ]
+    if not variables:
+        return
+    values = [np.asarray(v, dtype=np.float32).ravel() for v in variables]
+    fused = np.concatenate(values)
+    communicator.allreduce(fused, op="mean")
+    offset = 0
+    for variable, value in zip(variables, values):
+        piece = fused[offset : offset + value.size]
+        variable.assign(piece.reshape(tuple(variable.shape)).astype(np.dtype(variable.dtype)))
+        offset += value.size
