@@ -22,18 +22,23 @@ for the same content (a small LRU cache keyed by the payload's content hash).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import hashlib
+import io
 import json
 import os
 import pickle
+import shutil
 import sys
 import sysconfig
+import tarfile
+import tempfile
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import cloudpickle
 import numpy as np
@@ -42,6 +47,7 @@ from sparktf.errors import DataError
 
 __all__ = [
     "ModelPayload",
+    "SavedModelArchive",
     "ModelCache",
     "load_cached",
     "cached",
@@ -420,7 +426,7 @@ def cached(key: str, loader: Callable[[], Any]) -> Any:
     return _CACHE.get_or_load(key, loader)
 
 
-def load_cached(source: Union["ModelPayload", bytes, Any]) -> Any:
+def load_cached(source: Union["ModelPayload", bytes, Any], key: Optional[str] = None) -> Any:
     """Return the model for ``source``, built at most once per process.
 
     Parameters
@@ -428,6 +434,9 @@ def load_cached(source: Union["ModelPayload", bytes, Any]) -> Any:
     source : ModelPayload, bytes or pyspark.Broadcast
         A payload, its ``to_bytes()``, or a broadcast variable holding those
         bytes.
+    key : str, optional
+        The payload's ``key`` when the caller knows it (e.g. passed along
+        with the broadcast); then a cache hit does not read the broadcast.
 
     Returns
     -------
@@ -437,8 +446,73 @@ def load_cached(source: Union["ModelPayload", bytes, Any]) -> Any:
     """
     if isinstance(source, ModelPayload):
         return cached(source.key, source.build)
-    data = source if isinstance(source, (bytes, bytearray, memoryview)) else source.value
-    return cached(payload_key(data), lambda: ModelPayload.from_bytes(data).build())
+
+    def data() -> bytes:
+        return source if isinstance(source, (bytes, bytearray, memoryview)) else source.value
+
+    return cached(key or payload_key(data()), lambda: ModelPayload.from_bytes(data()).build())
+
+
+@dataclass(frozen=True)
+class SavedModelArchive:
+    """A SavedModel directory packed as tar bytes, for broadcasting.
+
+    Attributes
+    ----------
+    data : bytes
+        An uncompressed tar of the directory's files (sorted, zero mtimes, so
+        equal directories give equal bytes).
+    key : str
+        Hex SHA-256 of ``data``.
+    """
+
+    data: bytes
+    key: str
+
+    @classmethod
+    def from_directory(cls, path: str) -> "SavedModelArchive":
+        """Pack the SavedModel directory ``path``.
+
+        Raises
+        ------
+        DataError
+            When ``path`` holds no ``saved_model.pb``.
+        """
+        if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+            raise DataError(
+                f"{path!r} is not a SavedModel directory (no saved_model.pb in it). Pass the "
+                "directory written by tf.saved_model.save() or model.export()."
+            )
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+            for name in _sorted_files(path):
+                info = archive.gettarinfo(os.path.join(path, name), arcname=name)
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                with open(os.path.join(path, name), "rb") as handle:
+                    archive.addfile(info, handle)
+        data = buffer.getvalue()
+        return cls(data=data, key=hashlib.sha256(data).hexdigest())
+
+    def extract(self) -> str:
+        """Unpack into a new temporary directory (removed at process exit); return its path."""
+        target = tempfile.mkdtemp(prefix=f"sparktf-savedmodel-{self.key[:12]}-")
+        atexit.register(shutil.rmtree, target, ignore_errors=True)
+        with tarfile.open(fileobj=io.BytesIO(self.data), mode="r") as archive:
+            archive.extractall(target, filter="data")
+        return target
+
+    def load(self) -> Any:
+        """``tf.saved_model.load`` of the unpacked directory."""
+        import tensorflow as tf
+
+        return tf.saved_model.load(self.extract())
+
+
+def _sorted_files(root: str) -> List[str]:
+    names = []
+    for directory, _, files in os.walk(root):
+        names.extend(os.path.relpath(os.path.join(directory, f), root) for f in files)
+    return sorted(names)
 
 
 def load_count() -> int:

@@ -1,0 +1,215 @@
+"""TFPredictor: order, batching, several inputs/outputs, SavedModels, DataFrames, caching, errors."""
+
+import os
+
+import numpy as np
+import keras
+import pytest
+import tensorflow as tf
+
+from sparktf import model_io
+from sparktf.dataset import TFDataset
+from sparktf.errors import DataError
+from sparktf.predictor import TFPredictor
+from sparktf.remote_errors import reraise_remote
+
+
+def _dense_model(inputs=4, units=3, seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(units)])
+
+
+def _features(ids):
+    ids = np.asarray(ids, dtype="float32")
+    return np.stack([ids, ids * 0.5, -ids, np.sqrt(ids)], axis=1)
+
+
+class Squares(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="x")])
+    def powers(self, x):
+        return {"sq": x * x, "cube": x * x * x}
+
+
+class JpegStats(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="jpeg")])
+    def stats(self, jpeg):
+        images = tf.map_fn(lambda b: tf.io.decode_jpeg(b, channels=3), jpeg, fn_output_signature=tf.uint8)
+        return {"mean": tf.reduce_mean(tf.cast(images, tf.float32), axis=[1, 2, 3])}
+
+
+@pytest.fixture(scope="module")
+def squares_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("squares"))
+    module = Squares()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.powers, "other": module.powers})
+    return path
+
+
+def test_order_count_and_partitioning_with_uneven_partitions(sc):
+    ids = [i for i in range(103) if i < 30 or i % 3 == 0]
+    rdd = sc.parallelize(list(_features(range(103))), 4).filter(lambda x: x[0] < 30 or x[0] % 3 == 0)
+    dataset = TFDataset.from_rdd(rdd, features=(tf.float32, [4]), batch_per_thread=8)
+    model = _dense_model()
+    predictions = TFPredictor.from_keras(model, dataset).predict()
+
+    partitions = predictions.glom().collect()
+    assert [len(p) for p in partitions] == dataset.partition_counts
+    assert len(set(dataset.partition_counts)) > 1  # uneven
+    got = np.stack([row for partition in partitions for row in partition])
+    np.testing.assert_allclose(got, model.predict(_features(ids), verbose=0), rtol=1e-5)
+
+
+def test_squaring_saved_model_sums_exactly_with_one_record_batches(sc, squares_dir):
+    # 1000 records in 3 partitions (333, 333, 334) and batches of 111: the last batch has 1 record.
+    dataset = TFDataset.from_rdd(sc.parallelize(range(1000), 3), features=(tf.int64, []), batch_per_thread=111)
+    predictions = TFPredictor.from_saved_model(squares_dir, dataset, outputs="sq").predict()
+    values = predictions.collect()
+    assert all(isinstance(v, np.ndarray) and v.shape == () for v in values)
+    assert sum(int(v) for v in values) == sum(i * i for i in range(1000))
+
+
+def test_saved_model_signature_and_output_selection(sc, squares_dir):
+    dataset = TFDataset.from_rdd(sc.parallelize(range(5), 2), features=(tf.int64, []), batch_per_thread=2)
+    as_dict = TFPredictor.from_saved_model(squares_dir, dataset, signature="other").predict().collect()
+    assert [(int(r["sq"]), int(r["cube"])) for r in as_dict] == [(i * i, i**3) for i in range(5)]
+    as_list = TFPredictor.from_saved_model(squares_dir, dataset, outputs=["cube", "sq"]).predict().collect()
+    assert [[int(v) for v in r] for r in as_list] == [[i**3, i * i] for i in range(5)]
+
+    with pytest.raises(DataError, match=r"no signature 'nope'.*\['other', 'serving_default'\]"):
+        TFPredictor.from_saved_model(squares_dir, dataset, signature="nope")
+    with pytest.raises(DataError, match=r"no output.*\['cube', 'sq'\]"):
+        TFPredictor.from_saved_model(squares_dir, dataset, outputs=["square"])
+
+
+def test_multi_input_list_and_dict_outputs(sc):
+    a, b = keras.Input((4,), name="a"), keras.Input((2,), name="b")
+    joined = keras.layers.Concatenate()([a, b])
+    outputs = {"score": keras.layers.Dense(1)(joined), "embedding": keras.layers.Dense(3)(joined)}
+    dict_model = keras.Model([a, b], outputs)
+    list_model = keras.Model([a, b], [outputs["score"], outputs["embedding"]])
+
+    rng = np.random.default_rng(0)
+    xa, xb = rng.normal(size=(21, 4)).astype("float32"), rng.normal(size=(21, 2)).astype("float32")
+    records = sc.parallelize([[xa[i], xb[i]] for i in range(21)], 3)
+    dataset = TFDataset.from_rdd(records, features=[(tf.float32, [4]), (tf.float32, [2])], batch_per_thread=5)
+    expected = dict_model.predict([xa, xb], verbose=0)
+
+    by_dict = TFPredictor.from_keras(dict_model, dataset).predict().collect()
+    np.testing.assert_allclose(np.stack([r["score"] for r in by_dict]), expected["score"], rtol=1e-5)
+    np.testing.assert_allclose(np.stack([r["embedding"] for r in by_dict]), expected["embedding"], rtol=1e-5)
+    by_list = TFPredictor.from_keras(list_model, dataset).predict().collect()
+    assert all(isinstance(r, list) and len(r) == 2 for r in by_list)
+    np.testing.assert_allclose(np.stack([r[1] for r in by_list]), expected["embedding"], rtol=1e-5)
+
+
+def test_dict_features_feed_inputs_by_name(sc):
+    a, b = keras.Input((1,), name="a"), keras.Input((1,), name="b")
+    model = keras.Model({"b": b, "a": a}, keras.layers.Subtract()([a, b]))
+    records = sc.parallelize([{"a": [float(i)], "b": [1.0]} for i in range(6)], 2)
+    dataset = TFDataset.from_rdd(records, features={"a": (tf.float32, [1]), "b": (tf.float32, [1])}, batch_per_thread=4)
+    values = TFPredictor.from_keras(model, dataset).predict().collect()
+    assert [float(v[0]) for v in values] == [i - 1.0 for i in range(6)]
+
+
+def test_predict_dataframe_round_trip(spark):
+    import pandas as pd
+    from pyspark.ml.linalg import Vectors
+
+    ids = np.arange(45)
+    x = _features(ids)
+    pdf = pd.DataFrame({"id": ids, "label": ids % 2, "features": [row.astype("float64").tolist() for row in x]})
+    df = spark.createDataFrame(pdf).repartition(3).sortWithinPartitions("id")
+    model = _dense_model()
+    dataset = TFDataset.from_ndarrays(x, batch_per_thread=4)
+    predictor = TFPredictor.from_keras(model, dataset)
+
+    out = predictor.predict_dataframe(df, "features")
+    assert out.columns == ["id", "label", "features", "prediction"]
+    assert out.schema["prediction"].dataType.simpleString() == "array<float>"
+    rows = out.collect()
+    assert [r.id for r in rows] == [r.id for r in df.collect()]
+    got = np.array([r.prediction for r in sorted(rows, key=lambda r: r.id)])
+    np.testing.assert_allclose(got, model.predict(x, verbose=0), rtol=1e-5)
+    assert sorted(r.label for r in rows) == sorted(ids % 2)
+
+    vectors = spark.createDataFrame([(int(i), Vectors.dense(x[i].tolist())) for i in ids], ["id", "v"])
+    by_vector = {r.id: r.p for r in predictor.predict_dataframe(vectors, ["v"], output_col="p").collect()}
+    np.testing.assert_allclose(np.array([by_vector[i] for i in ids]), model.predict(x, verbose=0), rtol=1e-5)
+
+
+def test_predict_dataframe_several_outputs_is_a_struct(spark, squares_dir):
+    df = spark.range(10).selectExpr("id", "id AS x")
+    dataset = TFDataset.from_ndarrays(np.arange(10), batch_per_thread=3)
+    out = TFPredictor.from_saved_model(squares_dir, dataset).predict_dataframe(df, "x", output_col="powers")
+    assert out.schema["powers"].dataType.simpleString() == "struct<cube:bigint,sq:bigint>"
+    assert sorted((r.id, r.powers.sq, r.powers.cube) for r in out.collect()) == [(i, i * i, i**3) for i in range(10)]
+    with pytest.raises(DataError, match="already exists"):
+        TFPredictor.from_saved_model(squares_dir, dataset).predict_dataframe(df, "x", output_col="id")
+
+
+def test_model_is_loaded_once_per_worker_and_reused_across_jobs(sc):
+    dataset = TFDataset.from_ndarrays(_features(range(40)), batch_per_thread=8, num_partitions=4)
+    predictor = TFPredictor.from_keras(_dense_model(seed=3), dataset)
+
+    def loads_after_predicting(records):
+        yield os.getpid(), sum(1 for _ in records), model_io.load_count()
+
+    first = predictor.predict().mapPartitions(loads_after_predicting).collect()
+    second = predictor.predict().mapPartitions(loads_after_predicting).collect()
+    assert sum(n for _, n, _ in first) == sum(n for _, n, _ in second) == 40
+    after_first = {pid: loads for pid, _, loads in first}
+    reused = [(pid, loads) for pid, _, loads in second if pid in after_first]
+    assert reused, "no Python worker served both jobs"
+    for pid, loads in reused:
+        assert loads == after_first[pid], f"worker {pid} loaded the model again"
+
+
+def test_bytes_input_decodes_jpeg(sc, tmp_path):
+    path = str(tmp_path / "jpeg")
+    module = JpegStats()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.stats})
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 255, size=(8, 8, 3), dtype=np.uint8) for _ in range(9)]
+    jpegs = [tf.io.encode_jpeg(image).numpy() for image in images]
+    dataset = TFDataset.from_bytes_rdd(sc.parallelize(jpegs, 2), batch_per_thread=4)
+    means = TFPredictor.from_saved_model(path, dataset).predict().collect()
+    expected = [float(tf.reduce_mean(tf.cast(tf.io.decode_jpeg(j), tf.float32))) for j in jpegs]
+    np.testing.assert_allclose([float(m) for m in means], expected, rtol=1e-6)
+
+
+def test_mismatched_features_are_rejected_before_launch(sc, squares_dir):
+    model = _dense_model()
+    wrong_shape = TFDataset.from_ndarrays(np.zeros((6, 5), "float32"), batch_per_thread=2)
+    with pytest.raises(DataError, match=r"(?s)features \(float32 of shape \[5\].*expects \[.* float32 \[4\]\]"):
+        TFPredictor.from_keras(model, wrong_shape)
+    two_inputs = TFDataset.from_ndarrays([np.zeros((6, 4)), np.zeros((6, 4))], batch_per_thread=2)
+    with pytest.raises(DataError, match=r"takes 1 input\(s\).*data has 2 feature\(s\)"):
+        TFPredictor.from_keras(model, two_inputs)
+    strings = TFDataset.from_bytes_rdd(sc.parallelize([b"a", b"b"]), batch_per_thread=2)
+    with pytest.raises(DataError, match=r"string of shape \[\].*'x' int64 \[\]"):
+        TFPredictor.from_saved_model(squares_dir, strings)
+    no_batch = TFDataset.from_ndarrays(np.zeros((6, 4), "float32"))
+    with pytest.raises(DataError, match="batch_per_thread"):
+        TFPredictor.from_keras(model, no_batch)
+
+
+def test_bad_record_and_rejected_batch_raise_data_error(sc):
+    good, bad = [0.0, 1.0, 2.0, 3.0], [0.0, 1.0]
+    records = sc.parallelize([good, good, good, bad, good], 1)
+    dataset = TFDataset.from_rdd(records, features=(tf.float32, [4]), batch_per_thread=2)
+    with pytest.raises(DataError, match="record 3"), reraise_remote():
+        TFPredictor.from_keras(_dense_model(), dataset).predict().collect()
+
+    class Subclassed(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    subclassed = Subclassed()
+    subclassed(np.zeros((1, 3), "float32"))  # built for 3 features; the data has 4
+    dataset = TFDataset.from_ndarrays(np.zeros((5, 4), "float32"), batch_per_thread=2, num_partitions=1)
+    with pytest.raises(DataError, match=r"partition 0, records 0\.\.1: the model rejected the batch"), reraise_remote():
+        TFPredictor.from_keras(subclassed, dataset).predict().collect()
