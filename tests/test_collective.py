@@ -367,3 +367,17 @@ def test_bad_arguments_are_rejected():
             comm.allreduce(np.ones(2), op="max")
         with pytest.raises(ValueError, match="root"):
             comm.broadcast(np.ones(2), root=1)
+
+
+def dropped_without_close(rank, peers, listener, secret):
+    """A communicator that is garbage-collected without close() must not leave its thread behind."""
+    comm = Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener)
+    comm.barrier()
+    running = _collective_threads()
+    del comm
+    return running
+
+
+def test_dropped_communicator_ends_its_thread():
+    for running in run_ranks(2, dropped_without_close):  # run_ranks checks no thread is left
+        assert len(running) == 1 and running[0].startswith("sparktf-collective-sender")

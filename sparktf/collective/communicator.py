@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import weakref
 from typing import Any, Callable, TypeVar
 
 import numpy as np
@@ -60,6 +61,8 @@ class Communicator:
         self._scratch = np.empty(SEGMENT_BYTES if link is not None else 0, dtype=np.uint8)
         self._failure: BaseException | None = None
         self._closed = False
+        # a communicator dropped without close() still ends its thread and sockets
+        self._release = weakref.finalize(self, link.close) if link is not None else None
 
     @classmethod
     def from_peers(cls, rank: int, peers: list[str], secret: bytes, timeout: float = 300.0,
@@ -223,11 +226,9 @@ class Communicator:
 
     def close(self) -> None:
         """Close the connections and end the sender thread; safe to call twice."""
-        if self._closed:
-            return
         self._closed = True
-        if self._link is not None and self._failure is None:
-            self._link.close()
+        if self._release is not None:
+            self._release()
 
     def __enter__(self) -> "Communicator":
         return self
@@ -251,6 +252,7 @@ class Communicator:
         except BaseException as exc:
             self._failure = exc
             self._closed = True
+            self._release.detach()
             self._link.abort(exc)
             raise
 
