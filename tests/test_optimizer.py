@@ -1,0 +1,217 @@
+"""TFOptimizer training on real Spark barrier tasks: exactness, convergence, triggers, model kinds."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparktf import (
+    MaxEpoch,
+    MaxIteration,
+    MinLoss,
+    TFDataset,
+    TFOptimizer,
+    TriggerAnd,
+    TriggerOr,
+    SeveralIteration,
+)
+
+
+def linear_model(optimizer, inputs=3):
+    model = keras.Sequential(
+        [keras.Input((inputs,)), keras.layers.Dense(1, kernel_initializer="zeros")]
+    )
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def regression_data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    y = x @ np.array([[1.0], [-2.0], [3.0]], np.float32) + 0.5
+    return x, y
+
+
+def hand_sgd(x, y, batches, learning_rates):
+    """Plain NumPy SGD on the mean squared error of a linear model from zero weights."""
+    kernel, bias = np.zeros((x.shape[1], 1)), 0.0
+    for rows, rate in zip(batches, learning_rates):
+        xb, yb = x[rows].astype(np.float64), y[rows].astype(np.float64)
+        grad = 2 * (xb @ kernel + bias - yb) / len(rows)
+        kernel -= rate * xb.T @ grad
+        bias -= rate * grad.sum()
+    return kernel, bias
+
+
+@pytest.mark.parametrize(
+    "num_workers, batches",
+    [
+        (1, [np.arange(0, 8), np.arange(8, 16)]),
+        (2, [np.r_[0:4, 8:12], np.r_[4:8, 12:16]]),
+    ],
+)
+def test_one_epoch_equals_two_hand_computed_steps(sc, num_workers, batches):
+    x, y = regression_data(16)
+    dataset = TFDataset.from_ndarrays(
+        (x, y), batch_size=8, shuffle=False, sequential_order=True, num_partitions=1
+    )
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.1, staircase=True)
+    model = linear_model(keras.optimizers.SGD(schedule))
+    history = TFOptimizer.from_keras(model, dataset, num_workers=num_workers).optimize(MaxEpoch(1))
+    kernel, bias = hand_sgd(x, y, batches, [0.1, 0.01])
+    np.testing.assert_allclose(model.get_weights()[0], kernel, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.get_weights()[1], [bias], rtol=1e-5, atol=1e-6)
+    assert history["iterations"] == 2 and history["epochs"] == 1 and len(history["loss"]) == 2
+    assert int(model.optimizer.iterations.numpy()) == 2
+
+
+def nonlinear_model(weights=None):
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    if weights is not None:
+        model.set_weights(weights)
+    return model
+
+
+def test_full_batch_adam_same_weights_on_one_and_two_workers(sc):
+    x, y = regression_data(32, seed=1)
+    y = np.sin(y)
+    initial = nonlinear_model().get_weights()
+    results = []
+    for workers in (1, 2):
+        dataset = TFDataset.from_ndarrays((x, y), batch_size=32, shuffle=True, seed=3)
+        model = nonlinear_model(initial)
+        history = TFOptimizer.from_keras(model, dataset, num_workers=workers).optimize(MaxIteration(4))
+        results.append((model.get_weights(), history["loss"]))
+    (one, one_loss), (two, two_loss) = results
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_allclose(one_loss, two_loss, rtol=1e-5)
+    assert not np.allclose(one[0], initial[0])
+
+
+def test_linear_regression_converges_and_continues(sc):
+    x, y = regression_data(256)
+    dataset = TFDataset.from_ndarrays((x, y), batch_size=32, seed=0)
+    model = linear_model(keras.optimizers.SGD(0.1))
+    optimizer = TFOptimizer.from_keras(model, dataset)
+    first = optimizer.optimize(MaxEpoch(4))
+    assert first["iterations"] == 32 and first["epochs"] == 4 and len(first["loss"]) == 32
+    second = optimizer.optimize(MaxEpoch(8))
+    assert second["iterations"] == 64 and len(second["loss"]) == 32
+    assert second["loss"][-1] < first["loss"][-1] < first["loss"][0]
+    np.testing.assert_allclose(model.get_weights()[0].ravel(), [1, -2, 3], atol=1e-3)
+    np.testing.assert_allclose(model.get_weights()[1], [0.5], atol=1e-3)
+    timings = optimizer.last_timings
+    assert {"compute", "allreduce", "apply", "launch", "data_cache"} <= set(timings)
+
+
+@pytest.mark.parametrize(
+    "trigger, iterations",
+    [
+        (MaxIteration(11), 11),  # several epochs of 4 iterations, stopped mid-epoch
+        (MaxEpoch(2), 8),
+        (TriggerAnd(MaxEpoch(1), SeveralIteration(3)), 6),
+        (TriggerOr(MaxIteration(5), MaxEpoch(3)), 5),
+    ],
+)
+def test_end_triggers_run_exactly_their_iterations(sc, trigger, iterations):
+    x, y = regression_data(64)
+    dataset = TFDataset.from_ndarrays((x, y), batch_size=16)
+    optimizer = TFOptimizer.from_keras(linear_model(keras.optimizers.SGD(0.01)), dataset)
+    history = optimizer.optimize(end_trigger=trigger)
+    assert history["iterations"] == iterations
+    assert len(history["loss"]) == iterations
+    assert history["epochs"] == iterations // 4
+
+
+def test_min_loss_stops_when_loss_is_low(sc):
+    x, y = regression_data(64)
+    dataset = TFDataset.from_ndarrays((x, y), batch_size=16)
+    optimizer = TFOptimizer.from_keras(linear_model(keras.optimizers.SGD(0.2)), dataset)
+    history = optimizer.optimize(end_trigger=TriggerOr(MinLoss(0.05), MaxEpoch(50)))
+    assert history["loss"][-1] < 0.05
+    assert all(loss >= 0.05 for loss in history["loss"][:-1])
+    assert history["iterations"] < 200
+
+
+@pytest.mark.parametrize("bad", [10, "MaxEpoch(1)", None])
+def test_non_trigger_raises_type_error(sc, bad):
+    x, y = regression_data(16)
+    optimizer = TFOptimizer.from_keras(
+        linear_model("sgd"), TFDataset.from_ndarrays((x, y), batch_size=8)
+    )
+    with pytest.raises(TypeError, match="trigger"):
+        optimizer.optimize(end_trigger=bad)
+
+
+def test_sparse_embedding_model_trains(sc):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50, size=(128, 4)).astype(np.int32)
+    y = (ids.sum(axis=1, keepdims=True) % 2).astype(np.float32)
+    model = keras.Sequential(
+        [
+            keras.Input((4,), dtype="int32"),
+            keras.layers.Embedding(50, 8),
+            keras.layers.Flatten(),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="binary_crossentropy")
+    table = model.layers[0].get_weights()[0].copy()
+    dataset = TFDataset.from_ndarrays((ids, y), batch_size=32)
+    history = TFOptimizer.from_keras(model, dataset).optimize(MaxEpoch(3))
+    changed = np.any(model.layers[0].get_weights()[0] != table, axis=1)
+    assert changed[np.unique(ids)].all()  # every used row got its (densified) gradient
+    assert not changed[np.setdiff1d(np.arange(50), ids)].any()
+    assert history["loss"][-1] < history["loss"][0]
+
+
+class ScaledDense(keras.layers.Layer):
+    """A custom layer defined in the test module: it must reach the executors by value."""
+
+    def __init__(self, units, scale=2.0, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.scale = units, scale
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), initializer="zeros")
+
+    def call(self, inputs):
+        return self.scale * tf.matmul(inputs, self.kernel)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "scale": self.scale}
+
+
+def half_squared_error(y_true, y_pred):
+    return 0.5 * tf.reduce_mean(tf.square(y_true - y_pred))
+
+
+def test_custom_layer_and_loss_from_test_module_train_with_from_loss(sc):
+    x, y = regression_data(64)
+    y = y - 0.5
+    model = keras.Sequential([keras.Input((3,)), ScaledDense(1)])
+    dataset = TFDataset.from_ndarrays((x, y), batch_size=16)
+    optimizer = TFOptimizer.from_loss(model, half_squared_error, keras.optimizers.SGD(0.05), dataset)
+    history = optimizer.optimize(MaxEpoch(10))
+    np.testing.assert_allclose(2 * model.get_weights()[0].ravel(), [1, -2, 3], atol=0.05)
+    assert history["loss"][-1] < 0.01 * history["loss"][0]
+
+
+def test_batchnorm_statistics_come_back_averaged(sc):
+    x = np.concatenate([np.zeros((8, 2)), np.full((8, 2), 4.0)]).astype(np.float32)
+    y = np.zeros((16, 1), np.float32)
+    model = keras.Sequential(
+        [keras.Input((2,)), keras.layers.BatchNormalization(momentum=0.0), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    dataset = TFDataset.from_ndarrays(
+        (x, y), batch_size=16, shuffle=False, sequential_order=True, num_partitions=1
+    )
+    TFOptimizer.from_keras(model, dataset, num_workers=2).optimize(MaxIteration(1))
+    moving_mean = model.layers[0].moving_mean.numpy()
+    # worker 0 saw only zeros, worker 1 only fours: the average of their statistics is 2
+    np.testing.assert_allclose(moving_mean, [2.0, 2.0], atol=1e-6)
