@@ -225,9 +225,10 @@ def test_cloudpickle_round_trip_locally_and_on_an_executor(export_dir, sc):
     assert isinstance(clone, TFNet) and clone.name == net.name
     assert clone.input_names == net.input_names and clone.output_names == net.output_names
     np.testing.assert_array_equal(clone.forward(X), expected)
-    remote = sc.parallelize([X], 1).map(lambda x: (os.getpid(), net.forward(x))).collect()
-    assert remote[0][0] != os.getpid()
+    remote = sc.parallelize([X, X[:3]], 2).map(lambda x: (os.getpid(), net.forward(x))).collect()
+    assert os.getpid() not in [pid for pid, _ in remote]
     np.testing.assert_allclose(remote[0][1], expected, rtol=1e-6)
+    np.testing.assert_allclose(remote[1][1], expected[:3], rtol=1e-6)
 
 
 def test_frozen_layer_between_trainable_stem_and_head_trains_with_fit(model, export_dir, tmp_path):
@@ -273,23 +274,16 @@ def test_get_config_round_trip_and_model_payload(export_dir):
     np.testing.assert_allclose(rebuilt.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-6)
 
 
-def _uneven_rdd(sc, records, sizes):
-    parts, start = [], 0
-    for size in sizes:
-        parts.append(sc.parallelize(records[start : start + size], 1))
-        start += size
-    return sc.union(parts)
-
-
 def test_distributed_predict_over_uneven_partitions_keeps_order_and_count(export_dir, sc):
     net = TFNet.from_export_folder(export_dir)
     x = RNG.normal(size=(20, 4)).astype("float32")
-    rdd = _uneven_rdd(sc, list(x), [1, 7, 12])
+    kept = [0] + list(range(6, 20))  # partitions of range(20) are 0-5, 6-12, 13-19: keeps 1, 7 and 7 records
+    rdd = sc.parallelize(range(20), 3).filter(lambda i: i in kept).map(lambda i: x[i])
     partitions = net.predict(rdd, batch_per_thread=5).glom().collect()
-    assert [len(p) for p in partitions] == [1, 7, 12]
+    assert [len(p) for p in partitions] == [1, 7, 7]
     rows = [row for partition in partitions for row in partition]
-    assert len(rows) == 20 and all(r.shape == (2,) for r in rows)
-    np.testing.assert_allclose(np.stack(rows), net.forward(x), rtol=1e-6)
+    assert len(rows) == 15 and all(r.shape == (2,) for r in rows)
+    np.testing.assert_allclose(np.stack(rows), net.forward(x[kept]), rtol=1e-6)
     np.testing.assert_allclose(net.predict(x, batch_per_thread=3, distributed=True), net.forward(x), rtol=1e-6)
 
 
