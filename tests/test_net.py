@@ -200,6 +200,15 @@ def test_identity_graph_keeps_every_dtype(identity_net):
     assert list(casted[4]) == [255, 1] and list(casted[5]) == [b"x", "é".encode()]
 
 
+def test_identity_graph_distributed_keeps_every_dtype(identity_net, sc):
+    inputs = _identity_inputs()
+    records = [[column[i] for column in inputs] for i in range(2)]
+    rows = identity_net.predict(sc.parallelize(records, 2), batch_per_thread=1).collect()
+    for i, row in enumerate(rows):
+        assert [value.dtype for value in row] == [column.dtype for column in inputs]
+        assert [value.item() for value in row] == [column[i] for column in inputs]
+
+
 def test_scalar_graph():
     net = TFNet.from_function(tf.function(lambda x: x * 2.0 + 1.0), [tf.TensorSpec([], tf.float32)])
     assert net.forward(np.float32(3.0)) == 7.0
