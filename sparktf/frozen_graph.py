@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from sparktf.errors import DataError
 
-__all__ = ["FrozenGraph", "normalize_tensor_name", "parse_graph_def", "predict_partition"]
+__all__ = ["FrozenGraph", "normalize_tensor_name", "parse_graph_def", "one_or_list", "predict_partition"]
 
 _MAX_LISTED = 20
 
@@ -41,6 +41,11 @@ def parse_graph_def(graph_def: Union[tf.compat.v1.GraphDef, bytes], source: str 
         return tf.compat.v1.GraphDef.FromString(bytes(graph_def))
     except Exception as err:  # protobuf raises its own DecodeError
         raise DataError(f"{source} is not a binary GraphDef ({err}). Pass a frozen graph (.pb).") from None
+
+
+def one_or_list(items: list):
+    """The only item of ``items``, or the list itself when there are several."""
+    return items[0] if len(items) == 1 else items
 
 
 def _listing(names: Sequence[str]) -> str:
@@ -215,4 +220,4 @@ def predict_partition(
         outputs = graph.run(leaves[:num_inputs])
         for index in range(len(outputs[0])):
             rows = [out[index, ...] for out in outputs]
-            yield rows[0] if len(rows) == 1 else rows
+            yield one_or_list(rows)

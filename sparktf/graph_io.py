@@ -185,7 +185,10 @@ def write_export_folder(graph: FrozenGraph, folder: Union[str, os.PathLike]) -> 
         handle.write(graph.graph_bytes)
 
     def describe(specs):
-        return [{"dtype": s.dtype.name, "shape": s.shape.as_list() if s.shape.rank is not None else None} for s in specs]
+        return [
+            {"dtype": spec.dtype.name, "shape": spec.shape.as_list() if spec.shape.rank is not None else None}
+            for spec in specs
+        ]
 
     meta = {
         "input_names": graph.input_names,

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from sparktf import graph_io
 from sparktf.errors import DataError
-from sparktf.frozen_graph import FrozenGraph, predict_partition
+from sparktf.frozen_graph import FrozenGraph, normalize_tensor_name, one_or_list, predict_partition
 
 __all__ = ["TFNet", "export_tf"]
 
@@ -173,7 +173,7 @@ class TFNet(keras.layers.Layer):
     # --------------------------------------------------------------- Keras
     def _as_list(self, inputs: Any) -> list:
         if isinstance(inputs, dict):
-            by_name = {k if ":" in k else k + ":0": v for k, v in inputs.items()}
+            by_name = {normalize_tensor_name(k): v for k, v in inputs.items()}
             missing = [n for n in self._graph.input_names if n not in by_name]
             if missing:
                 raise DataError(
@@ -194,8 +194,7 @@ class TFNet(keras.layers.Layer):
             if tensor.dtype != spec.dtype:
                 tensor = tf.cast(tensor, spec.dtype)
             tensors.append(tensor)
-        outputs = tf.nest.flatten(self._graph.function(*tensors))
-        return outputs[0] if len(outputs) == 1 else outputs
+        return one_or_list(tf.nest.flatten(self._graph.function(*tensors)))
 
     def compute_output_spec(self, inputs: Any) -> Any:
         """Symbolic outputs (KerasTensors) with the graph's output shapes and dtypes."""
@@ -203,13 +202,11 @@ class TFNet(keras.layers.Layer):
         specs = self._graph.output_specs
         if any(spec.shape.rank is None for spec in specs):
             return super().compute_output_spec(inputs)
-        tensors = [keras.KerasTensor(tuple(spec.shape), dtype=spec.dtype.name) for spec in specs]
-        return tensors[0] if len(tensors) == 1 else tensors
+        return one_or_list([keras.KerasTensor(tuple(spec.shape), dtype=spec.dtype.name) for spec in specs])
 
     def compute_output_shape(self, input_shape: Any) -> Any:
         """The graph's output shapes (a list for several outputs)."""
-        shapes = [tuple(spec.shape) for spec in self._graph.output_specs]
-        return shapes[0] if len(shapes) == 1 else shapes
+        return one_or_list([tuple(spec.shape) for spec in self._graph.output_specs])
 
     def get_config(self) -> Dict[str, Any]:
         """Keras config: the layer's config plus the graph (base64) and tensor names."""
@@ -247,8 +244,7 @@ class TFNet(keras.layers.Layer):
         ndarray or list of ndarray
             One array per output; a bare array when there is one output.
         """
-        outputs = self._graph.run(self._as_list(x))
-        return outputs[0] if len(outputs) == 1 else outputs
+        return one_or_list(self._graph.run(self._as_list(x)))
 
     def predict(self, x: Any, batch_per_thread: int = 32, distributed: Optional[bool] = None) -> Any:
         """Run the graph over many records.
@@ -274,7 +270,8 @@ class TFNet(keras.layers.Layer):
             input order and partitioning - an ndarray, or a list of them
             when the graph has several outputs.
         """
-        if isinstance(batch_per_thread, bool) or not isinstance(batch_per_thread, (int, np.integer)) or batch_per_thread <= 0:
+        is_int = isinstance(batch_per_thread, (int, np.integer)) and not isinstance(batch_per_thread, bool)
+        if not is_int or batch_per_thread <= 0:
             raise DataError(f"batch_per_thread must be a positive integer, got {batch_per_thread!r}.")
         from pyspark import RDD
 
@@ -291,11 +288,10 @@ class TFNet(keras.layers.Layer):
 
     def _predict_arrays(self, arrays: List[np.ndarray], batch: int) -> Arrays:
         count = _record_count(arrays)
-        if count is None:
+        if count is None or count <= batch:
             return self.forward(arrays)
         pieces = [self._graph.run([a[start : start + batch] for a in arrays]) for start in range(0, count, batch)]
-        outputs = [np.concatenate(parts) for parts in zip(*pieces)]
-        return outputs[0] if len(outputs) == 1 else outputs
+        return one_or_list([np.concatenate(parts) for parts in zip(*pieces)])
 
     def _predict_arrays_on_spark(self, arrays: List[np.ndarray], batch: int) -> Arrays:
         import sparktf
@@ -310,9 +306,8 @@ class TFNet(keras.layers.Layer):
         blocks = [tuple(c[lo:hi] for c in columns) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
         with reraise_remote():
             rows = self._run_blocks(sc.parallelize(blocks, len(blocks)), batch).collect()
-        if len(self.output_names) == 1:
-            return np.stack(rows)
-        return [np.stack(column) for column in zip(*rows)]
+        columns = zip(*rows) if len(self.output_names) > 1 else [rows]
+        return one_or_list([np.stack(column) for column in columns])
 
     def _record_specs(self, rdd) -> list:
         """Per-record ``(dtype, shape)`` specs of the inputs; unknown sizes come from the first record."""
@@ -328,7 +323,7 @@ class TFNet(keras.layers.Layer):
         from sparktf.specs import parse_spec
 
         record_specs = self._record_specs(rdd)
-        features = parse_spec(record_specs[0] if len(record_specs) == 1 else record_specs, "features")
+        features = parse_spec(one_or_list(record_specs), "features")
         return self._run_blocks(rdd.mapPartitionsWithIndex(RecordFormat.from_specs(features).to_blocks), batch)
 
     def _predict_dataset(self, dataset, batch: int):

@@ -308,7 +308,9 @@ def test_distributed_predict_multi_io_rdd_and_tfdataset(two_heads_dir, sc):
     np.testing.assert_allclose(np.stack([r[0] for r in rows]), prod, rtol=1e-6)
     np.testing.assert_allclose(np.stack([r[1] for r in rows]), total, rtol=1e-6)
 
-    row_sums = TFNet.from_function(tf.function(lambda x: tf.reduce_sum(x, axis=1)), [tf.TensorSpec([None, None], tf.int64)])
+    row_sums = TFNet.from_function(
+        tf.function(lambda x: tf.reduce_sum(x, axis=1)), [tf.TensorSpec([None, None], tf.int64)]
+    )
     rdd = sc.parallelize([[1, 2, 3], [4, 5, 6], [7, 8, 9]], 2)  # record length comes from the first record
     assert [int(r) for r in row_sums.predict(rdd).collect()] == [6, 15, 24]
 
