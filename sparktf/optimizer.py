@@ -328,7 +328,7 @@ class TFOptimizer:
                 failures += 1
                 if failures > self.max_failures:
                     raise TrainingError(
-                        f"training failed {failures} times (max_failures={self.max_failures}) "
+                        f"training failed {failures} time(s) (max_failures={self.max_failures}) "
                         f"after iteration {progress.iteration}; the last failure was: {error}"
                     ) from error
                 _LOG.warning(

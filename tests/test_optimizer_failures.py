@@ -1,0 +1,125 @@
+"""TFOptimizer's checks and failure handling: bad setup, too many workers, non-finite loss, recovery."""
+
+import os
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparktf import DataError, MaxEpoch, MaxIteration, SparkTFError, TFDataset, TFOptimizer, TrainingError
+
+
+def data(n=32, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    return x, (x @ np.array([[1.0], [-2.0], [3.0]], np.float32)).astype(np.float32)
+
+
+def compiled_model(optimizer="sgd"):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, kernel_initializer="ones")])
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def test_uncompiled_model_is_refused_naming_compile(sc):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    with pytest.raises(DataError, match="compile"):
+        TFOptimizer.from_keras(model, TFDataset.from_ndarrays(data(), batch_size=8))
+
+
+def test_dataset_without_batch_size_is_refused_by_optimize(sc):
+    optimizer = TFOptimizer.from_keras(compiled_model(), TFDataset.from_ndarrays(data(), batch_per_thread=8))
+    with pytest.raises(DataError, match="batch_size"):
+        optimizer.optimize(MaxEpoch(1))
+    assert set(optimizer.evaluate()) == {"loss"}
+
+
+def test_too_many_workers_fails_fast_naming_both_numbers(sc):
+    dataset = TFDataset.from_ndarrays(data(), batch_size=8)
+    optimizer = TFOptimizer.from_keras(compiled_model(), dataset, num_workers=4)
+    started = time.monotonic()
+    with pytest.raises(SparkTFError, match=r"num_workers=4.*only 2 free"):
+        optimizer.optimize(MaxEpoch(1))
+    assert time.monotonic() - started < 10
+
+
+def test_non_finite_loss_raises_naming_the_iteration(sc):
+    x, y = data()
+    dataset = TFDataset.from_ndarrays((x * 1e3, y * 1e3), batch_size=8)
+    optimizer = TFOptimizer.from_keras(compiled_model(keras.optimizers.SGD(1e3)), dataset, max_failures=3)
+    with pytest.raises(TrainingError, match=r"not finite at iteration \d+") as raised:
+        optimizer.optimize(MaxEpoch(10))
+    failed_at = int(raised.value.args[0].split("iteration ")[1].split(":")[0])
+    assert failed_at > 1
+    assert optimizer.iteration == failed_at - 1 or optimizer.iteration == 0
+
+
+class FailOnce(keras.layers.Layer):
+    """Identity layer that raises in the first training step run while ``marker`` does not exist."""
+
+    def __init__(self, marker, **kwargs):
+        super().__init__(**kwargs)
+        self.marker = marker
+
+    def call(self, inputs):
+        def check(values):
+            if not os.path.exists(self.marker):
+                with open(self.marker, "w") as handle:
+                    handle.write("failed once")
+                raise RuntimeError("injected worker failure")
+            return values
+
+        out = tf.py_function(check, [inputs], tf.float32)
+        out.set_shape(inputs.shape)
+        return out
+
+    def get_config(self):
+        return {**super().get_config(), "marker": self.marker}
+
+
+def fail_once_model(marker, weights=None):
+    model = keras.Sequential([keras.Input((3,)), FailOnce(marker), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    if weights is not None:
+        model.set_weights(weights)
+    return model
+
+
+def test_worker_failure_is_recovered_and_equals_an_uninterrupted_run(sc, tmp_path):
+    x, y = data(64)
+    initial = fail_once_model(str(tmp_path / "unused")).get_weights()
+    weights = []
+    for name, pre_create in (("clean", True), ("failing", False)):
+        marker = str(tmp_path / name)
+        if pre_create:
+            open(marker, "w").close()
+        dataset = TFDataset.from_ndarrays((x, y), batch_size=16, seed=5)
+        model = fail_once_model(marker, initial)
+        optimizer = TFOptimizer.from_keras(model, dataset, model_dir=str(tmp_path / f"{name}-ckpt"))
+        history = optimizer.optimize(MaxEpoch(3))
+        assert history["iterations"] == 12 and len(history["loss"]) == 12
+        weights.append(model.get_weights())
+    assert open(str(tmp_path / "failing")).read() == "failed once"
+    for clean, recovered in zip(*weights):
+        np.testing.assert_allclose(recovered, clean, rtol=1e-6)
+
+
+class AlwaysFails(keras.layers.Layer):
+    def call(self, inputs):
+        def fail(values):
+            raise ValueError("the layer always fails")
+
+        out = tf.py_function(fail, [inputs], tf.float32)
+        out.set_shape(inputs.shape)
+        return out
+
+
+def test_persistent_failure_raises_training_error_with_worker_message(sc):
+    model = keras.Sequential([keras.Input((3,)), AlwaysFails(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    optimizer = TFOptimizer.from_keras(model, TFDataset.from_ndarrays(data(), batch_size=8), max_failures=0)
+    with pytest.raises(TrainingError, match=r"(?s)failed 1 time.*the layer always fails"):
+        optimizer.optimize(MaxIteration(2))
+    assert optimizer.iteration == 0
