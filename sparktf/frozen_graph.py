@@ -163,13 +163,26 @@ class FrozenGraph:
                 array = np.asarray(value, dtype=object)
             else:
                 array = np.asarray(value, dtype=spec.dtype.as_numpy_dtype, order="C")
-            if not spec.shape.is_compatible_with(array.shape):
-                raise DataError(
-                    f"Input {spec.name!r} expects shape {spec.shape} (None = any size) but got an "
-                    f"array of shape {array.shape}. Reshape the input to match."
-                )
             converted.append(array)
+            _check_shape(spec, array.shape)
         return converted
+
+    def output_specs_for(self, input_shapes: Sequence) -> List[tf.TensorSpec]:
+        """The output specs static shape inference gives for inputs of ``input_shapes``.
+
+        Sharper than :attr:`output_specs` when the graph's own placeholders
+        have unknown dimensions or rank.
+        """
+        self.check_inputs(input_shapes)
+        with tf.Graph().as_default():
+            feeds = {}
+            for name, spec, shape in zip(self.input_names, self.input_specs, input_shapes):
+                _check_shape(spec, shape)
+                feeds[name] = tf.compat.v1.placeholder(spec.dtype, spec.shape.merge_with(shape))
+            outputs = tf.compat.v1.import_graph_def(
+                self.graph_def, input_map=feeds, return_elements=self.output_names, name=""
+            )
+        return [tf.TensorSpec(t.shape, t.dtype, n) for t, n in zip(outputs, self.output_names)]
 
     def run(self, arrays: Sequence) -> List[np.ndarray]:
         """Run the graph on one batch of NumPy arrays (one per input), returning one array per output."""
@@ -184,6 +197,14 @@ class FrozenGraph:
         self.input_names = state["input_names"]
         self.output_names = state["output_names"]
         self._function = None
+
+
+def _check_shape(spec: tf.TensorSpec, shape) -> None:
+    if not spec.shape.is_compatible_with(shape):
+        raise DataError(
+            f"Input {spec.name!r} expects shape {spec.shape} (None = any size) but got shape "
+            f"{tf.TensorShape(shape)}. Reshape the input to match."
+        )
 
 
 def predict_partition(

@@ -197,16 +197,14 @@ class TFNet(keras.layers.Layer):
         return one_or_list(tf.nest.flatten(self._graph.function(*tensors)))
 
     def compute_output_spec(self, inputs: Any) -> Any:
-        """Symbolic outputs (KerasTensors) with the graph's output shapes and dtypes."""
-        self._as_list(inputs)
-        specs = self._graph.output_specs
-        if any(spec.shape.rank is None for spec in specs):
-            return super().compute_output_spec(inputs)
+        """Symbolic outputs (KerasTensors) with the graph's output shapes and dtypes for these inputs."""
+        specs = self._graph.output_specs_for([tuple(t.shape) for t in self._as_list(inputs)])
         return one_or_list([keras.KerasTensor(tuple(spec.shape), dtype=spec.dtype.name) for spec in specs])
 
     def compute_output_shape(self, input_shape: Any) -> Any:
-        """The graph's output shapes (a list for several outputs)."""
-        return one_or_list([tuple(spec.shape) for spec in self._graph.output_specs])
+        """The graph's output shapes for inputs of ``input_shape`` (a list of shapes for several)."""
+        shapes = [input_shape] if len(self.input_names) == 1 else list(input_shape)
+        return one_or_list([tuple(spec.shape) for spec in self._graph.output_specs_for(shapes)])
 
     def get_config(self) -> Dict[str, Any]:
         """Keras config: the layer's config plus the graph (base64) and tensor names."""

@@ -268,6 +268,21 @@ def test_frozen_layer_between_trainable_stem_and_head_trains_with_fit(model, exp
     np.testing.assert_allclose(restored.predict(x, verbose=0), combined.predict(x, verbose=0), rtol=1e-5)
 
 
+def test_graph_of_unknown_rank_gets_shapes_from_its_keras_inputs():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, name="x")  # no shape at all, as in many TF1 graphs
+        tf.identity(x * 3.0, name="y")
+    net = TFNet.from_frozen_graph(graph.as_graph_def(), ["x"], ["y"])
+    assert net.output_specs[0].shape.rank is None
+    inputs = keras.Input((4,))
+    hidden = net(inputs)
+    assert tuple(hidden.shape) == (None, 4)
+    assert net.compute_output_shape((None, 4)) == (None, 4)
+    model = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+    assert model.predict(X, verbose=0).shape == (9, 2)
+
+
 def test_get_config_round_trip_and_model_payload(export_dir):
     from sparktf.model_io import ModelPayload
 
