@@ -12,14 +12,15 @@ TensorFlow and NumPy so executors never load Keras for it.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Iterator, List, Sequence, Union
+import itertools
+from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
 from sparktf.errors import DataError
 
-__all__ = ["FrozenGraph", "normalize_tensor_name", "parse_graph_def", "one_or_list", "predict_partition"]
+__all__ = ["FrozenGraph", "normalize_tensor_name", "parse_graph_def", "one_or_list", "record_blocks", "predict_partition"]
 
 _MAX_LISTED = 20
 
@@ -205,6 +206,31 @@ def _check_shape(spec: tf.TensorSpec, shape) -> None:
             f"Input {spec.name!r} expects shape {spec.shape} (None = any size) but got shape "
             f"{tf.TensorShape(shape)}. Reshape the input to match."
         )
+
+
+def record_blocks(
+    partition: int, records: Iterable, dtypes: Sequence[str], shapes: Sequence[Optional[List[Optional[int]]]]
+) -> Iterator[tuple]:
+    """Blocks of one partition's records for a graph's inputs (a ``mapPartitionsWithIndex`` function).
+
+    A record is one value, or a list of values for several inputs. ``shapes``
+    are the inputs' per-record shapes; unknown sizes (``None``) are taken
+    from the partition's first record, so no Spark job is needed to find them.
+    """
+    from sparktf.columnar import RecordFormat
+    from sparktf.specs import parse_spec
+
+    records = iter(records)
+    first = next(records, None)
+    if first is None:
+        return
+    values = [first] if len(dtypes) == 1 else list(first)
+    specs = []
+    for dtype, shape, value in zip(dtypes, shapes, values):
+        known = shape is not None and None not in shape
+        specs.append((dtype, shape if known else list(np.shape(value))))
+    record_format = RecordFormat.from_specs(parse_spec(one_or_list(specs), "features"))
+    yield from record_format.to_blocks(partition, itertools.chain([first], records))
 
 
 def predict_partition(

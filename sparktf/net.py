@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from sparktf import graph_io
 from sparktf.errors import DataError
-from sparktf.frozen_graph import FrozenGraph, normalize_tensor_name, one_or_list, predict_partition
+from sparktf.frozen_graph import FrozenGraph, normalize_tensor_name, one_or_list, predict_partition, record_blocks
 
 __all__ = ["TFNet", "export_tf"]
 
@@ -307,22 +307,14 @@ class TFNet(keras.layers.Layer):
         columns = zip(*rows) if len(self.output_names) > 1 else [rows]
         return one_or_list([np.stack(column) for column in columns])
 
-    def _record_specs(self, rdd) -> list:
-        """Per-record ``(dtype, shape)`` specs of the inputs; unknown sizes come from the first record."""
-        specs = [(spec.dtype, spec.shape[1:]) for spec in self._graph.input_specs]
-        if all(shape.is_fully_defined() for _, shape in specs):
-            return [(dtype, shape.as_list()) for dtype, shape in specs]
-        first = rdd.first()
-        values = [first] if len(specs) == 1 else self._as_list(first)
-        return [(dtype, list(np.shape(value))) for (dtype, _), value in zip(specs, values)]
-
     def _predict_rdd(self, rdd, batch: int):
-        from sparktf.columnar import RecordFormat
-        from sparktf.specs import parse_spec
-
-        record_specs = self._record_specs(rdd)
-        features = parse_spec(one_or_list(record_specs), "features")
-        return self._run_blocks(rdd.mapPartitionsWithIndex(RecordFormat.from_specs(features).to_blocks), batch)
+        record_shapes = [spec.shape[1:] for spec in self._graph.input_specs]
+        to_blocks = functools.partial(
+            record_blocks,
+            dtypes=[spec.dtype.name for spec in self._graph.input_specs],
+            shapes=[shape.as_list() if shape.rank is not None else None for shape in record_shapes],
+        )
+        return self._run_blocks(rdd.mapPartitionsWithIndex(to_blocks), batch)
 
     def _predict_dataset(self, dataset, batch: int):
         from sparktf.specs import flatten
