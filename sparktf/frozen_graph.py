@@ -70,8 +70,10 @@ class FrozenGraph:
     Raises
     ------
     DataError
-        When a name is not a tensor of the graph; the message lists the
-        graph's placeholders (for inputs) or its unconsumed nodes (for outputs).
+        When a name is not a node of the graph; the message lists the
+        graph's placeholders (for inputs) or its unconsumed nodes (for
+        outputs). A bad output index (``"node:7"``) is found when the graph
+        is first imported (on first use).
     """
 
     def __init__(
@@ -87,7 +89,12 @@ class FrozenGraph:
         self.output_names = [normalize_tensor_name(n) for n in output_names]
         if not self.output_names:
             raise DataError("A frozen graph needs at least one output tensor name; got an empty list.")
-        self._function = self._build_function()  # now, so that bad names fail at construction
+        nodes = {node.name for node in self.graph_def.node}
+        for role, names in (("input", self.input_names), ("output", self.output_names)):
+            for name in names:
+                if name.rsplit(":", 1)[0] not in nodes:
+                    raise self._unknown_tensor(name, role, "no such node")
+        self._function = None  # built on first use: importing a large graph takes a while
 
     @property
     def graph_bytes(self) -> bytes:
@@ -135,17 +142,21 @@ class FrozenGraph:
         try:
             return graph.as_graph_element(name, allow_tensor=True, allow_operation=False)
         except (KeyError, ValueError) as err:
-            if role == "input":
-                known = [op.name + ":0" for op in graph.get_operations() if op.type == "Placeholder"]
-                what = "placeholders"
-            else:
-                consumed = {t.op.name for op in graph.get_operations() for t in op.inputs}
-                known = [op.name + ":0" for op in graph.get_operations() if op.name not in consumed and op.outputs]
-                what = "tensors nothing else consumes (likely outputs)"
-            raise DataError(
-                f"Unknown {role} tensor {name!r} ({err}). The graph's {what}: {_listing(known)}. "
-                f"Pass {role} names from that list, written like 'name:0'."
-            ) from None
+            raise self._unknown_tensor(name, role, str(err)) from None
+
+    def _unknown_tensor(self, name: str, role: str, reason: str) -> DataError:
+        nodes = self.graph_def.node
+        if role == "input":
+            known = [node.name + ":0" for node in nodes if node.op == "Placeholder"]
+            what = "placeholders"
+        else:
+            consumed = {source.lstrip("^").split(":")[0] for node in nodes for source in node.input}
+            known = [node.name + ":0" for node in nodes if node.name not in consumed and node.op != "NoOp"]
+            what = "tensors nothing else consumes (likely outputs)"
+        return DataError(
+            f"Unknown {role} tensor {name!r} ({reason}). The graph's {what}: {_listing(known)}. "
+            f"Pass {role} names from that list, written like 'name:0'."
+        )
 
     def check_inputs(self, arrays: Sequence) -> None:
         """Raise ``DataError`` unless ``arrays`` has one entry per graph input."""

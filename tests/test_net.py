@@ -150,6 +150,9 @@ def test_bad_names_and_input_counts_raise_data_error(model, tmp_path):
         TFNet.from_frozen_graph(graph_def, ["input:0"], [output])
     with pytest.raises(DataError, match=f"'nope:0'.*{output}"):
         TFNet.from_frozen_graph(graph_def, ["Placeholder:0"], ["nope:0"])
+    bad_index = TFNet.from_frozen_graph(graph_def, ["Placeholder:0"], [output.split(":")[0] + ":7"])
+    with pytest.raises(DataError, match="Unknown output tensor .*:7"):  # found when the graph is first imported
+        bad_index.forward(X)
     net = TFNet.from_frozen_graph(graph_def, ["Placeholder"], [output])  # ":0" is implied
     with pytest.raises(DataError, match="takes 1 input.*Placeholder:0.*got 2"):
         net.forward([X, X])
