@@ -37,13 +37,11 @@ SPARK_CONF = {
 }
 
 
-def best_time(run, rounds: int = ROUNDS) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def seconds(run) -> float:
+    """Wall time of one call of ``run``."""
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
 
 
 def bench_dataframe(quick: bool) -> dict:
@@ -85,11 +83,8 @@ def _compare_dataframe_paths(df, columns, spec, to_record, rows):
         assert TFDataset.from_rdd(df.rdd.map(to_record), spec, ("int64", [])).num_records == rows
 
     arrow_path(), row_path()  # warm up the Python workers of both paths
-    arrow_times, row_times = [], []
-    for _ in range(ROUNDS):
-        arrow_times.append(best_time(arrow_path, 1))
-        row_times.append(best_time(row_path, 1))
-    return min(arrow_times), min(row_times)
+    rounds = [(seconds(arrow_path), seconds(row_path)) for _ in range(ROUNDS)]  # interleaved
+    return min(arrow for arrow, _ in rounds), min(row for _, row in rounds)
 
 
 def bench_train_batches(quick: bool) -> float:
@@ -114,8 +109,8 @@ def bench_train_batches(quick: bool) -> float:
             next(iterator)
 
     sparktf_batches(), tf_data_batches()
-    ours = min(best_time(sparktf_batches, 1) for _ in range(ROUNDS))
-    theirs = min(best_time(tf_data_batches, 1) for _ in range(ROUNDS))
+    rounds = [(seconds(sparktf_batches), seconds(tf_data_batches)) for _ in range(ROUNDS)]  # interleaved
+    ours, theirs = min(r[0] for r in rounds), min(r[1] for r in rounds)
     print(f"train_batches records={records} batch={batch} steps={steps}: TrainBatches {ours:.3f}s, "
           f"tf.data {theirs:.3f}s")
     return theirs / ours

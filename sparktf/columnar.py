@@ -91,7 +91,7 @@ def to_leaf_column(values: Any, leaf: specs.LeafSpec) -> np.ndarray:
         As :func:`to_leaf_array`, for the per-record shape ``values.shape[1:]``.
     """
     array = _converted(values, leaf)
-    if array.shape[1:] != leaf.shape or array.ndim == 0:
+    if array.ndim == 0 or array.shape[1:] != leaf.shape:
         raise DataError(
             f"{leaf.path} has records of shape {list(array.shape[1:])} (array shape {list(array.shape)}), "
             f"expected {list(leaf.shape)}"
@@ -232,7 +232,7 @@ class BlockRouter:
         piece = 0
         for block in blocks:
             start, end = position, position + block_size(block)
-            worker = max(0, int(np.searchsorted(self.bounds, start, side="right")) - 1)
+            worker = int(np.searchsorted(self.bounds, start, side="right")) - 1
             while start < end:
                 stop = min(end, self.bounds[worker + 1])
                 if stop > start:

@@ -84,3 +84,22 @@ def test_paths_matching_nothing_and_shapeless_outputs_are_rejected(record_dir):
 def test_files_are_read_on_the_executors(record_dir, sc):
     ds = TFDataset.from_tfrecord_file(str(record_dir / "part-1.tfrecord"), parse_example)
     assert ds.block_rdd.map(lambda block: os.getpid()).first() != os.getpid()
+
+
+def test_reader_caps_block_size_and_keeps_order(tmp_path):
+    from sparktf import tfrecord_io
+    from sparktf.columnar import RecordFormat
+
+    path = str(tmp_path / "many.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(tfrecord_io.MAX_RECORDS_PER_BLOCK + 3):
+            writer.write(tf.io.serialize_tensor(tf.constant(i, tf.int64)).numpy())
+
+    def parse_scalar(serialized):
+        return tf.ensure_shape(tf.io.parse_tensor(serialized, tf.int64), [])
+
+    feature_spec, label_spec = tfrecord_io.trace_parse_fn(parse_scalar)
+    reader = tfrecord_io.TFRecordReader(parse_scalar, RecordFormat.from_specs(feature_spec, label_spec))
+    blocks = list(reader(0, [path]))
+    assert [len(block[0]) for block in blocks] == [tfrecord_io.MAX_RECORDS_PER_BLOCK, 3]
+    np.testing.assert_array_equal(np.concatenate([block[0] for block in blocks]), np.arange(len(blocks[0][0]) + 3))
