@@ -296,16 +296,16 @@ class TFNet(keras.layers.Layer):
         from sparktf.remote_errors import reraise_remote
 
         count = _record_count(arrays)
-        if count is None:
-            raise DataError("distributed=True needs a batch dimension; scalar inputs run locally (distributed=False).")
+        if not count:  # scalar or empty inputs: nothing to distribute
+            return self.forward(arrays)
         sc = sparktf.init_spark().sparkContext
         columns = self._graph.as_graph_inputs(arrays)
         bounds = [i * count // sc.defaultParallelism for i in range(sc.defaultParallelism + 1)]
         blocks = [tuple(c[lo:hi] for c in columns) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
         with reraise_remote():
             rows = self._run_blocks(sc.parallelize(blocks, len(blocks)), batch).collect()
-        columns = zip(*rows) if len(self.output_names) > 1 else [rows]
-        return one_or_list([np.stack(column) for column in columns])
+        per_output = zip(*rows) if len(self.output_names) > 1 else [rows]
+        return one_or_list([np.stack(values) for values in per_output])
 
     def _predict_rdd(self, rdd, batch: int):
         record_shapes = [spec.shape[1:] for spec in self._graph.input_specs]
