@@ -1,0 +1,190 @@
+"""Training benchmark: TFOptimizer on 1 and 2 barrier workers vs one plain TensorFlow process.
+
+The same model, synthetic data, global batch and number of iterations for
+every method, run side by side in one invocation:
+
+* ``single_process`` (a): a plain loop in a subprocess with TensorFlow's
+  default threads (all cores): ``tf.function`` of forward, loss, gradients
+  and ``optimizer.apply`` on batches sliced from in-memory arrays;
+* ``sparktf_1w`` (b): ``TFOptimizer.optimize`` with ``num_workers=1``;
+* ``sparktf_2w`` (c): the same with ``num_workers=2``.
+
+The sparktf timings include the job launch, data caching, the model load in
+the workers and tracing (everything ``optimize`` does); (a) includes tracing.
+The Python workers are started and TensorFlow imported once before the
+timed runs (a tiny warm-up ``optimize``), since that is a one-time cost per
+Spark session; it is printed as ``cold_start``. Two workloads: a small CNN on
+32x32x3 images and an MLP on 256 floats. For each sparktf run, where the time
+went on rank 0 is printed (launch, data cache, model load, connect, batches,
+compute, all-reduce, apply).
+
+The last line is ``RESULT train_ratio_2w=<(c) records/s / (a) records/s>``
+over both workloads (total records / total seconds).
+
+Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_train.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict
+
+import numpy as np
+
+GLOBAL_BATCH = 64
+RECORDS = 2048
+WORKLOADS = ("cnn", "mlp")
+FULL_ITERATIONS = {"cnn": 1500, "mlp": 4000}
+QUICK_ITERATIONS = {"cnn": 60, "mlp": 200}
+
+
+def build_model(kind: str):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    if kind == "cnn":
+        layers = [
+            keras.Input((32, 32, 3)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    else:
+        layers = [
+            keras.Input((256,)),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    model = keras.Sequential(layers)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def make_data(kind: str):
+    rng = np.random.default_rng(0)
+    shape = (32, 32, 3) if kind == "cnn" else (256,)
+    x = rng.normal(size=(RECORDS, *shape)).astype(np.float32)
+    y = rng.integers(0, 10, size=(RECORDS,)).astype(np.int32)
+    return x, y
+
+
+def single_process(kind: str, iterations: int) -> float:
+    """(a): seconds of a plain tf.function training loop in this process."""
+    import tensorflow as tf
+
+    model = build_model(kind)
+    x, y = make_data(kind)
+    variables = model.trainable_variables
+    model.optimizer.build(variables)
+
+    @tf.function
+    def step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=features, y=labels, y_pred=model(features, training=True))
+        model.optimizer.apply(tape.gradient(loss, variables), variables)
+        return loss
+
+    per_epoch = RECORDS // GLOBAL_BATCH
+    started = time.perf_counter()
+    for i in range(iterations):
+        start = (i % per_epoch) * GLOBAL_BATCH
+        loss = step(x[start : start + GLOBAL_BATCH], y[start : start + GLOBAL_BATCH])
+    float(loss)
+    return time.perf_counter() - started
+
+
+def run_single_process(kind: str, iterations: int) -> float:
+    """Run (a) in a fresh subprocess so it owns TensorFlow's default thread pools."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--single", kind, str(iterations)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])["seconds"]
+
+
+def run_sparktf(kind: str, iterations: int, num_workers: int):
+    from sparktf import MaxIteration, TFDataset, TFOptimizer
+
+    dataset = TFDataset.from_ndarrays(make_data(kind), batch_size=GLOBAL_BATCH, num_partitions=2)
+    dataset.num_records  # count once, outside the timing (a property of the data, cached)
+    optimizer = TFOptimizer.from_keras(build_model(kind), dataset, num_workers=num_workers)
+    started = time.perf_counter()
+    history = optimizer.optimize(end_trigger=MaxIteration(iterations), checkpoint_trigger=MaxIteration(iterations))
+    seconds = time.perf_counter() - started
+    assert history["iterations"] == iterations, history["iterations"]
+    return seconds, optimizer.last_timings
+
+
+def format_timings(timings: Dict[str, float], iterations: int) -> str:
+    per_iteration = ("batches", "compute", "allreduce", "apply")
+    once = [f"{name}={timings[name]:.2f}s" for name in timings if name not in per_iteration]
+    each = [f"{name}={1000 * timings[name] / iterations:.2f}ms" for name in per_iteration]
+    return "once: " + " ".join(once) + " | per iteration: " + " ".join(each)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few iterations (< 2 minutes)")
+    parser.add_argument("--single", nargs=2, metavar=("KIND", "ITERATIONS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.single:
+        print(json.dumps({"seconds": single_process(args.single[0], int(args.single[1]))}))
+        return
+
+    import sparktf
+
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.python.worker.reuse": "true",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+    }
+    spark = sparktf.init_spark("local[2]", app_name="bench-train", conf=conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    iterations = QUICK_ITERATIONS if args.quick else FULL_ITERATIONS
+    print(f"local[2] on {os.cpu_count()} cores; global batch {GLOBAL_BATCH}; {RECORDS} records per workload")
+
+    started = time.perf_counter()
+    run_sparktf("mlp", 2, 2)
+    print(f"cold_start (start 2 Python workers, import TensorFlow, first job): {time.perf_counter() - started:.1f}s")
+
+    totals = {"single_process": 0.0, "sparktf_1w": 0.0, "sparktf_2w": 0.0}
+    records = 0
+    for kind in WORKLOADS:
+        n = iterations[kind]
+        records += n * GLOBAL_BATCH
+        seconds = {"single_process": run_single_process(kind, n)}
+        for workers in (1, 2):
+            seconds[f"sparktf_{workers}w"], timings = run_sparktf(kind, n, workers)
+            print(f"  {kind} sparktf_{workers}w where the time went (rank 0): {format_timings(timings, n)}")
+        for method, value in seconds.items():
+            totals[method] += value
+            print(f"{kind:4s} {method:15s} {n:5d} iterations {value:7.2f}s {n * GLOBAL_BATCH / value:9.0f} records/s")
+        print(f"{kind:4s} ratio (c)/(a) = {seconds['single_process'] / seconds['sparktf_2w']:.3f}, "
+              f"(b)/(a) = {seconds['single_process'] / seconds['sparktf_1w']:.3f}")
+    rates = {method: records / value for method, value in totals.items()}
+    for method, rate in rates.items():
+        print(f"all  {method:15s} {rate:9.0f} records/s")
+    print(f"RESULT train_ratio_1w={rates['sparktf_1w'] / rates['single_process']:.3f}")
+    print(f"RESULT train_ratio_2w={rates['sparktf_2w'] / rates['single_process']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
