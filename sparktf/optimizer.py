@@ -279,8 +279,8 @@ class TFOptimizer:
             validation_trigger if validation_trigger is not None else checkpoint_trigger,
             "validation_trigger",
         )
-        local_batch = self.dataset.local_batch_size(self.num_workers)
         cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=0)
+        local_batch = self.dataset.local_batch_size(self.num_workers)
         validation = self.dataset.val_dataset
         stops = [end_trigger]
         stops += [checkpoint_trigger] if self.model_dir else []

@@ -87,33 +87,29 @@ def _number(value: Any, name: str) -> float:
     return float(value)
 
 
-class MaxIteration(Trigger):
-    """Fires once ``n`` iterations (absolute) have run.
-
-    Parameters
-    ----------
-    n : int
-        The last iteration to run.
-    """
+class _CountTrigger(Trigger):
+    """A trigger parameterised by a positive count ``n``."""
 
     def __init__(self, n: int):
-        self.n = _positive_int(n, "MaxIteration(n)")
+        self.n = _positive_int(n, f"{type(self).__name__}(n)")
+
+
+class _ThresholdTrigger(Trigger):
+    """A trigger parameterised by a number ``threshold``."""
+
+    def __init__(self, threshold: float):
+        self.threshold = _number(threshold, f"{type(self).__name__}(threshold)")
+
+
+class MaxIteration(_CountTrigger):
+    """Fires once ``n`` iterations (absolute) have run: ``n`` is the last iteration to run."""
 
     def __call__(self, progress: TrainingProgress) -> bool:
         return progress.iteration >= self.n
 
 
-class MaxEpoch(Trigger):
-    """Fires once ``n`` epochs (absolute) have completed.
-
-    Parameters
-    ----------
-    n : int
-        The last epoch to run.
-    """
-
-    def __init__(self, n: int):
-        self.n = _positive_int(n, "MaxEpoch(n)")
+class MaxEpoch(_CountTrigger):
+    """Fires once ``n`` epochs (absolute) have completed: ``n`` is the last epoch to run."""
 
     def __call__(self, progress: TrainingProgress) -> bool:
         return progress.epoch >= self.n
@@ -126,52 +122,25 @@ class EveryEpoch(Trigger):
         return progress.epoch_finished
 
 
-class SeveralIteration(Trigger):
-    """Fires after iterations ``n, 2n, 3n, ...``.
-
-    Parameters
-    ----------
-    n : int
-        The interval in iterations.
-    """
-
-    def __init__(self, n: int):
-        self.n = _positive_int(n, "SeveralIteration(n)")
+class SeveralIteration(_CountTrigger):
+    """Fires after iterations ``n, 2n, 3n, ...``."""
 
     def __call__(self, progress: TrainingProgress) -> bool:
         return progress.iteration > 0 and progress.iteration % self.n == 0
 
 
-class MinLoss(Trigger):
-    """Fires when the last training loss is below ``min_loss``.
-
-    Parameters
-    ----------
-    min_loss : float
-        The loss threshold.
-    """
-
-    def __init__(self, min_loss: float):
-        self.min_loss = _number(min_loss, "MinLoss(min_loss)")
+class MinLoss(_ThresholdTrigger):
+    """Fires when the last training loss is below ``threshold``."""
 
     def __call__(self, progress: TrainingProgress) -> bool:
-        return progress.loss is not None and progress.loss < self.min_loss
+        return progress.loss is not None and progress.loss < self.threshold
 
 
-class MaxScore(Trigger):
-    """Fires when the last validation score (first validation metric) exceeds ``max_score``.
-
-    Parameters
-    ----------
-    max_score : float
-        The score threshold.
-    """
-
-    def __init__(self, max_score: float):
-        self.max_score = _number(max_score, "MaxScore(max_score)")
+class MaxScore(_ThresholdTrigger):
+    """Fires when the last validation score (the first validation metric) exceeds ``threshold``."""
 
     def __call__(self, progress: TrainingProgress) -> bool:
-        return progress.score is not None and progress.score > self.max_score
+        return progress.score is not None and progress.score > self.threshold
 
 
 class _Combination(Trigger):
