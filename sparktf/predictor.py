@@ -564,7 +564,7 @@ class TFPredictor:
         kind, outputs = self._model.outputs(feed)
         output_type = _output_type(kind, outputs)
         selected, feature_names = _arrow_features(df, columns)
-        batch = self.dataset.inference_batch_size(selected.rdd.getNumPartitions())
+        batch = self.dataset.inference_batch_size(df.sparkSession.sparkContext.defaultParallelism)
         function = _DataFramePredict(
             self._model.handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type
         )
