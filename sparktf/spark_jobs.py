@@ -1,0 +1,64 @@
+"""Running Spark actions from the driver with executor failures made readable.
+
+A Python exception on an executor reaches the driver as a Py4J error whose
+text buries the worker's own traceback in Java frames. :func:`run_job` runs an
+action and turns such a failure into a sparktf error: a sparktf error raised
+on the executor comes back as itself, any other one as a :class:`SparkTFError`
+whose message is the worker's Python traceback.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional, TypeVar
+
+from sparktf.errors import SparkTFError
+from sparktf.remote_errors import reraise_remote
+
+__all__ = ["run_job", "worker_traceback"]
+
+T = TypeVar("T")
+
+_TRACEBACK_START = "Traceback (most recent call last):"
+_JAVA_TAIL = re.compile(r"\n\s*(at [\w$.]+\(|Driver stacktrace:|Caused by:| SQLSTATE:)")
+
+
+def worker_traceback(error: BaseException) -> Optional[str]:
+    """The Python traceback of the executor task inside ``error``'s text, if any."""
+    text = str(error)
+    start = text.find(_TRACEBACK_START)
+    if start < 0:
+        return None
+    tail = text[start:]
+    java = _JAVA_TAIL.search(tail)
+    return (tail[: java.start()] if java else tail).rstrip()
+
+
+def run_job(action: Callable[[], T], what: str = "a Spark job") -> T:
+    """Run ``action`` (a function that starts Spark jobs) and return its result.
+
+    Parameters
+    ----------
+    action : callable
+        Runs the Spark action(s), e.g. ``lambda: rdd.mapPartitions(f).collect()``.
+    what : str
+        What the job does, for the error message.
+
+    Raises
+    ------
+    SparkTFError
+        The sparktf error an executor raised (as its own class), or, for any
+        other task failure, a ``SparkTFError`` holding the worker's traceback.
+    """
+    with reraise_remote():
+        try:
+            return action()
+        except SparkTFError:
+            raise
+        except Exception as error:
+            trace = worker_traceback(error)
+            if trace is None or "sparktf.errors." in trace:
+                raise
+            raise SparkTFError(
+                f"{what} failed on an executor; the worker's traceback follows.\n{trace}"
+            ) from error
