@@ -362,6 +362,8 @@ def test_bad_arguments_are_rejected():
         Communicator.from_peers(0, ["127.0.0.1:0"], b"short")
     with pytest.raises(TypeError, match="must be bytes"):
         Communicator.from_peers(0, ["127.0.0.1:0"], "a text secret of some length")
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        Communicator.from_peers(0, ["127.0.0.1:0"], secrets.token_bytes(32), timeout=0)
     with Communicator.from_peers(0, ["127.0.0.1:0"], secrets.token_bytes(32)) as comm:
         with pytest.raises(ValueError, match="op must be"):
             comm.allreduce(np.ones(2), op="max")

@@ -94,7 +94,7 @@ class Communicator:
         CollectiveError
             A neighbour did not connect or authenticate within ``timeout``.
         """
-        secret = check_secret(secret)
+        secret = _checked(secret, timeout)
         if not 0 <= rank < len(peers):
             raise ValueError(f"rank must be in [0, {len(peers)}), got {rank}")
         if len(peers) == 1:
@@ -127,7 +127,7 @@ class Communicator:
         -------
         Communicator
         """
-        secret = check_secret(secret)
+        secret = _checked(secret, timeout)
         rank = ctx.partitionId()
         infos = ctx.getTaskInfos()
         if len(infos) == 1:
@@ -255,6 +255,12 @@ class Communicator:
             self._release.detach()
             self._link.abort(exc)
             raise
+
+
+def _checked(secret: bytes, timeout: float) -> bytes:
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return check_secret(secret)
 
 
 def _flat_view(buffer: np.ndarray, what: str) -> np.ndarray:
