@@ -210,8 +210,16 @@ class Communicator:
     def allgather_object(self, obj: Any) -> list:
         """Return every rank's ``obj``, indexed by rank.
 
-        ``obj`` travels as JSON (never pickle), so it must be JSON-serialisable
-        and small (at most 16 MiB encoded); tuples come back as lists.
+        Parameters
+        ----------
+        obj : JSON-serialisable object
+            Travels as JSON over the authenticated ring (never pickle), at most
+            16 MiB encoded; tuples come back as lists.
+
+        Returns
+        -------
+        list
+            ``[obj of rank 0, obj of rank 1, ...]`` on every rank.
         """
         payload = json.dumps(obj).encode()
         if len(payload) > MAX_OBJECT_BYTES:
