@@ -115,20 +115,25 @@ class ModelPayload:
         Raises
         ------
         DataError
-            When Keras cannot serialize the model.
+            When Keras cannot serialize the model, or a subclassed model
+            cannot be rebuilt from its config.
         """
         import keras
 
         try:
             config = keras.saving.serialize_keras_object(model)
-        except NotImplementedError as exc:
+            custom_objects = _user_objects(model)
+            if not isinstance(model, _config_native_models()):
+                with keras.saving.custom_object_scope(custom_objects):
+                    type(model).from_config(model.get_config())  # fail here, not on every executor
+        except (NotImplementedError, TypeError) as exc:
             raise DataError(
-                f"Keras cannot serialize the model {model.name!r} of class "
-                f"{type(model).__name__}: {exc}. Implement get_config() (and "
-                "from_config() when the constructor takes non-plain arguments) "
-                "on the model class, or build it with the functional API."
+                f"Keras cannot serialize and rebuild the model {model.name!r} of class "
+                f"{type(model).__name__}: {exc}. Accept **kwargs in __init__ and pass them to "
+                "super().__init__(), implement get_config() (and from_config() when the "
+                "constructor takes non-plain arguments), or build the model with the "
+                "functional API."
             ) from exc
-        custom_objects = _user_objects(model)
         custom_objects.update(_replace_lambdas(model, config))
         weights = tuple(v.numpy() for v in model.weights)
         optimizer = getattr(model, "optimizer", None)
@@ -181,15 +186,29 @@ class ModelPayload:
         keras.Model
             A new model whose weights and optimizer variables equal the
             captured ones exactly.
+
+        Raises
+        ------
+        DataError
+            When Keras cannot rebuild the model from the payload, or the
+            rebuilt model's variables do not match the captured ones.
         """
         import keras
 
         custom_objects = cloudpickle.loads(self.custom_objects)
         config = json.loads(self.config)
-        with keras.saving.custom_object_scope(custom_objects):
-            model = keras.saving.deserialize_keras_object(
-                config, custom_objects=custom_objects, safe_mode=False
-            )
+        try:
+            with keras.saving.custom_object_scope(custom_objects):
+                model = keras.saving.deserialize_keras_object(
+                    config, custom_objects=custom_objects, safe_mode=False
+                )
+        except (TypeError, ValueError) as exc:
+            raise DataError(
+                f"cannot rebuild the model from its payload: {exc}. The payload carries the "
+                f"custom objects {sorted(custom_objects)}; an object missing from that list "
+                "must be importable on the executors (e.g. decorated with "
+                "keras.saving.register_keras_serializable in an installed module)."
+            ) from exc
         _assign(model.weights, self.weights, "model weight")
         if self.optimizer_variables:
             optimizer = model.optimizer
@@ -200,6 +219,14 @@ class ModelPayload:
 
 
 _BODY_FIELDS = ("config", "custom_objects", "weights", "optimizer_variables")
+
+
+def _config_native_models() -> tuple:
+    """Model classes whose config always rebuilds them (functional and Sequential)."""
+    import keras
+    from keras.src.models.functional import Functional
+
+    return (Functional, keras.Sequential)
 
 
 def _encode_body(fields: Dict[str, Any]) -> bytes:

@@ -149,6 +149,19 @@ def test_unserializable_subclassed_model_names_the_fix():
     with pytest.raises(DataError, match="(?s)Wrapper.*get_config"):
         ModelPayload.from_model(model)
 
+    class NoKwargs(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = NoKwargs()
+    model(np.zeros((1, 4), "float32"))
+    with pytest.raises(DataError, match=r"(?s)NoKwargs.*\*\*kwargs"):
+        ModelPayload.from_model(model)
+
 
 def test_key_is_a_content_hash(trained):
     first = ModelPayload.from_model(trained)
