@@ -425,7 +425,7 @@ class ModelCache:
         self.max_entries = max_entries
         self.loads = 0
         self._entries: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a loader may load another entry
 
     def get_or_load(self, key: str, loader: Callable[[], Any]) -> Any:
         """Return the cached object for ``key``, calling ``loader()`` on a miss."""

@@ -196,6 +196,13 @@ def test_model_cache_is_bounded_lru():
     assert cache.loads == 4
 
 
+def test_a_loader_may_load_another_entry():
+    cache = model_io.ModelCache()
+    outer = cache.get_or_load("outer", lambda: ("wraps", cache.get_or_load("inner", object)))
+    assert outer[1] is cache.get_or_load("inner", object)
+    assert cache.loads == 2
+
+
 def test_rebuilt_on_executors_exactly_and_once_per_worker(sc, trained):
     """The executors cannot import this test module: the custom objects travel by value."""
     broadcast = sc.broadcast(ModelPayload.from_model(trained).to_bytes())
