@@ -28,7 +28,7 @@ from sparktf.checkpoint import (
 from sparktf.errors import DataError, SparkTFError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.train_step import GradientClipping
-from sparktf.training_loop import NON_FINITE, SegmentResult, SegmentSpec, run_segment
+from sparktf.training_loop import SegmentResult, SegmentSpec, run_segment
 from sparktf.triggers import (
     EveryEpoch,
     MaxEpoch,
@@ -372,20 +372,21 @@ class TFOptimizer:
 
     def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
         """Take the segment's state into the driver's model; log its iterations."""
-        if result.status == NON_FINITE:
-            raise TrainingError(
-                f"the training loss is not finite at iteration {result.iteration}: check the "
-                "learning rate, the input data (NaN/inf values) and the loss function; the "
-                f"model keeps the weights of iteration {result.iteration - 1}"
-            )
         result.state.apply_to(self.model)
         first = self.iteration + 1
         self.iteration = result.iteration
-        self.last_loss = float(result.losses[-1])
         self.last_timings = result.timings
         history["loss"].extend(float(loss) for loss in result.losses)
+        if len(result.losses):
+            self.last_loss = float(result.losses[-1])
         if self.train_summary is not None:
             self._write_train_summary(first, result)
+        if result.non_finite_iteration is not None:
+            raise TrainingError(
+                f"the training loss or gradient is not finite at iteration {result.non_finite_iteration}: "
+                "check the learning rate, the input data (NaN/inf values) and the loss "
+                f"function; the model keeps the weights of iteration {self.iteration}"
+            )
         return self._progress()
 
     def _write_train_summary(self, first: int, result: SegmentResult) -> None:

@@ -36,9 +36,6 @@ from sparktf.triggers import TrainingProgress, Trigger
 
 __all__ = ["SegmentSpec", "SegmentResult", "run_segment"]
 
-OK = "ok"
-NON_FINITE = "non_finite"
-
 
 @dataclass
 class SegmentSpec:
@@ -88,13 +85,14 @@ class SegmentResult:
 
     Attributes
     ----------
-    status : str
-        ``"ok"``, or ``"non_finite"`` when the loss of ``iteration`` was not finite.
     iteration : int
-        Absolute iteration the segment ended at.
+        Absolute iteration of the last update applied.
+    non_finite_iteration : int, optional
+        The iteration whose loss was not finite (its update was not
+        applied); None when training went fine.
     state : ModelState, optional
         Weights (non-trainable ones averaged over workers) and optimizer
-        variables at the end (None when the loss was not finite).
+        variables after ``iteration`` (set by :func:`run_segment`).
     losses, learning_rates, wall_times, step_seconds : numpy.ndarray
         One entry per iteration run: mean loss over workers, learning rate
         used, time the iteration ended, its duration.
@@ -104,8 +102,8 @@ class SegmentResult:
         ``apply``, ``finish``) on rank 0.
     """
 
-    status: str
     iteration: int
+    non_finite_iteration: Optional[int]
     state: Optional[ModelState]
     losses: np.ndarray
     learning_rates: np.ndarray
@@ -163,9 +161,8 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             shard, spec.local_batch, spec.shuffle, spec.seed, rank, spec.sequential_order
         )
         result = _train(spec, step, _skip(batches, spec.start.iteration), communicator, watch)
-        if result.status == OK:
-            _average_non_trainable(step.model, communicator)
-            result.state = ModelState.capture(step.model, result.iteration)
+        _average_non_trainable(step.model, communicator)
+        result.state = ModelState.capture(step.model, result.iteration)
         watch.lap("finish")
     finally:
         communicator.close()
@@ -185,7 +182,7 @@ def _train(
 
     losses, learning_rates, wall_times, step_seconds = [], [], [], []
     progress = spec.start
-    status = OK
+    non_finite_iteration = None
     while True:
         started = time.perf_counter()
         element = pack(spec.element_structure, next(batches))
@@ -197,9 +194,8 @@ def _train(
         watch.lap("allreduce")
         loss = float(fused[-1])
         iteration = progress.iteration + 1
-        if not np.isfinite(loss):
-            status = NON_FINITE
-            progress = TrainingProgress(iteration, progress.iterations_per_epoch, loss, progress.score)
+        if not np.isfinite(fused).all():  # never apply an update that would poison the weights
+            non_finite_iteration = iteration
             break
         learning_rates.append(step.apply(fused))
         ended = watch.lap("apply")
@@ -210,8 +206,8 @@ def _train(
         if spec.stop(progress):
             break
     return SegmentResult(
-        status=status,
         iteration=progress.iteration,
+        non_finite_iteration=non_finite_iteration,
         state=None,
         losses=np.array(losses, np.float64),
         learning_rates=np.array(learning_rates, np.float64),

@@ -215,3 +215,16 @@ def test_batchnorm_statistics_come_back_averaged(sc):
     moving_mean = model.layers[0].moving_mean.numpy()
     # worker 0 saw only zeros, worker 1 only fours: the average of their statistics is 2
     np.testing.assert_allclose(moving_mean, [2.0, 2.0], atol=1e-6)
+
+
+def test_gradient_clipping_applies_to_the_global_gradient(sc):
+    x, y = regression_data(32)
+    dataset = TFDataset.from_ndarrays((x, y * 100), batch_size=32)
+    by_norm = linear_model(keras.optimizers.SGD(1.0))
+    TFOptimizer.from_keras(by_norm, dataset).set_gradient_clipping_by_l2_norm(0.5).optimize(MaxIteration(1))
+    step = np.concatenate([w.ravel() for w in by_norm.get_weights()])  # from zero weights
+    np.testing.assert_allclose(np.linalg.norm(step), 0.5, rtol=1e-5)
+    by_value = linear_model(keras.optimizers.SGD(1.0))
+    optimizer = TFOptimizer.from_keras(by_value, dataset).set_constant_gradient_clipping(-0.1, 0.1)
+    optimizer.optimize(MaxIteration(1))
+    np.testing.assert_allclose(np.abs(by_value.get_weights()[0]), 0.1, rtol=1e-6)
