@@ -261,14 +261,18 @@ def _records(output: Any, size: int) -> Iterator[Any]:
                 f"the model returned {len(array)} rows for a batch of {size} records; a prediction "
                 "model must return one row per input record"
             )
-    if kind == SINGLE and arrays[0].ndim == 1:  # keep elements ndarrays, not NumPy scalars
-        yield from (np.asarray(value) for value in arrays[0])
-    elif kind == SINGLE:
-        yield from arrays[0]
+    rows = [_rows(array) for array in arrays]
+    if kind == SINGLE:
+        yield from rows[0]
     elif kind == LIST:
-        yield from (list(row) for row in zip(*arrays))
+        yield from (list(row) for row in zip(*rows))
     else:
-        yield from (dict(zip(names, row)) for row in zip(*arrays))
+        yield from (dict(zip(names, row)) for row in zip(*rows))
+
+
+def _rows(array: np.ndarray) -> Iterator[np.ndarray]:
+    """The per-record ndarrays of a batch (0-d arrays, not NumPy scalars, for a 1-D batch)."""
+    return (np.asarray(value) for value in array) if array.ndim == 1 else iter(array)
 
 
 def _partition_id() -> int:
@@ -284,9 +288,10 @@ def _arrow_column(array: np.ndarray) -> pa.Array:
     """An ``(n, d1, d2, ...)`` array as Arrow nested lists (``list<list<...>>``)."""
     array = np.ascontiguousarray(array.astype(_WIDENED.get(array.dtype.name, array.dtype)))
     values = pa.array(array.reshape(-1), type=pa.binary() if array.dtype == object else None)
-    for dim in reversed(array.shape[1:]):
-        count = len(values) // dim if dim else len(array)
-        values = pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32) * dim), values)
+    for depth in range(array.ndim - 1, 0, -1):  # innermost level first
+        lists = int(np.prod(array.shape[:depth]))
+        offsets = np.arange(lists + 1, dtype=np.int32) * array.shape[depth]
+        values = pa.ListArray.from_arrays(pa.array(offsets), values)
     return values
 
 

@@ -73,6 +73,7 @@ def test_saved_model_signature_and_output_selection(sc, squares_dir):
     as_dict = TFPredictor.from_saved_model(squares_dir, dataset, signature="other").predict().collect()
     assert [(int(r["sq"]), int(r["cube"])) for r in as_dict] == [(i * i, i**3) for i in range(5)]
     as_list = TFPredictor.from_saved_model(squares_dir, dataset, outputs=["cube", "sq"]).predict().collect()
+    assert all(isinstance(v, np.ndarray) for r in as_list for v in r)
     assert [[int(v) for v in r] for r in as_list] == [[i**3, i * i] for i in range(5)]
 
     with pytest.raises(DataError, match=r"no signature 'nope'.*\['other', 'serving_default'\]"):
