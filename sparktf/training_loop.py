@@ -218,7 +218,7 @@ def _train(
 
 def _cached_step(payload: Any, clipping: GradientClipping) -> TrainStep:
     """The process's TrainStep (model + traced functions) for this payload and clipping."""
-    model = model_io.load_cached(payload)  # outside the step's loader: the cache lock is not reentrant
+    model = model_io.load_cached(payload)  # the key names the model object: a reloaded model gets a new step
     key = f"{model_io.payload_key(payload.value)}/train-step/{clipping!r}/{id(model)}"
     return model_io.cached(key, lambda: TrainStep(model, clipping))
 

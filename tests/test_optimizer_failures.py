@@ -125,3 +125,30 @@ def test_persistent_failure_raises_training_error_with_worker_message(sc):
     with pytest.raises(TrainingError, match=r"(?s)failed 1 time.*the layer always fails"):
         optimizer.optimize(MaxIteration(2))
     assert optimizer.iteration == 0
+
+
+class StallRankOne(keras.layers.Layer):
+    """Identity layer that makes the barrier task of rank 1 sleep, so rank 0 waits in the all-reduce."""
+
+    def call(self, inputs):
+        def stall(values):
+            from pyspark import TaskContext
+
+            if TaskContext.get().partitionId() == 1:
+                time.sleep(8)
+            return values
+
+        out = tf.py_function(stall, [inputs], tf.float32)
+        out.set_shape(inputs.shape)
+        return out
+
+
+def test_collective_timeout_surfaces_as_training_error_naming_the_rank(sc):
+    model = keras.Sequential([keras.Input((3,)), StallRankOne(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    dataset = TFDataset.from_ndarrays(data(), batch_size=8)
+    optimizer = TFOptimizer.from_keras(model, dataset, max_failures=0, collective_timeout=1)
+    started = time.monotonic()
+    with pytest.raises(TrainingError, match=r"rank 1"):
+        optimizer.optimize(MaxIteration(2))
+    assert time.monotonic() - started < 30
