@@ -149,7 +149,8 @@ def test_predict_dataframe_several_outputs_is_a_struct(spark, squares_dir):
 
 
 def test_model_is_loaded_once_per_worker_and_reused_across_jobs(sc):
-    dataset = TFDataset.from_ndarrays(_features(range(40)), batch_per_thread=8, num_partitions=4)
+    labelled = (_features(range(40)), np.arange(40))  # labels are ignored by prediction
+    dataset = TFDataset.from_ndarrays(labelled, batch_per_thread=8, num_partitions=4)
     predictor = TFPredictor.from_keras(_dense_model(seed=3), dataset)
 
     def loads_after_predicting(records):
