@@ -54,7 +54,7 @@ def evaluate_blocks(
     from sparktf.spark_jobs import run_job
 
     task = partial(_evaluate_partition, payload, state, element_structure, batch_size)
-    per_partition = run_job(lambda: block_rdd.mapPartitions(task).collect())
+    per_partition = run_job(lambda: block_rdd.mapPartitions(task).collect(), what="the evaluation job")
     if not per_partition:
         raise DataError("cannot evaluate: the dataset has no records")
     totals = [np.sum(values, axis=0) for values in zip(*per_partition)]

@@ -361,7 +361,8 @@ class TFOptimizer:
         started = time.perf_counter()
         try:
             results = run_job(
-                lambda: blocks.barrier().mapPartitions(partial(run_segment, spec)).collect()
+                lambda: blocks.barrier().mapPartitions(partial(run_segment, spec)).collect(),
+                what=f"the training job after iteration {progress.iteration}",
             )
         finally:
             state.destroy()
