@@ -66,7 +66,8 @@ def main() -> None:
     parser.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "sparktf-demo"))
     args = parser.parse_args()
 
-    spark = sparktf.init_spark(app_name="sparktf-digits")
+    spark = sparktf.init_spark(app_name="sparktf-digits",
+                               conf={"spark.ui.showConsoleProgress": "false"})
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     workers = sc.defaultParallelism
@@ -98,6 +99,9 @@ def main() -> None:
     history = optimizer.optimize(end_trigger=MaxEpoch(args.epochs), checkpoint_trigger=EveryEpoch())
     print(f"trained {history['iterations']} iterations ({history['epochs']} epochs), "
           f"final training loss {history['loss'][-1]:.4f}")
+    validation = {k: [round(float(v), 4) for v in vs] for k, vs in history.items()
+                  if k not in ("loss", "iterations", "epochs")}
+    print("validation after each epoch:", validation)
 
     test_set = TFDataset.from_rdd(test_rdd, features=("float32", [8, 8, 1]), labels=("int32", []),
                                   batch_per_thread=64)
