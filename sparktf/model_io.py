@@ -53,6 +53,7 @@ __all__ = [
     "cached",
     "load_count",
     "payload_key",
+    "pickle_by_value",
 ]
 
 _MAGIC = b"SPARKTF-MODEL-1\n"
@@ -142,7 +143,7 @@ class ModelPayload:
             optimizer_variables = tuple(v.numpy() for v in optimizer.variables)
         return cls._with_key(
             config=json.dumps(config, sort_keys=True),
-            custom_objects=_pickle_by_value(custom_objects),
+            custom_objects=pickle_by_value(custom_objects),
             weights=weights,
             optimizer_variables=optimizer_variables,
         )
@@ -347,8 +348,13 @@ def _canonical(node: Any) -> str:
 # Pickling user code by value
 
 
-def _pickle_by_value(objects: Dict[str, Any]) -> bytes:
-    """cloudpickle ``objects``, taking the user's own modules by value."""
+def pickle_by_value(objects: Dict[str, Any]) -> bytes:
+    """cloudpickle the dict ``objects``, taking the user's own modules by value.
+
+    Classes and functions defined in ``__main__``, a notebook or a module the
+    executors cannot import (a test module, a script beside the driver) travel
+    as code, so executors need not have them installed.
+    """
     modules = {sys.modules[obj.__module__] for obj in objects.values() if obj.__module__ in sys.modules}
     with _registered_by_value(m for m in modules if _ships_by_value(m)):
         return cloudpickle.dumps(objects)

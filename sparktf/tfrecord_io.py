@@ -76,7 +76,7 @@ class TFRecordReader:
     """
 
     def __init__(self, parse_fn: Callable, record_format: RecordFormat):
-        self.parse_fn_bytes = model_io._pickle_by_value({"parse_fn": parse_fn})
+        self.parse_fn_bytes = model_io.pickle_by_value({"parse_fn": parse_fn})
         self.record_format = record_format
 
     def __call__(self, partition: int, paths: Iterable[str]) -> Iterator[Block]:
