@@ -1,18 +1,26 @@
-"""Data-layer benchmark: the columnar paths next to the per-record paths they replace.
+"""Feed benchmark: records/s delivered as training batches, next to a plain NumPy slicing loop.
 
-* ``dataframe``: ``TFDataset.from_dataframe`` (Arrow record batches -> Blocks)
-  vs ``TFDataset.from_rdd(df.rdd.map(...))`` (one Python Row per record), both
-  reading the same cached DataFrame and counting the resulting Blocks, for a
-  64-float array column and for 16 double columns.
-  ``RESULT dataframe_<case>_arrow_speedup`` is per-row time / Arrow time (for
-  arrays, Spark's own JVM row -> Arrow conversion is most of the Arrow time).
-* ``train_batches``: ``batching.TrainBatches`` (shuffled, wrap-around) vs
-  ``tf.data.Dataset.from_tensor_slices(...).shuffle(n).repeat().batch(b)`` on
-  the same in-memory shard. ``RESULT train_batches_vs_tf_data`` is tf.data
-  time / TrainBatches time for the same number of batches.
+For 28x28x1 and 32x32x3 float32 records (with an integer label), in one run:
 
-Both are measured side by side in one run, best of a few interleaved rounds.
-Run ``python benchmarks/bench_dataset.py [--quick]``.
+* ``iterator``: ``batching.TrainBatches`` over an in-memory ``Shard`` (shuffled,
+  as in training, and unshuffled) vs a plain NumPy loop slicing the same
+  arrays in batches of the same size and copying each batch out (what the
+  iterator delivers: arrays the consumer owns; the bare-view loop moves no
+  data and is printed only for reference). ``iterator_vs_numpy`` is NumPy
+  records/s / shuffled iterator records/s (goal: <= 2).
+* ``feed``: end-to-end records/s of one Spark job per factory that builds
+  and caches the Blocks and iterates one pass of training batches in every
+  partition (``block_rdd.mapPartitions(...)``): ``from_rdd`` of a cached RDD
+  of ``(ndarray, int)`` records, ``from_dataframe`` of a cached DataFrame
+  with a flat ``array<float>`` column (Arrow), ``from_ndarrays`` of driver
+  arrays, and the per-row Python conversion
+  ``from_rdd(df.rdd.map(lambda row: (np.asarray(row.x, np.float32), row.y)))``
+  of the same DataFrame. ``arrow_vs_per_row`` is Arrow records/s / per-row
+  records/s (goal: >= 5); ``feed_ratio_dataframe`` is Arrow records/s / the
+  NumPy bound, for 28x28x1 on the last line.
+
+Every rate is the best of a few interleaved rounds. Run
+``python benchmarks/bench_feed.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -20,13 +28,16 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Callable, Dict
 
 import numpy as np
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-ROUNDS = 3
+SHAPES = {"28x28x1": (28, 28, 1), "32x32x3": (32, 32, 3)}
+BATCH = 128
+PARTITIONS = 2
 SPARK_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
@@ -37,94 +48,136 @@ SPARK_CONF = {
 }
 
 
-def seconds(run) -> float:
-    """Wall time of one call of ``run``."""
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+def best_rates(cases: Dict[str, Callable[[], int]], rounds: int) -> Dict[str, float]:
+    """Records/s of each case (a call returning its record count), best of ``rounds`` interleaved rounds."""
+    best = {name: 0.0 for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            start = time.perf_counter()
+            records = run()
+            best[name] = max(best[name], records / (time.perf_counter() - start))
+    return best
 
 
-def bench_dataframe(quick: bool) -> dict:
-    """Arrow vs per-row reading of a float-array column and of many scalar columns."""
-    import sparktf
-
-    spark = sparktf.init_spark("local[2]", app_name="bench_dataset", conf=SPARK_CONF)
-    spark.sparkContext.setLogLevel("ERROR")
-    rows = 40_000 if quick else 200_000
-    width, scalars = 64, 16
-    ids = spark.range(0, rows, numPartitions=2)
-    array_df = ids.selectExpr(f"transform(sequence(1, {width}), i -> cast(id * i as float)) as x", "id % 10 as y")
-    scalar_df = ids.selectExpr(*[f"cast(id * {i} as double) as c{i}" for i in range(scalars)], "id % 10 as y")
-    cases = {
-        "array": (array_df, "x", ("float32", [width]), lambda row: (row.x, row.y)),
-        "scalars": (scalar_df, [f"c{i}" for i in range(scalars)], [("float32", [])] * scalars,
-                    lambda row: (list(row)[:-1], row[-1])),
-    }
-    ratios = {}
-    for name, (df, columns, spec, to_record) in cases.items():
-        arrow, per_row = _compare_dataframe_paths(df.cache(), columns, spec, to_record, rows)
-        print(f"dataframe {name} rows={rows}: arrow {arrow:.2f}s ({rows / arrow:,.0f} rec/s), "
-              f"per-row {per_row:.2f}s ({rows / per_row:,.0f} rec/s)")
-        ratios[name] = per_row / arrow
-        df.unpersist()
-    spark.stop()
-    return ratios
+def numpy_slicing(x: np.ndarray, y: np.ndarray, copy: bool = True) -> int:
+    """One pass of plain NumPy slicing in batches of :data:`BATCH` (copying each batch out when ``copy``)."""
+    stop = len(x) - len(x) % BATCH
+    for start in range(0, stop, BATCH):
+        batch = x[start : start + BATCH], y[start : start + BATCH]
+        if copy:
+            batch = [array.copy() for array in batch]
+    return stop
 
 
-def _compare_dataframe_paths(df, columns, spec, to_record, rows):
+def train_batches(shard, shuffle: bool) -> int:
+    """One pass of ``TrainBatches`` over ``shard``; the number of records delivered."""
+    from sparktf.batching import TrainBatches
+
+    steps = shard.num_records // BATCH
+    batches = TrainBatches(shard, BATCH, shuffle=shuffle, seed=1, rank=0, sequential_order=True)
+    for _ in range(steps):
+        next(batches)
+    return steps * BATCH
+
+
+def bench_iterator(x: np.ndarray, y: np.ndarray, rounds: int) -> Dict[str, float]:
+    """Records/s of NumPy slicing (views, copies) and of ``TrainBatches`` on the same arrays."""
+    from sparktf.batching import Shard
+
+    shard = Shard([x, y])
+    return best_rates(
+        {
+            "numpy views": lambda: numpy_slicing(x, y, copy=False),
+            "numpy": lambda: numpy_slicing(x, y),
+            "TrainBatches shuffled": lambda: train_batches(shard, shuffle=True),
+            "TrainBatches unshuffled": lambda: train_batches(shard, shuffle=False),
+        },
+        rounds,
+    )
+
+
+def partition_batches(blocks) -> list:
+    """``mapPartitions`` function: one training pass over a partition's blocks; ``[records delivered]``."""
+    from sparktf.batching import Shard
+
+    return [train_batches(Shard.from_blocks(blocks), shuffle=True)]
+
+
+def fed_records(dataset) -> int:
+    """Build, cache and batch ``dataset``'s blocks in one Spark job, then drop the cache."""
+    block_rdd = dataset.block_rdd
+    records = sum(block_rdd.mapPartitions(partition_batches).collect())
+    for java_rdd in block_rdd.context._jsc.getPersistentRDDs().values():
+        if (java_rdd.name() or "").startswith("sparktf "):  # the blocks, or from_dataframe's Arrow batches
+            java_rdd.unpersist(False)
+    return records
+
+
+def bench_factories(spark, shape, x: np.ndarray, y: np.ndarray, rounds: int) -> Dict[str, float]:
+    """End-to-end records/s of each factory for records of ``shape`` (``x``, ``y`` are the driver's copy)."""
     from sparktf import TFDataset
 
-    df.count()
+    size = int(np.prod(shape))
+    frame = spark.range(0, len(x), numPartitions=PARTITIONS).selectExpr(
+        f"transform(sequence(1, {size}), i -> cast((id * i) % 255 / 255 as float)) as x", "cast(id % 10 as int) as y"
+    ).cache()
+    records = spark.sparkContext.range(0, len(x), numSlices=PARTITIONS).map(
+        lambda i: (np.full(shape, i % 255 / 255, np.float32), i % 10)
+    ).cache()
+    assert frame.count() == records.count() == len(x)
 
-    def arrow_path():
-        assert TFDataset.from_dataframe(df, columns, "y").num_records == rows
+    def per_row():
+        rows = frame.rdd.map(lambda row: (np.asarray(row.x, np.float32), row.y))
+        return fed_records(TFDataset.from_rdd(rows, ("float32", [size]), ("int32", [])))
 
-    def row_path():
-        assert TFDataset.from_rdd(df.rdd.map(to_record), spec, ("int64", [])).num_records == rows
+    rates = best_rates(
+        {
+            "from_rdd": lambda: fed_records(TFDataset.from_rdd(records, ("float32", shape), ("int64", []))),
+            "from_dataframe (Arrow)": lambda: fed_records(TFDataset.from_dataframe(frame, "x", "y")),
+            "from_ndarrays": lambda: fed_records(TFDataset.from_ndarrays((x, y), num_partitions=PARTITIONS)),
+            "per-row df.rdd": per_row,
+        },
+        rounds,
+    )
+    frame.unpersist()
+    records.unpersist()
+    return rates
 
-    arrow_path(), row_path()  # warm up the Python workers of both paths
-    rounds = [(seconds(arrow_path), seconds(row_path)) for _ in range(ROUNDS)]  # interleaved
-    return min(arrow for arrow, _ in rounds), min(row for _, row in rounds)
 
-
-def bench_train_batches(quick: bool) -> float:
-    import tensorflow as tf
-
-    from sparktf.batching import Shard, TrainBatches
-
-    records, batch = (20_000, 64) if quick else (100_000, 128)
-    steps = 2 * records // batch  # two passes, crossing pass boundaries
-    rng = np.random.default_rng(0)
-    shard = Shard([rng.random((records, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, records)])
-
-    def sparktf_batches():
-        batches = TrainBatches(shard, batch, shuffle=True, seed=1, rank=0)
-        for _ in range(steps):
-            next(batches)
-
-    def tf_data_batches():
-        data = tf.data.Dataset.from_tensor_slices(tuple(shard.arrays))
-        iterator = iter(data.shuffle(records, seed=1).repeat().batch(batch))
-        for _ in range(steps):
-            next(iterator)
-
-    sparktf_batches(), tf_data_batches()
-    rounds = [(seconds(sparktf_batches), seconds(tf_data_batches)) for _ in range(ROUNDS)]  # interleaved
-    ours, theirs = min(r[0] for r in rounds), min(r[1] for r in rounds)
-    print(f"train_batches records={records} batch={batch} steps={steps}: TrainBatches {ours:.3f}s, "
-          f"tf.data {theirs:.3f}s")
-    return theirs / ours
+def report(title: str, rates: Dict[str, float], bound: float) -> None:
+    print(title)
+    for name, rate in rates.items():
+        print(f"  {name:<26}{rate:>14,.0f} records/s  ({rate / bound:.4f} x NumPy)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller data, well under a minute of work")
+    parser.add_argument("--quick", action="store_true", help="smaller data and fewer rounds (under a minute)")
     args = parser.parse_args()
-    batches_ratio = bench_train_batches(args.quick)
-    dataframe_ratios = bench_dataframe(args.quick)
-    print(f"RESULT train_batches_vs_tf_data={batches_ratio:.2f}")
-    for name, ratio in dataframe_ratios.items():
-        print(f"RESULT dataframe_{name}_arrow_speedup={ratio:.2f}")
+    import sparktf
+
+    spark = sparktf.init_spark(f"local[{PARTITIONS}]", app_name="bench_feed", conf=SPARK_CONF)
+    spark.sparkContext.setLogLevel("ERROR")
+    rounds = 2 if args.quick else 3
+    results = []
+    for name, shape in SHAPES.items():
+        n = (30_000_000 if args.quick else 150_000_000) // (4 * int(np.prod(shape)))
+        rng = np.random.default_rng(0)
+        x, y = rng.random((n,) + shape, dtype=np.float32), rng.integers(0, 10, n)
+        iterator = bench_iterator(x, y, rounds=3)
+        bound = iterator["numpy"]
+        report(f"{name}: {n} records, batch {BATCH}, in-process iterator", iterator, bound)
+        feed = bench_factories(spark, shape, x, y, rounds)
+        report(f"{name}: end to end, {PARTITIONS} partitions (local[{PARTITIONS}])", feed, bound)
+        results += [
+            (f"iterator_vs_numpy_{name}", bound / iterator["TrainBatches shuffled"]),
+            (f"arrow_vs_per_row_{name}", feed["from_dataframe (Arrow)"] / feed["per-row df.rdd"]),
+            (f"feed_ratio_dataframe_{name}", feed["from_dataframe (Arrow)"] / bound),
+        ]
+    spark.stop()
+    for key, value in results:
+        print(f"RESULT {key}={value:.4g}")
+    print(f"RESULT feed_ratio_dataframe={dict(results)['feed_ratio_dataframe_28x28x1']:.4g}")
 
 
 if __name__ == "__main__":

@@ -2,34 +2,37 @@
 
 Driver side, :func:`column_layouts` works out the dtype and per-row shape of
 numeric, ``ArrayType`` and MLlib ``Vector`` columns, and :func:`arrow_ready`
-turns vectors into float arrays inside the JVM. Executor side,
-:class:`ArrowBlockEncoder` (a ``mapInArrow`` function) converts each Arrow
-record batch into a Block without creating per-row Python objects, and
-:func:`decode_block` unpacks it. TensorFlow-free.
+turns vectors into float arrays inside the JVM; :func:`arrow_batch_rdd` gets
+the JVM's Arrow record batches of a DataFrame as an RDD of bytes, so the data
+crosses from the JVM to Python once. Executor side, :class:`ArrowBlockDecoder`
+converts the record batches into Blocks without creating per-row Python
+objects. TensorFlow-free.
 """
 
 from __future__ import annotations
 
-import pickle
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import TaskContext
+from pyspark import RDD
+from pyspark.serializers import NoOpSerializer
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from sparktf import specs
+from sparktf.batching import inference_batches
 from sparktf.columnar import Block, records_per_block
 from sparktf.errors import DataError
 
 __all__ = [
     "column_layouts",
     "arrow_ready",
-    "ArrowBlockEncoder",
-    "BLOCK_SCHEMA",
-    "decode_block",
+    "arrow_batch_rdd",
+    "arrow_schema",
+    "ArrowBlockDecoder",
     "arrow_to_numpy",
 ]
 
@@ -43,9 +46,6 @@ _SCALAR_DTYPES = {
     T.DoubleType: "float32",
     T.BooleanType: "bool",
 }
-
-#: Schema of the ``mapInArrow`` output: one pickled Block per row.
-BLOCK_SCHEMA = "block binary"
 
 _SUPPORTED = "numeric scalars, (nested) ArrayType of numbers, or pyspark.ml / pyspark.mllib Vector"
 
@@ -138,41 +138,63 @@ def arrow_ready(df: DataFrame, columns: Sequence[str]) -> DataFrame:
     return df.select(*selected)
 
 
-class ArrowBlockEncoder:
-    """``mapInArrow`` function: Arrow record batches -> one pickled Block per output row.
+def arrow_batch_rdd(df: DataFrame) -> RDD:
+    """The Arrow record batches of ``df``'s partitions, made by the JVM, as an RDD of ``bytes``.
+
+    Calls ``Dataset.toArrowBatchRdd`` (``private[sql]`` in Scala, public in
+    the bytecode) through Py4J: the JVM turns rows into Arrow record batches
+    of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, and
+    each batch crosses to Python once, as one serialized record-batch IPC
+    message (no schema message; read it with :func:`arrow_schema`). The RDD
+    keeps ``df``'s partitions. Like ``df.rdd``, this plans ``df`` and may run
+    the jobs of its shuffles (adaptive query execution).
+    """
+    session = df.sparkSession
+    java_rdd = df._jdf.toArrowBatchRdd().toJavaRDD()
+    return RDD(java_rdd, session.sparkContext, NoOpSerializer())
+
+
+def arrow_schema(df: DataFrame) -> pa.Schema:
+    """The Arrow schema of the record batches of :func:`arrow_batch_rdd` for ``df``."""
+    return to_arrow_schema(df.schema)
+
+
+class ArrowBlockDecoder:
+    """Serialized Arrow record batches of one partition -> Blocks (a ``mapPartitionsWithIndex`` function).
+
+    Each batch becomes NumPy columns without per-row Python objects; the
+    columns are then cut or joined into Blocks of about
+    :data:`~sparktf.columnar.TARGET_BLOCK_BYTES`.
 
     Parameters
     ----------
+    schema : pyarrow.Schema
+        Schema of the batches (:func:`arrow_schema`).
     leaves : list of LeafSpec
-        One per selected column, in order.
+        One per column of ``schema``, in order.
     column_names : list of str
         The user's names of the columns, for error messages.
     """
 
-    def __init__(self, leaves: Sequence[specs.LeafSpec], column_names: Sequence[str]):
+    def __init__(self, schema: pa.Schema, leaves: Sequence[specs.LeafSpec], column_names: Sequence[str]):
+        self.schema = schema
         self.leaves = list(leaves)
         self.column_names = list(column_names)
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        context = TaskContext.get()
-        partition = context.partitionId() if context is not None else 0
+    def __call__(self, partition: int, messages: Iterable[bytes]) -> Iterator[Block]:
         capacity = records_per_block(self.leaves)
+        for arrays in inference_batches(self._batch_columns(partition, messages), capacity):
+            yield tuple(arrays)
+
+    def _batch_columns(self, partition: int, messages: Iterable[bytes]) -> Iterator[Block]:
         first_row = 0
-        for batch in batches:
-            for start in range(0, batch.num_rows, capacity):
-                chunk = batch.slice(start, capacity)
-                block = tuple(
-                    arrow_to_numpy(chunk.column(i), leaf, name, partition, first_row + start)
-                    for i, (leaf, name) in enumerate(zip(self.leaves, self.column_names))
-                )
-                payload = pickle.dumps(block, protocol=pickle.HIGHEST_PROTOCOL)
-                yield pa.RecordBatch.from_arrays([pa.array([payload], pa.binary())], names=["block"])
+        for message in messages:
+            batch = pa.ipc.read_record_batch(pa.py_buffer(message), self.schema)
+            yield tuple(
+                arrow_to_numpy(batch.column(i), leaf, name, partition, first_row)
+                for i, (leaf, name) in enumerate(zip(self.leaves, self.column_names))
+            )
             first_row += batch.num_rows
-
-
-def decode_block(row) -> Block:
-    """The Block of one output row of :class:`ArrowBlockEncoder` (an RDD ``map`` function)."""
-    return pickle.loads(row[0])
 
 
 def arrow_to_numpy(

@@ -637,6 +637,12 @@ def _one_or_list(column_specs: list):
 
 
 def _dataframe_blocks(df: DataFrame, columns: List[str], record_format: RecordFormat, kind: str) -> RDD:
-    encoder = arrow_io.ArrowBlockEncoder(record_format.leaves, columns)
-    arrow_df = arrow_io.arrow_ready(df, columns).mapInArrow(encoder, arrow_io.BLOCK_SCHEMA)
-    return _cached(arrow_df.rdd.map(arrow_io.decode_block), kind)
+    """Blocks of ``columns`` of ``df``: the JVM's Arrow record batches, cached in the JVM, decoded when read.
+
+    The batches stay in the JVM's cache (no round trip through Python); each
+    read decodes them without per-row work (zero-copy for columns that are
+    already of their leaf's dtype).
+    """
+    ready = arrow_io.arrow_ready(df, columns)
+    decoder = arrow_io.ArrowBlockDecoder(arrow_io.arrow_schema(ready), record_format.leaves, columns)
+    return _cached(arrow_io.arrow_batch_rdd(ready), f"{kind} Arrow").mapPartitionsWithIndex(decoder)

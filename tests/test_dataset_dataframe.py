@@ -1,12 +1,16 @@
 """TFDataset.from_dataframe: numeric, array and Vector columns through Arrow."""
 
+from contextlib import contextmanager
+
 import numpy as np
+import pyarrow as pa
 import pytest
 import tensorflow as tf
 from pyspark.ml.linalg import Vectors, VectorUDT
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparktf import TFDataset
+from sparktf import TFDataset, arrow_io
 from sparktf.errors import DataError
 
 SCHEMA = T.StructType(
@@ -108,3 +112,51 @@ def test_feature_values_round_trip_exactly(spark):
     ds = TFDataset.from_dataframe(frame, "x", "i")
     got = {int(i): f for f, i in ds.rdd.collect()}
     np.testing.assert_array_equal(np.stack([got[i] for i in range(20)]), x)
+
+
+@contextmanager
+def max_records_per_batch(spark, rows: int):
+    """Spark's Arrow batches of at most ``rows`` rows inside the block (the conf is read when planning)."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, str(rows))
+    try:
+        yield
+    finally:
+        spark.conf.set(key, previous)
+
+
+def test_jvm_arrow_batches_decode_and_join_into_one_block(spark):
+    frame = spark.range(0, 10, numPartitions=1).selectExpr("array(id, -id) as a", "cast(id as double) as x")
+    with max_records_per_batch(spark, 3):
+        messages = arrow_io.arrow_batch_rdd(frame).collect()
+        ds = TFDataset.from_dataframe(frame, ["a", "x"])
+    schema = arrow_io.arrow_schema(frame)
+    assert [pa.ipc.read_record_batch(pa.py_buffer(m), schema).num_rows for m in messages] == [3, 3, 3, 1]
+    (block,) = ds.block_rdd.collect()
+    assert block[0].tolist() == [[i, -i] for i in range(10)] and block[1].dtype == np.float32
+    assert block[1].tolist() == list(range(10)) and all(a.flags.c_contiguous for a in block)
+
+
+def test_bad_row_index_counts_rows_of_earlier_batches(spark):
+    frame = spark.createDataFrame([(float(i) if i != 7 else None,) for i in range(9)], "a double").coalesce(1)
+    with max_records_per_batch(spark, 2):
+        ds = TFDataset.from_dataframe(frame, "a")
+    with pytest.raises(DataError, match=r"partition 0, row 7 \(0-based within the partition\) holds a null"):
+        ds.num_records
+
+
+def test_dataframe_is_computed_once_then_read_from_the_cache(spark, sc):
+    evaluations = sc.accumulator(0)
+
+    def plus_one(value):
+        evaluations.add(1)
+        return value + 1.0
+
+    frame = spark.range(0, 6, numPartitions=2).select(F.udf(plus_one, "double")(F.col("id").cast("double")).alias("x"))
+    ds = TFDataset.from_dataframe(frame, "x", batch_per_thread=4)
+    assert sorted(ds.rdd.collect()) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    rows_evaluated = evaluations.value
+    assert rows_evaluated == 6, "each row is computed once while the blocks are first read"
+    assert ds.block_rdd.map(lambda block: len(block[0])).sum() == 6
+    assert evaluations.value == rows_evaluated, "the second read comes from the cached Arrow batches"
