@@ -36,6 +36,7 @@ from sparktf.triggers import (
     Trigger,
     TriggerOr,
     check_trigger,
+    uses_score,
 )
 
 __all__ = ["TFOptimizer"]
@@ -99,6 +100,7 @@ class TFOptimizer:
         self.last_score: Optional[float] = None
         self.last_timings: Dict[str, float] = {}
         self._payload = None
+        self._failures = 0
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
 
@@ -282,6 +284,11 @@ class TFOptimizer:
         cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=0)
         local_batch = self.dataset.local_batch_size(self.num_workers)
         validation = self.dataset.val_dataset
+        if validation is None and uses_score(end_trigger):
+            raise DataError(
+                f"end_trigger {end_trigger!r} uses MaxScore, which needs validation data: create "
+                "the TFDataset with validation data (e.g. val_rdd / val_tensors) or use another trigger"
+            )
         stops = [end_trigger]
         stops += [checkpoint_trigger] if self.model_dir else []
         stops += [validation_trigger] if validation is not None else []
@@ -290,6 +297,7 @@ class TFOptimizer:
         persisted_here = not blocks.is_cached
         if persisted_here:
             blocks.persist()
+        self._failures = 0
         try:
             progress = self._progress()
             while not end_trigger(progress):
@@ -317,24 +325,26 @@ class TFOptimizer:
     def _run_segment(
         self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger
     ) -> SegmentResult:
-        """Run one segment, relaunching it from the driver's state after a failure."""
-        failures = 0
+        """Run one segment, relaunching it from the driver's state after a failure.
+
+        ``max_failures`` counts the failures of the whole ``optimize`` call.
+        """
         while True:
             try:
                 return self._launch_segment(blocks, local_batch, progress, stop)
             except DataError:
                 raise
             except Exception as error:  # a worker failed: relaunch from the last good state
-                failures += 1
-                if failures > self.max_failures:
+                self._failures += 1
+                if self._failures > self.max_failures:
                     raise TrainingError(
-                        f"training failed {failures} time(s) (max_failures={self.max_failures}) "
+                        f"training failed {self._failures} time(s) (max_failures={self.max_failures}) "
                         f"after iteration {progress.iteration}; the last failure was: {error}"
                     ) from error
                 _LOG.warning(
                     "training segment after iteration %d failed (%d of %d allowed), relaunching "
                     "from the last good state: %s",
-                    progress.iteration, failures, self.max_failures, error,
+                    progress.iteration, self._failures, self.max_failures, error,
                 )
                 cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=_SLOT_WAIT_SECONDS)
 

@@ -29,6 +29,7 @@ __all__ = [
     "TriggerAnd",
     "TriggerOr",
     "check_trigger",
+    "uses_score",
 ]
 
 
@@ -174,3 +175,10 @@ def check_trigger(trigger: Any, name: str) -> Trigger:
             f"got {trigger!r} of type {type(trigger).__name__}"
         )
     return trigger
+
+
+def uses_score(trigger: Trigger) -> bool:
+    """Whether ``trigger`` contains a :class:`MaxScore` (which needs validation to fire)."""
+    if isinstance(trigger, _Combination):
+        return any(uses_score(t) for t in trigger.triggers)
+    return isinstance(trigger, MaxScore)

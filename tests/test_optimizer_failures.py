@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sparktf import DataError, MaxEpoch, MaxIteration, SparkTFError, TFDataset, TFOptimizer, TrainingError
+from sparktf import DataError, MaxEpoch, MaxIteration, MaxScore, SparkTFError, TFDataset, TFOptimizer, TrainingError
 
 
 def data(n=32, seed=0):
@@ -152,3 +152,9 @@ def test_collective_timeout_surfaces_as_training_error_naming_the_rank(sc):
     with pytest.raises(TrainingError, match=r"rank 1"):
         optimizer.optimize(MaxIteration(2))
     assert time.monotonic() - started < 30
+
+
+def test_max_score_without_validation_data_is_refused(sc):
+    optimizer = TFOptimizer.from_keras(compiled_model(), TFDataset.from_ndarrays(data(), batch_size=8))
+    with pytest.raises(DataError, match="MaxScore.*validation data"):
+        optimizer.optimize(end_trigger=MaxScore(0.9))

@@ -15,6 +15,7 @@ from sparktf.triggers import (
     TriggerAnd,
     TriggerOr,
     check_trigger,
+    uses_score,
 )
 
 
@@ -77,3 +78,8 @@ def test_non_triggers_raise_type_error(bad):
 def test_bad_counts_raise_value_error(make):
     with pytest.raises(ValueError, match="positive integer"):
         make()
+
+
+def test_uses_score_finds_max_score_in_combinations():
+    assert uses_score(TriggerOr(MaxEpoch(1), TriggerAnd(MinLoss(1.0), MaxScore(0.5))))
+    assert not uses_score(TriggerOr(MaxEpoch(1), MinLoss(1.0)))
