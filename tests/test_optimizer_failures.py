@@ -58,24 +58,34 @@ def test_non_finite_loss_raises_naming_the_iteration(sc):
     assert f"keeps the weights of iteration {failed_at - 1}" in str(raised.value)
 
 
-class FailOnce(keras.layers.Layer):
-    """Identity layer that raises in the first training step run while ``marker`` does not exist."""
+class PythonHook(keras.layers.Layer):
+    """Identity layer that runs ``hook`` in Python on the executor at every step (to inject faults)."""
+
+    def hook(self):
+        raise NotImplementedError
+
+    def call(self, inputs):
+        def run(values):
+            self.hook()
+            return values
+
+        out = tf.py_function(run, [inputs], tf.float32)
+        out.set_shape(inputs.shape)
+        return out
+
+
+class FailOnce(PythonHook):
+    """Raises in the first training step run while ``marker`` does not exist."""
 
     def __init__(self, marker, **kwargs):
         super().__init__(**kwargs)
         self.marker = marker
 
-    def call(self, inputs):
-        def check(values):
-            if not os.path.exists(self.marker):
-                with open(self.marker, "w") as handle:
-                    handle.write("failed once")
-                raise RuntimeError("injected worker failure")
-            return values
-
-        out = tf.py_function(check, [inputs], tf.float32)
-        out.set_shape(inputs.shape)
-        return out
+    def hook(self):
+        if not os.path.exists(self.marker):
+            with open(self.marker, "w") as handle:
+                handle.write("failed once")
+            raise RuntimeError("injected worker failure")
 
     def get_config(self):
         return {**super().get_config(), "marker": self.marker}
@@ -108,14 +118,9 @@ def test_worker_failure_is_recovered_and_equals_an_uninterrupted_run(sc, tmp_pat
         np.testing.assert_allclose(recovered, clean, rtol=1e-6)
 
 
-class AlwaysFails(keras.layers.Layer):
-    def call(self, inputs):
-        def fail(values):
-            raise ValueError("the layer always fails")
-
-        out = tf.py_function(fail, [inputs], tf.float32)
-        out.set_shape(inputs.shape)
-        return out
+class AlwaysFails(PythonHook):
+    def hook(self):
+        raise ValueError("the layer always fails")
 
 
 def test_persistent_failure_raises_training_error_with_worker_message(sc):
@@ -127,20 +132,14 @@ def test_persistent_failure_raises_training_error_with_worker_message(sc):
     assert optimizer.iteration == 0
 
 
-class StallRankOne(keras.layers.Layer):
-    """Identity layer that makes the barrier task of rank 1 sleep, so rank 0 waits in the all-reduce."""
+class StallRankOne(PythonHook):
+    """Makes the barrier task of rank 1 sleep, so rank 0 waits in the all-reduce."""
 
-    def call(self, inputs):
-        def stall(values):
-            from pyspark import TaskContext
+    def hook(self):
+        from pyspark import TaskContext
 
-            if TaskContext.get().partitionId() == 1:
-                time.sleep(8)
-            return values
-
-        out = tf.py_function(stall, [inputs], tf.float32)
-        out.set_shape(inputs.shape)
-        return out
+        if TaskContext.get().partitionId() == 1:
+            time.sleep(8)
 
 
 def test_collective_timeout_surfaces_as_training_error_naming_the_rank(sc):
