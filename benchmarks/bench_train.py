@@ -124,7 +124,8 @@ def run_sparktf(kind: str, iterations: int, num_workers: int):
     dataset.num_records  # count once, outside the timing (a property of the data, cached)
     optimizer = TFOptimizer.from_keras(build_model(kind), dataset, num_workers=num_workers)
     started = time.perf_counter()
-    history = optimizer.optimize(end_trigger=MaxIteration(iterations), checkpoint_trigger=MaxIteration(iterations))
+    end = MaxIteration(iterations)
+    history = optimizer.optimize(end_trigger=end, checkpoint_trigger=end)
     seconds = time.perf_counter() - started
     assert history["iterations"] == iterations, history["iterations"]
     return seconds, optimizer.last_timings
@@ -163,7 +164,8 @@ def main() -> None:
 
     started = time.perf_counter()
     run_sparktf("mlp", 2, 2)
-    print(f"cold_start (start 2 Python workers, import TensorFlow, first job): {time.perf_counter() - started:.1f}s")
+    cold = time.perf_counter() - started
+    print(f"cold_start (start 2 Python workers, import TensorFlow, first job): {cold:.1f}s")
 
     totals = {"single_process": 0.0, "sparktf_1w": 0.0, "sparktf_2w": 0.0}
     records = 0
@@ -176,7 +178,8 @@ def main() -> None:
             print(f"  {kind} sparktf_{workers}w where the time went (rank 0): {format_timings(timings, n)}")
         for method, value in seconds.items():
             totals[method] += value
-            print(f"{kind:4s} {method:15s} {n:5d} iterations {value:7.2f}s {n * GLOBAL_BATCH / value:9.0f} records/s")
+            rate = n * GLOBAL_BATCH / value
+            print(f"{kind:4s} {method:15s} {n:5d} iterations {value:7.2f}s {rate:9.0f} records/s")
         print(f"{kind:4s} ratio (c)/(a) = {seconds['single_process'] / seconds['sparktf_2w']:.3f}, "
               f"(b)/(a) = {seconds['single_process'] / seconds['sparktf_1w']:.3f}")
     rates = {method: records / value for method, value in totals.items()}

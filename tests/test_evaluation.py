@@ -42,4 +42,5 @@ def test_evaluate_another_dataset_with_batch_per_thread(sc):
     other = TFDataset.from_ndarrays((x[:7], y[:7]), batch_size=2, num_partitions=2)
     result = TFOptimizer.from_keras(model, train).evaluate(other, batch_per_thread=3)
     expected = model.evaluate(x[:7], y[:7], verbose=0, return_dict=True)
-    np.testing.assert_allclose([result["loss"], result["mae"]], [expected["loss"], expected["mae"]], rtol=1e-5)
+    for name in ("loss", "mae"):
+        np.testing.assert_allclose(result[name], expected[name], rtol=1e-5, err_msg=name)

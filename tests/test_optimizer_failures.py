@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sparktf import DataError, MaxEpoch, MaxIteration, MaxScore, SparkTFError, TFDataset, TFOptimizer, TrainingError
+from sparktf import (
+    DataError,
+    MaxEpoch,
+    MaxIteration,
+    MaxScore,
+    SparkTFError,
+    TFDataset,
+    TFOptimizer,
+    TrainingError,
+)
 
 
 def data(n=32, seed=0):

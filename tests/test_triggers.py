@@ -74,7 +74,9 @@ def test_non_triggers_raise_type_error(bad):
         TriggerOr(MaxEpoch(1), bad)
 
 
-@pytest.mark.parametrize("make", [lambda: MaxIteration(0), lambda: MaxEpoch(-1), lambda: SeveralIteration(1.5)])
+@pytest.mark.parametrize(
+    "make", [lambda: MaxIteration(0), lambda: MaxEpoch(-1), lambda: SeveralIteration(1.5)]
+)
 def test_bad_counts_raise_value_error(make):
     with pytest.raises(ValueError, match="positive integer"):
         make()
