@@ -228,3 +228,17 @@ def test_gradient_clipping_applies_to_the_global_gradient(sc):
     optimizer = TFOptimizer.from_keras(by_value, dataset).set_constant_gradient_clipping(-0.1, 0.1)
     optimizer.optimize(MaxIteration(1))
     np.testing.assert_allclose(np.abs(by_value.get_weights()[0]), 0.1, rtol=1e-6)
+
+
+def test_from_keras_optimizer_and_metrics_replace_the_compiled_ones(sc):
+    x, y = regression_data(16)
+    model = linear_model("adam")
+    optimizer = TFOptimizer.from_keras(
+        model,
+        TFDataset.from_ndarrays((x, y), batch_size=8),
+        optimizer=keras.optimizers.SGD(0.5),
+        metrics=["mae"],
+    )
+    assert isinstance(model.optimizer, keras.optimizers.SGD)
+    np.testing.assert_allclose(float(model.optimizer.learning_rate), 0.5)
+    assert set(optimizer.evaluate()) == {"loss", "mae"}
