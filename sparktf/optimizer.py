@@ -376,6 +376,10 @@ class TFOptimizer:
             )
         finally:
             state.destroy()
+        if len(results) != 1:
+            raise TrainingError(
+                f"the training job returned {len(results)} results instead of rank 0's one"
+            )
         (result,) = results
         worker_seconds = sum(result.timings.values())
         result.timings["launch"] = time.perf_counter() - started - worker_seconds
