@@ -160,3 +160,9 @@ def test_dataframe_is_computed_once_then_read_from_the_cache(spark, sc):
     assert rows_evaluated == 6, "each row is computed once while the blocks are first read"
     assert ds.block_rdd.map(lambda block: len(block[0])).sum() == 6
     assert evaluations.value == rows_evaluated, "the second read comes from the cached Arrow batches"
+
+
+def test_empty_partitions_give_no_blocks(spark):
+    ds = TFDataset.from_dataframe(spark.range(0, 3, numPartitions=4).selectExpr("array(id, id) as a"), "a")
+    assert ds.partition_counts == [0, 1, 1, 1]
+    assert [len(blocks) for blocks in ds.block_rdd.glom().collect()] == [0, 1, 1, 1]
