@@ -164,6 +164,7 @@ def bench_factories(spark, shape, x: np.ndarray, y: np.ndarray, rounds: int) -> 
 
 
 def report(title: str, rates: Dict[str, float], bound: float) -> None:
+    """Print each rate and its ratio to the NumPy ``bound``."""
     print(title)
     for name, rate in rates.items():
         print(f"  {name:<26}{rate:>14,.0f} records/s  ({rate / bound:.4f} x NumPy)")
