@@ -5,12 +5,14 @@ every method, run side by side in one invocation:
 
 * ``single_process`` (a): a plain loop in a subprocess with TensorFlow's
   default threads (all cores): ``tf.function`` of forward, loss, gradients
-  and ``optimizer.apply`` on batches sliced from in-memory arrays;
+  and ``optimizer.apply`` on batches sliced from in-memory arrays; plain or
+  XLA-compiled, whichever is faster on a few trial iterations (tracing and
+  trials are not timed);
 * ``sparktf_1w`` (b): ``TFOptimizer.optimize`` with ``num_workers=1``;
 * ``sparktf_2w`` (c): the same with ``num_workers=2``.
 
 The sparktf timings include the job launch, data caching, the model load in
-the workers and tracing (everything ``optimize`` does); (a) includes tracing.
+the workers and tracing (everything ``optimize`` does); (a) does not.
 The Python workers are started and TensorFlow imported once before the
 timed runs (a tiny warm-up ``optimize``), since that is a one-time cost per
 Spark session; it is printed as ``cold_start``. Two workloads: a small CNN on
@@ -18,8 +20,11 @@ Spark session; it is printed as ``cold_start``. Two workloads: a small CNN on
 went on rank 0 is printed (launch, data cache, model load, connect, batches,
 compute, all-reduce, apply).
 
-The last line is ``RESULT train_ratio_2w=<(c) records/s / (a) records/s>``
-over both workloads (total records / total seconds).
+Global batch 256 for the CNN and 512 for the MLP. The same comparison at
+the old global batch 64 (methods (a) and (c), fewer iterations) is printed
+first as ``ratio_2w_batch64``. The last line is
+``RESULT train_ratio_2w=<(c) records/s / (a) records/s>`` over both workloads
+at the main batches (total records / total seconds).
 
 Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_train.py [--quick]``.
 """
@@ -36,11 +41,14 @@ from typing import Dict
 
 import numpy as np
 
-GLOBAL_BATCH = 64
 RECORDS = 2048
 WORKLOADS = ("cnn", "mlp")
-FULL_ITERATIONS = {"cnn": 1500, "mlp": 4000}
-QUICK_ITERATIONS = {"cnn": 60, "mlp": 200}
+GLOBAL_BATCH = {"cnn": 256, "mlp": 512}
+FULL_ITERATIONS = {"cnn": 250, "mlp": 800}
+QUICK_ITERATIONS = {"cnn": 20, "mlp": 60}
+OLD_BATCH = 64
+OLD_FULL_ITERATIONS = {"cnn": 300, "mlp": 1000}
+OLD_QUICK_ITERATIONS = {"cnn": 40, "mlp": 120}
 
 
 def build_model(kind: str):
@@ -81,35 +89,55 @@ def make_data(kind: str):
     return x, y
 
 
-def single_process(kind: str, iterations: int) -> float:
-    """(a): seconds of a plain tf.function training loop in this process."""
-    import tensorflow as tf
-
+def single_process(kind: str, batch: int, iterations: int) -> float:
+    """(a): seconds of a plain tf.function training loop in this process (after tracing)."""
     model = build_model(kind)
     x, y = make_data(kind)
-    variables = model.trainable_variables
-    model.optimizer.build(variables)
+    model.optimizer.build(model.trainable_variables)
+    per_epoch = RECORDS // batch
+    batches = [(x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]) for i in range(per_epoch)]
+    step = faster_step(model, batches)
+    started = time.perf_counter()
+    for i in range(iterations):
+        loss = step(*batches[i % per_epoch])
+    float(loss)
+    return time.perf_counter() - started
 
-    @tf.function
+
+def faster_step(model, batches, trials: int = 5):
+    """The faster of the plain and the XLA-compiled training step, each traced and timed on a few batches."""
+    timed = []
+    for jit_compile in (False, True):
+        step = training_step(model, jit_compile)
+        float(step(*batches[0]))  # trace (and compile)
+        started = time.perf_counter()
+        for i in range(trials):
+            loss = step(*batches[i % len(batches)])
+        float(loss)
+        timed.append((time.perf_counter() - started, jit_compile, step))
+    return min(timed, key=lambda entry: entry[:2])[2]
+
+
+def training_step(model, jit_compile: bool):
+    """One ``tf.function``: forward pass, loss, gradients, ``optimizer.apply``."""
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+
+    @tf.function(jit_compile=jit_compile)
     def step(features, labels):
         with tf.GradientTape() as tape:
             loss = model.compute_loss(x=features, y=labels, y_pred=model(features, training=True))
         model.optimizer.apply(tape.gradient(loss, variables), variables)
         return loss
 
-    per_epoch = RECORDS // GLOBAL_BATCH
-    started = time.perf_counter()
-    for i in range(iterations):
-        start = (i % per_epoch) * GLOBAL_BATCH
-        loss = step(x[start : start + GLOBAL_BATCH], y[start : start + GLOBAL_BATCH])
-    float(loss)
-    return time.perf_counter() - started
+    return step
 
 
-def run_single_process(kind: str, iterations: int) -> float:
+def run_single_process(kind: str, batch: int, iterations: int) -> float:
     """Run (a) in a fresh subprocess so it owns TensorFlow's default thread pools."""
     out = subprocess.run(
-        [sys.executable, __file__, "--single", kind, str(iterations)],
+        [sys.executable, __file__, "--single", kind, str(batch), str(iterations)],
         check=True,
         capture_output=True,
         text=True,
@@ -117,10 +145,10 @@ def run_single_process(kind: str, iterations: int) -> float:
     return json.loads(out.strip().splitlines()[-1])["seconds"]
 
 
-def run_sparktf(kind: str, iterations: int, num_workers: int):
+def run_sparktf(kind: str, batch: int, iterations: int, num_workers: int):
     from sparktf import MaxIteration, TFDataset, TFOptimizer
 
-    dataset = TFDataset.from_ndarrays(make_data(kind), batch_size=GLOBAL_BATCH, num_partitions=2)
+    dataset = TFDataset.from_ndarrays(make_data(kind), batch_size=batch, num_partitions=2)
     dataset.num_records  # count once, outside the timing (a property of the data, cached)
     optimizer = TFOptimizer.from_keras(build_model(kind), dataset, num_workers=num_workers)
     started = time.perf_counter()
@@ -141,11 +169,12 @@ def format_timings(timings: Dict[str, float], iterations: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (< 2 minutes)")
-    parser.add_argument("--single", nargs=2, metavar=("KIND", "ITERATIONS"), help=argparse.SUPPRESS)
+    parser.add_argument("--single", nargs=3, metavar=("KIND", "BATCH", "ITERATIONS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.single:
-        print(json.dumps({"seconds": single_process(args.single[0], int(args.single[1]))}))
+        kind, batch, iterations = args.single[0], int(args.single[1]), int(args.single[2])
+        print(json.dumps({"seconds": single_process(kind, batch, iterations)}))
         return
 
     import sparktf
@@ -159,34 +188,43 @@ def main() -> None:
     }
     spark = sparktf.init_spark("local[2]", app_name="bench-train", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
-    iterations = QUICK_ITERATIONS if args.quick else FULL_ITERATIONS
-    print(f"local[2] on {os.cpu_count()} cores; global batch {GLOBAL_BATCH}; {RECORDS} records per workload")
+    print(f"local[2] on {os.cpu_count()} cores; {RECORDS} records per workload")
 
     started = time.perf_counter()
-    run_sparktf("mlp", 2, 2)
+    run_sparktf("mlp", OLD_BATCH, 2, 2)
     cold = time.perf_counter() - started
     print(f"cold_start (start 2 Python workers, import TensorFlow, first job): {cold:.1f}s")
 
-    totals = {"single_process": 0.0, "sparktf_1w": 0.0, "sparktf_2w": 0.0}
+    old_batches = dict.fromkeys(WORKLOADS, OLD_BATCH)
+    old = compare(old_batches, OLD_QUICK_ITERATIONS if args.quick else OLD_FULL_ITERATIONS, (2,))
+    print(f"ratio_2w_batch{OLD_BATCH}={old['sparktf_2w'] / old['single_process']:.3f}")
+    rates = compare(GLOBAL_BATCH, QUICK_ITERATIONS if args.quick else FULL_ITERATIONS, (1, 2))
+    print(f"RESULT train_ratio_1w={rates['sparktf_1w'] / rates['single_process']:.3f}")
+    print(f"RESULT train_ratio_2w={rates['sparktf_2w'] / rates['single_process']:.3f}")
+
+
+def compare(batches: Dict[str, int], iterations: Dict[str, int], worker_counts: tuple) -> Dict[str, float]:
+    """Run (a) and sparktf on ``worker_counts`` workers per workload; print and return records/s."""
+    totals = dict.fromkeys(["single_process"] + [f"sparktf_{w}w" for w in worker_counts], 0.0)
     records = 0
     for kind in WORKLOADS:
-        n = iterations[kind]
-        records += n * GLOBAL_BATCH
-        seconds = {"single_process": run_single_process(kind, n)}
-        for workers in (1, 2):
-            seconds[f"sparktf_{workers}w"], timings = run_sparktf(kind, n, workers)
-            print(f"  {kind} sparktf_{workers}w where the time went (rank 0): {format_timings(timings, n)}")
+        batch, n = batches[kind], iterations[kind]
+        records += n * batch
+        seconds = {"single_process": run_single_process(kind, batch, n)}
+        for workers in worker_counts:
+            seconds[f"sparktf_{workers}w"], timings = run_sparktf(kind, batch, n, workers)
+            print(f"  {kind} batch {batch} sparktf_{workers}w where the time went (rank 0): "
+                  f"{format_timings(timings, n)}")
         for method, value in seconds.items():
             totals[method] += value
-            rate = n * GLOBAL_BATCH / value
-            print(f"{kind:4s} {method:15s} {n:5d} iterations {value:7.2f}s {rate:9.0f} records/s")
-        print(f"{kind:4s} ratio (c)/(a) = {seconds['single_process'] / seconds['sparktf_2w']:.3f}, "
-              f"(b)/(a) = {seconds['single_process'] / seconds['sparktf_1w']:.3f}")
+            print(f"{kind:4s} batch {batch:3d} {method:15s} {n:5d} iterations {value:7.2f}s "
+                  f"{n * batch / value:9.0f} records/s")
+        print(f"{kind:4s} batch {batch:3d} ratio (c)/(a) = "
+              f"{seconds['single_process'] / seconds['sparktf_2w']:.3f}")
     rates = {method: records / value for method, value in totals.items()}
     for method, rate in rates.items():
         print(f"all  {method:15s} {rate:9.0f} records/s")
-    print(f"RESULT train_ratio_1w={rates['sparktf_1w'] / rates['single_process']:.3f}")
-    print(f"RESULT train_ratio_2w={rates['sparktf_2w'] / rates['single_process']:.3f}")
+    return rates
 
 
 if __name__ == "__main__":

@@ -1,25 +1,27 @@
-"""The compiled training step of one worker, split around the all-reduce.
+"""The compiled training step of one worker, with the all-reduce inside the graph.
 
-:meth:`TrainStep.gradients` runs forward pass, loss (the compiled loss plus
-``model.losses``) and backward pass in one ``tf.function`` and returns ONE
-fused float32 NumPy buffer: every gradient flattened (sparse ``IndexedSlices``
-densified), followed by the loss. The caller all-reduces that buffer in place
-(mean over workers) and hands it to :meth:`TrainStep.apply`, a second
-``tf.function`` that splits it back, clips the global gradient and calls
-``optimizer.apply`` (which advances ``optimizer.iterations`` and with it any
-learning-rate schedule). Every worker applies the same averaged gradient to
-the same weights, so the weights stay identical everywhere.
+:meth:`TrainStep.run` is ONE ``tf.function`` call per iteration: forward pass,
+loss (the compiled loss plus ``model.losses``) and backward pass; every
+gradient flattened (sparse ``IndexedSlices`` densified) into ONE float32
+buffer followed by the loss; the caller's all-reduce (mean over workers) of
+that buffer, called from the graph through ``tf.numpy_function``; then, only
+if every averaged value is finite, the split back into gradients, clipping of
+the global gradient and ``optimizer.apply`` (which advances
+``optimizer.iterations`` and with it any learning-rate schedule). The update
+is XLA-compiled when XLA can compile it. Every worker applies the same
+averaged gradient to the same weights, so the weights stay identical
+everywhere.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["GradientClipping", "TrainStep"]
+__all__ = ["GradientClipping", "StepResult", "TrainStep"]
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,27 @@ class GradientClipping:
         return list(gradients)
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """Outcome of one iteration.
+
+    Attributes
+    ----------
+    loss : float
+        Mean loss over the workers.
+    learning_rate : float
+        Learning rate of the update.
+    applied : bool
+        False when a gradient or the loss was not finite: nothing was applied.
+    """
+
+    loss: float
+    learning_rate: float
+    applied: bool
+
+
 class TrainStep:
-    """Gradient computation and update of a compiled Keras model, around an external all-reduce.
+    """Gradients, external all-reduce and update of a compiled Keras model in one graph call.
 
     Parameters
     ----------
@@ -74,41 +95,70 @@ class TrainStep:
         self._shapes = [tuple(v.shape) for v in self.variables]
         self._sizes = [int(np.prod(shape, dtype=np.int64)) for shape in self._shapes]
         self.buffer_size = sum(self._sizes) + 1
-        self._gradients_fn = tf.function(self._fused_gradients)
-        # XLA fuses the optimizer's element-wise update ops (~30% faster on
-        # parameter-heavy models); ops XLA cannot compile fall back below.
-        self._apply_fn = tf.function(self._apply_fused, jit_compile=True)
-        self._apply_checked = False
+        self._allreduce: Optional[Callable[[np.ndarray], Any]] = None
+        self._allreduce_error: Optional[BaseException] = None
+        self._update_fn = self._compiled_update()
+        self._step_fn = tf.function(self._step)
+        self.warmed_up = False
 
-    def gradients(self, features: Any, labels: Any) -> np.ndarray:
-        """Local gradients and loss of one batch as a fused, writable float32 buffer.
+    def warm_up(self, features: Any, labels: Any) -> None:
+        """Trace and compile the step by running it once on a local batch, without all-reduce.
+
+        This APPLIES an update: the caller assigns the state to train from
+        afterwards (e.g. ``ModelState.apply_to``). Lets a worker pay the
+        one-time tracing and compilation while it waits for its peers.
+        """
+        self.run(features, labels, lambda buffer: None)
+        self.warmed_up = True
+
+    def run(
+        self, features: Any, labels: Any, allreduce: Callable[[np.ndarray], Any]
+    ) -> StepResult:
+        """Run one iteration on a local batch.
 
         Parameters
         ----------
         features, labels
             One batch, nested like the model's inputs and targets (``labels``
             may be None when the loss comes from ``model.losses`` only).
+        allreduce : callable
+            Averages a contiguous float32 NumPy buffer over all workers, in
+            place (e.g. ``lambda b: communicator.allreduce(b, op="mean")``).
 
         Returns
         -------
-        numpy.ndarray
-            Shape ``(buffer_size,)``: the flattened gradients, then the loss.
+        StepResult
+            The averaged loss, the learning rate, whether the update was applied.
         """
-        fused = self._gradients_fn(features, labels).numpy()
-        return fused if fused.flags.writeable else fused.copy()
-
-    def apply(self, fused: np.ndarray) -> float:
-        """Apply an (all-reduced) fused buffer; return the learning rate used."""
-        if self._apply_checked:
-            return float(self._apply_fn(fused))
+        self._allreduce, self._allreduce_error = allreduce, None
         try:
-            learning_rate = float(self._apply_fn(fused))
-        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
-            # XLA could not compile the update (it fails before running it): use plain TF
-            self._apply_fn = tf.function(self._apply_fused)
-            learning_rate = float(self._apply_fn(fused))
-        self._apply_checked = True
-        return learning_rate
+            loss, learning_rate, applied = self._step_fn(features, labels).numpy()
+        except tf.errors.OpError as error:
+            if self._allreduce_error is not None:  # e.g. CollectiveError: re-raise it as such
+                raise self._allreduce_error from error
+            raise
+        return StepResult(float(loss), float(learning_rate), bool(applied))
+
+    def _step(self, features: Any, labels: Any) -> tf.Tensor:
+        fused = self._fused_gradients(features, labels)
+        averaged = tf.numpy_function(self._allreduce_numpy, [fused], tf.float32, stateful=True)
+        averaged.set_shape([self.buffer_size])
+        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
+        finite = tf.reduce_all(tf.math.is_finite(averaged))
+        # never apply an update that would poison the weights
+        applied = tf.cond(finite, lambda: self._update_fn(averaged), lambda: tf.constant(False))
+        return tf.stack([averaged[-1], learning_rate, tf.cast(applied, tf.float32)])
+
+    def _allreduce_numpy(self, buffer: np.ndarray) -> np.ndarray:
+        """The caller's all-reduce, called from the graph (keeps its exception for :meth:`run`)."""
+        if not buffer.flags.writeable:
+            buffer = buffer.copy()
+        try:
+            self._allreduce(buffer)
+        except BaseException as error:
+            self._allreduce_error = error
+            raise
+        return buffer
 
     def _fused_gradients(self, features: Any, labels: Any) -> tf.Tensor:
         with tf.GradientTape() as tape:
@@ -125,13 +175,25 @@ class TrainStep:
         ]
         return tf.concat(flat + [tf.reshape(tf.cast(loss, tf.float32), [1])], axis=0)
 
-    def _apply_fused(self, fused: tf.Tensor) -> tf.Tensor:
+    def _compiled_update(self) -> Any:
+        """The update as a ``tf.function``, XLA-compiled when XLA can compile it.
+
+        XLA fuses the optimizer's element-wise ops (2x faster on
+        parameter-heavy models). Lowering to HLO checks that without running
+        the update.
+        """
+        compiled = tf.function(self._update, jit_compile=True)
+        try:
+            compiled.experimental_get_compiler_ir(tf.zeros([self.buffer_size]))(stage="hlo")
+        except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+            return tf.function(self._update)
+        return compiled
+
+    def _update(self, fused: tf.Tensor) -> tf.Tensor:
         pieces = tf.split(fused[:-1], self._sizes) if self._sizes else []
         gradients = [
             tf.cast(tf.reshape(piece, shape), variable.dtype)
             for piece, shape, variable in zip(pieces, self._shapes, self.variables)
         ]
-        gradients = self.clipping.apply(gradients)
-        learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        self.optimizer.apply(gradients, self.variables)
-        return learning_rate
+        self.optimizer.apply(self.clipping.apply(gradients), self.variables)
+        return tf.constant(True)

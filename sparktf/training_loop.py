@@ -4,12 +4,16 @@ The driver runs training as a sequence of *segments*, one Spark barrier job
 each (see ``docs/optimizer.md``). In a segment every barrier task:
 
 1. sets TensorFlow's thread counts to ``spark.task.cpus``;
-2. caches its partition as columnar NumPy arrays (``batching.Shard``);
-3. gets the model from the per-process cache (built once per Python worker
-   from the broadcast ``model_io`` payload) and assigns the segment's start
-   state (weights, optimizer variables) from a second broadcast;
-4. connects to its peers (``collective.Communicator``);
-5. loops: local batch -> fused gradients + loss -> all-reduce (mean) ->
+2. starts connecting to its peers (``collective.Communicator``) in a thread,
+   and meanwhile:
+3. caches its partition as columnar NumPy arrays (``batching.Shard``);
+4. gets the model from the per-process cache (built once per Python worker
+   from the broadcast ``model_io`` payload), the first time traces and
+   compiles its step by running it once without all-reduce
+   (``TrainStep.warm_up``), and assigns the segment's start state (weights,
+   optimizer variables) from a second broadcast;
+5. loops, one graph call per iteration (``TrainStep.run``): local batch ->
+   fused gradients + loss -> all-reduce (mean, called from the graph) ->
    global-gradient clipping and ``optimizer.apply``, until the segment's stop
    trigger fires on the (identical) progress every worker sees;
 6. averages the non-trainable float variables (BatchNorm statistics) across
@@ -23,8 +27,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
@@ -139,28 +144,30 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     """
     from pyspark import BarrierTaskContext
 
-    from sparktf.batching import Shard, TrainBatches
+    from sparktf.batching import Shard
     from sparktf.collective import Communicator
 
     watch = _Stopwatch()
     context = BarrierTaskContext.get()
+    rank = context.partitionId()
     configure_task_threads(context.cpus())
     watch.lap("threads")
-    shard = Shard.from_blocks(blocks)
-    watch.lap("data_cache")
-    step = _cached_step(spec.payload, spec.clipping)
-    spec.state.value.apply_to(step.model)
-    watch.lap("model_load")
-    communicator = Communicator.from_barrier_context(
-        context, spec.secret, spec.collective_timeout
-    )
+    with ThreadPoolExecutor(1) as pool:  # connect while the model loads and compiles
+        connecting = pool.submit(
+            Communicator.from_barrier_context, context, spec.secret, spec.collective_timeout
+        )
+        try:
+            shard = Shard.from_blocks(blocks)
+            watch.lap("data_cache")
+            step = _prepared_step(spec, lambda: _batches(spec, shard, rank), watch)
+        except BaseException:
+            _close_when_connected(connecting)
+            raise
+        communicator = connecting.result()
     watch.lap("connect")
     try:
-        rank = context.partitionId()
-        batches = TrainBatches(
-            shard, spec.local_batch, spec.shuffle, spec.seed, rank, spec.sequential_order
-        )
-        result = _train(spec, step, _skip(batches, spec.start.iteration), communicator, watch)
+        batches = _skip(_batches(spec, shard, rank), spec.start.iteration)
+        result = _train(spec, step, batches, communicator, watch)
         _average_non_trainable(step.model, communicator)
         result.state = ModelState.capture(step.model, result.iteration)
         watch.lap("finish")
@@ -178,31 +185,27 @@ def _train(
     communicator: Any,
     watch: _Stopwatch,
 ) -> SegmentResult:
-    from sparktf.specs import pack
-
     losses, learning_rates, wall_times, step_seconds = [], [], [], []
     progress = spec.start
     non_finite_iteration = None
+    allreduce = _timed_allreduce(communicator, watch)
     while True:
         started = time.perf_counter()
-        element = pack(spec.element_structure, next(batches))
-        features, labels = element if len(element) == 2 else (element[0], None)
+        features, labels = _features_labels(spec, next(batches))
         watch.lap("batches")
-        fused = step.gradients(features, labels)
-        watch.lap("compute")
-        communicator.allreduce(fused, op="mean")
-        watch.lap("allreduce")
-        loss = float(fused[-1])
+        outcome = step.run(features, labels, allreduce)
+        ended = watch.lap("apply")
         iteration = progress.iteration + 1
-        if not np.isfinite(fused).all():  # never apply an update that would poison the weights
+        if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
             non_finite_iteration = iteration
             break
-        learning_rates.append(step.apply(fused))
-        ended = watch.lap("apply")
-        losses.append(loss)
+        learning_rates.append(outcome.learning_rate)
+        losses.append(outcome.loss)
         wall_times.append(time.time())
         step_seconds.append(ended - started)
-        progress = TrainingProgress(iteration, progress.iterations_per_epoch, loss, progress.score)
+        progress = TrainingProgress(
+            iteration, progress.iterations_per_epoch, outcome.loss, progress.score
+        )
         if spec.stop(progress):
             break
     return SegmentResult(
@@ -214,6 +217,52 @@ def _train(
         wall_times=np.array(wall_times, np.float64),
         step_seconds=np.array(step_seconds, np.float64),
     )
+
+
+def _timed_allreduce(communicator: Any, watch: _Stopwatch) -> Callable[[np.ndarray], None]:
+    """The in-place mean all-reduce the step calls, timing ``compute`` before it and itself."""
+
+    def allreduce(buffer: np.ndarray) -> None:
+        watch.lap("compute")
+        communicator.allreduce(buffer, op="mean")
+        watch.lap("allreduce")
+
+    return allreduce
+
+
+def _batches(spec: SegmentSpec, shard: Any, rank: int) -> Iterator[List[np.ndarray]]:
+    """The worker's deterministic stream of local batches, from the first one."""
+    from sparktf.batching import TrainBatches
+
+    return TrainBatches(shard, spec.local_batch, spec.shuffle, spec.seed, rank, spec.sequential_order)
+
+
+def _prepared_step(
+    spec: SegmentSpec, batches: Callable[[], Iterator[List[np.ndarray]]], watch: _Stopwatch
+) -> TrainStep:
+    """The process's TrainStep, traced and compiled, holding the segment's start state."""
+    step = _cached_step(spec.payload, spec.clipping)
+    watch.lap("model_load")
+    if not step.warmed_up:
+        step.warm_up(*_features_labels(spec, next(batches())))
+        watch.lap("warm_up")
+    spec.state.value.apply_to(step.model)  # also undoes the warm-up's update
+    watch.lap("model_load")
+    return step
+
+
+def _features_labels(spec: SegmentSpec, arrays: List[np.ndarray]) -> tuple:
+    """``(features, labels)`` of one batch; labels are None for a model without targets."""
+    from sparktf.specs import pack
+
+    element = pack(spec.element_structure, arrays)
+    return element if len(element) == 2 else (element[0], None)
+
+
+def _close_when_connected(connecting: Future) -> None:
+    """Wait for the connection a failed task started (its peers connect too), then close it."""
+    if connecting.exception() is None:
+        connecting.result().close()
 
 
 def _cached_step(payload: Any, clipping: GradientClipping) -> TrainStep:
