@@ -44,10 +44,10 @@ import numpy as np
 RECORDS = 2048
 WORKLOADS = ("cnn", "mlp")
 GLOBAL_BATCH = {"cnn": 256, "mlp": 512}
-FULL_ITERATIONS = {"cnn": 250, "mlp": 800}
+FULL_ITERATIONS = {"cnn": 300, "mlp": 1000}
 QUICK_ITERATIONS = {"cnn": 20, "mlp": 60}
 OLD_BATCH = 64
-OLD_FULL_ITERATIONS = {"cnn": 300, "mlp": 1000}
+OLD_FULL_ITERATIONS = {"cnn": 200, "mlp": 600}
 OLD_QUICK_ITERATIONS = {"cnn": 40, "mlp": 120}
 
 
