@@ -3,23 +3,28 @@
 The same Keras model, data, partitions and batch size for every method, run
 side by side in one Spark session (``local[<cores>]``):
 
-* ``tfpredictor_rdd``  ``TFPredictor.from_keras(model, dataset).predict().count()``;
-* ``tfpredictor_df``   ``predict_dataframe`` written to Spark's ``noop`` sink;
+* ``tfpredictor_rdd``   ``TFPredictor.from_keras(model, dataset).predict().count()``;
+* ``tfpredictor_df``    ``predict_dataframe`` written to Spark's ``noop`` sink;
 * ``predict_batch_udf`` ``pyspark.ml.functions.predict_batch_udf`` with
   ``make_predict_fn`` loading the saved model and calling ``model.predict``
   as Spark's docs show, written to the ``noop`` sink;
-* ``udf_on_batch``     the same UDF calling ``model.predict_on_batch`` (a
+* ``udf_on_batch``      the same UDF calling ``model.predict_on_batch`` (a
   faster variant than the docs', for reference);
-* ``single_process``   ``model.predict`` on the whole array in a subprocess
-  limited to one TensorFlow thread, the per-core bound (``x cores`` is the
-  ideal for the cluster); ``single_all_threads`` is the same with TF's
-  default threads.
+* ``single_process``    one process with TensorFlow's default threads (all
+  cores) on the whole array: the faster of ``model.predict(x, batch_size)``
+  and a compiled ``tf.function`` call per batch. ``bound_ratio`` is
+  ``tfpredictor_rdd / (single_process x cores)``.
 
-Inputs are cached and every method is run once to warm up (model loads,
-worker start) before the timed runs; the best of ``--repeats`` is reported.
-Two workloads: an MLP on 64 floats per record and a small CNN on 32x32x3
-images. The last line is ``RESULT predict_ratio_vs_udf=<TFPredictor RDD
-records/s / predict_batch_udf records/s>`` for the MLP workload.
+Every input (the dataset's block RDD, the DataFrame) is generated and cached
+before anything is timed, and every Spark method is first run on a small
+input of the same partitions (model loads, worker start). ``empty_job`` is the
+fixed cost of a Spark job over the same cached blocks (``block_rdd.count()``);
+``tfpredictor_rdd_steady`` is the TFPredictor rate with that cost taken out.
+The docs' UDF is ~30x slower than the rest, so it runs on a prefix of the
+records (same partitions, still >10 s of work in full mode) to keep the run
+short. Two workloads: an MLP on 64 floats per record and a small CNN on
+32x32x3 images. The last line is ``RESULT predict_ratio_vs_udf=<TFPredictor
+RDD records/s / predict_batch_udf records/s>`` for the MLP workload.
 
 Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_predict.py [--quick]``.
 """
@@ -32,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Callable, Dict
 
 import numpy as np
@@ -39,6 +45,18 @@ import numpy as np
 CORES = os.cpu_count() or 2
 PARTITIONS = 2 * CORES
 BATCH = 512
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Records of one workload: for every method, and for the slow docs' UDF."""
+
+    records: int
+    docs_udf_records: int
+
+
+FULL = {"mlp": Sizes(1_000_000, 50_000), "cnn": Sizes(30_000, 10_000)}
+QUICK = {"mlp": Sizes(200_000, 10_000), "cnn": Sizes(6_000, 2_000)}
 
 
 def build_model(kind: str):
@@ -57,13 +75,23 @@ def build_model(kind: str):
 
 
 def make_data(kind: str, records: int) -> np.ndarray:
-    rng = np.random.default_rng(0)
     shape = (records, 64) if kind == "mlp" else (records, 32, 32, 3)
-    return rng.normal(size=shape).astype("float32")
+    return np.random.default_rng(0).random(size=shape, dtype=np.float32)
+
+
+def make_dataframe(spark, x: np.ndarray):
+    """A cached DataFrame of ``PARTITIONS`` partitions with one flat ``array<float>`` column ``x``."""
+    import pyarrow as pa
+
+    flat = x.reshape(len(x), -1)
+    offsets = pa.array(np.arange(len(x) + 1, dtype=np.int32) * flat.shape[1])
+    table = pa.table({"x": pa.ListArray.from_arrays(offsets, pa.array(flat.reshape(-1)))})
+    df = spark.createDataFrame(table).repartition(PARTITIONS).cache()
+    df.count()
+    return df
 
 
 def best_time(run: Callable[[], None], repeats: int) -> float:
-    run()  # warm-up: worker start, model load, input cache
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -72,90 +100,175 @@ def best_time(run: Callable[[], None], repeats: int) -> float:
     return min(times)
 
 
-def single_process_rate(model_path: str, data_path: str, threads: int) -> float:
-    """records/s of model.predict in a fresh process (``threads=0``: TF's default)."""
-    code = f"""
-import time, numpy as np, tensorflow as tf, keras
-if {threads}:
-    tf.config.threading.set_intra_op_parallelism_threads({threads})
-    tf.config.threading.set_inter_op_parallelism_threads({threads})
-x = np.load({data_path!r}); model = keras.models.load_model({model_path!r})
-model.predict(x[:{BATCH * 2}], batch_size={BATCH}, verbose=0)
-start = time.perf_counter(); model.predict(x, batch_size={BATCH}, verbose=0)
-print(len(x) / (time.perf_counter() - start))
+SINGLE_PROCESS = """
+import sys, time, numpy as np, tensorflow as tf, keras
+x = np.load(sys.argv[1]); model = keras.models.load_model(sys.argv[2]); batch = int(sys.argv[3])
+call = tf.function(lambda b: model(b, training=False), reduce_retracing=True)
+methods = {
+    "predict": lambda a: model.predict(a, batch_size=batch, verbose=0),
+    "compiled": lambda a: [call(a[i:i + batch]).numpy() for i in range(0, len(a), batch)],
+}
+for name, run in methods.items():
+    run(x[:2 * batch])  # warm-up: traces the function
+    times = []
+    for _ in range(2):
+        start = time.perf_counter(); run(x); times.append(time.perf_counter() - start)
+    print(name, len(x) / min(times))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
 
 
-def run_workload(spark, kind: str, records: int, repeats: int, workdir: str) -> Dict[str, float]:
-    import pandas as pd
-    from pyspark.ml.functions import predict_batch_udf
-    from pyspark.sql.types import ArrayType, FloatType
+def single_process_rates(model_path: str, data_path: str) -> Dict[str, float]:
+    """records/s of ``model.predict`` and of a compiled call per batch, in a fresh process (all cores)."""
+    command = [sys.executable, "-c", SINGLE_PROCESS, data_path, model_path, str(BATCH)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    rates = dict(line.split() for line in out.stdout.strip().splitlines()[-2:])
+    return {f"single_{name}": float(rate) for name, rate in rates.items()}
 
-    from sparktf import TFDataset, TFPredictor
 
-    model = build_model(kind)
-    x = make_data(kind, records)
-    model_path = os.path.join(workdir, f"{kind}.keras")
-    data_path = os.path.join(workdir, f"{kind}.npy")
-    model.save(model_path)
-    np.save(data_path, x)
-    per_record = x.shape[1:]
+class Workload:
+    """One model and its data as every method sees it, cached and warmed up."""
 
-    dataset = TFDataset.from_ndarrays(x, batch_per_thread=BATCH, num_partitions=PARTITIONS)
-    predictor = TFPredictor.from_keras(model, dataset)
-    flat = pd.DataFrame({"x": list(x.reshape(records, -1))})
-    df = spark.createDataFrame(flat).repartition(PARTITIONS).cache()
-    df.count()
+    def __init__(self, spark, kind: str, sizes: Sizes, workdir: str):
+        from sparktf import TFDataset
 
-    def docs_predict_fn():
-        import keras as k
+        self.spark, self.kind, self.sizes = spark, kind, sizes
+        self.model = build_model(kind)
+        self.x = make_data(kind, sizes.records)
+        self.model_path = os.path.join(workdir, f"{kind}.keras")
+        self.data_path = os.path.join(workdir, f"{kind}.npy")
+        self.model.save(self.model_path)
+        np.save(self.data_path, self.x)
+        self.dataset = TFDataset.from_ndarrays(self.x, batch_per_thread=BATCH, num_partitions=PARTITIONS)
+        self.dataset.block_rdd.cache().count()
+        self.df = make_dataframe(spark, self.x)
+        self.docs_df = make_dataframe(spark, self.x[: sizes.docs_udf_records])
+        self.warm_x = self.x[: PARTITIONS * (BATCH + 1)]  # a full and a short batch per partition
+        self.warm_df = make_dataframe(spark, self.warm_x)
 
-        loaded = k.models.load_model(model_path)
+    def release(self) -> None:
+        """Drop the cached inputs."""
+        self.dataset.block_rdd.unpersist()
+        for df in (self.df, self.docs_df, self.warm_df):
+            df.unpersist()
 
-        def predict(inputs: np.ndarray) -> np.ndarray:
-            return loaded.predict(inputs, verbose=0)
+    def predictor(self, x: np.ndarray):
+        from sparktf import TFDataset, TFPredictor
 
-        return predict
-
-    def on_batch_predict_fn():
-        import keras as k
-
-        loaded = k.models.load_model(model_path)
-        return lambda inputs: loaded.predict_on_batch(inputs)
-
-    def udf_run(make_fn):
-        udf = predict_batch_udf(
-            make_fn, return_type=ArrayType(FloatType()), batch_size=BATCH, input_tensor_shapes=[list(per_record)]
+        dataset = self.dataset if x is self.x else TFDataset.from_ndarrays(
+            x, batch_per_thread=BATCH, num_partitions=PARTITIONS
         )
-        return lambda: df.select(udf("x").alias("p")).write.format("noop").mode("overwrite").save()
+        return TFPredictor.from_keras(self.model, dataset)
 
-    def df_run():
-        predictor.predict_dataframe(df, "x").write.format("noop").mode("overwrite").save()
+    def udf(self, make_predict_fn):
+        from pyspark.ml.functions import predict_batch_udf
+        from pyspark.sql.types import ArrayType, FloatType
 
-    seconds = {
-        "tfpredictor_rdd": best_time(lambda: predictor.predict().count(), repeats),
-        "predict_batch_udf": best_time(udf_run(docs_predict_fn), repeats),
-        "udf_on_batch": best_time(udf_run(on_batch_predict_fn), repeats),
+        return predict_batch_udf(
+            make_predict_fn, return_type=ArrayType(FloatType()), batch_size=BATCH,
+            input_tensor_shapes=[list(self.x.shape[1:])],
+        )
+
+    def docs_predict_fn(self):
+        """``make_predict_fn`` as in Spark's docs: load the model, call ``model.predict``."""
+        model_path = self.model_path
+
+        def make_predict_fn():
+            import keras
+
+            model = keras.models.load_model(model_path)
+
+            def predict(inputs: np.ndarray) -> np.ndarray:
+                return model.predict(inputs, verbose=0)
+
+            return predict
+
+        return make_predict_fn
+
+    def on_batch_predict_fn(self):
+        model_path = self.model_path
+
+        def make_predict_fn():
+            import keras
+
+            model = keras.models.load_model(model_path)
+            return model.predict_on_batch
+
+        return make_predict_fn
+
+
+def write_noop(df) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def spark_runs(work: Workload) -> Dict[str, tuple]:
+    """``name -> (warm-up run, timed run, records)`` for every Spark method, in the order to run them.
+
+    TFPredictor runs first, so that it sets TensorFlow's threads in the Python
+    workers (to ``spark.task.cpus``) before a UDF initialises TensorFlow
+    there with its defaults; the UDFs, run later in the same workers, get
+    the same thread setting.
+    """
+    full, warm = work.predictor(work.x), work.predictor(work.warm_x)
+    docs_udf, on_batch_udf = work.udf(work.docs_predict_fn()), work.udf(work.on_batch_predict_fn())
+    runs = {
+        "empty_job": (work.dataset.block_rdd.count, work.dataset.block_rdd.count, work.sizes.records),
+        "tfpredictor_rdd": (lambda: warm.predict().count(), lambda: full.predict().count(), work.sizes.records),
     }
-    if len(per_record) == 1:  # the images' DataFrame column is flat; predict_dataframe needs (32, 32, 3)
-        seconds["tfpredictor_df"] = best_time(df_run, repeats)
-    rates = {name: records / s for name, s in seconds.items()}
-    rates["single_process"] = single_process_rate(model_path, data_path, threads=1)
-    rates["single_all_threads"] = single_process_rate(model_path, data_path, threads=0)
-    return rates
+    if work.x.ndim == 2:  # predict_dataframe needs (32, 32, 3) nested arrays; the images' column is flat
+        runs["tfpredictor_df"] = (
+            lambda: write_noop(warm.predict_dataframe(work.warm_df, "x")),
+            lambda: write_noop(full.predict_dataframe(work.df, "x")),
+            work.sizes.records,
+        )
+    runs["predict_batch_udf"] = (
+        lambda: write_noop(work.warm_df.select(docs_udf("x"))),
+        lambda: write_noop(work.docs_df.select(docs_udf("x"))),
+        work.sizes.docs_udf_records,
+    )
+    runs["udf_on_batch"] = (
+        lambda: write_noop(work.warm_df.select(on_batch_udf("x"))),
+        lambda: write_noop(work.df.select(on_batch_udf("x"))),
+        work.sizes.records,
+    )
+    return runs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer records and repeats")
-    parser.add_argument("--repeats", type=int, default=None)
-    args = parser.parse_args()
-    repeats = args.repeats or (1 if args.quick else 3)
-    sizes = {"mlp": 20_000, "cnn": 4_000} if args.quick else {"mlp": 100_000, "cnn": 20_000}
+def run_workload(work: Workload, repeats: int) -> Dict[str, float]:
+    """records/s of every method, and ``empty_job`` in seconds.
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    The UDFs run once (each run is many seconds long); the others keep the
+    best of ``repeats``.
+    """
+    results = {}
+    for name, (warm_up, run, records) in spark_runs(work).items():
+        warm_up()
+        seconds = best_time(run, 1 if "udf" in name else repeats)
+        results[name] = seconds if name == "empty_job" else records / seconds
+        if name == "tfpredictor_rdd":
+            results["tfpredictor_rdd_steady"] = records / max(seconds - results["empty_job"], 1e-9)
+    results.update(single_process_rates(work.model_path, work.data_path))
+    results["single_process"] = max(results["single_predict"], results["single_compiled"])
+    return results
+
+
+def report(kind: str, sizes: Sizes, results: Dict[str, float]) -> None:
+    print(f"[{kind}] records={sizes.records} (docs' UDF: {sizes.docs_udf_records})")
+    for name, value in results.items():
+        if name == "empty_job":
+            print(f"  {name:24s} {value:12.2f} s (fixed cost of a job over the blocks)")
+        else:
+            print(f"  {name:24s} {value:12.0f} records/s")
+    bound = results["single_process"] * CORES
+    print(
+        f"  ratio_vs_udf={results['tfpredictor_rdd'] / results['predict_batch_udf']:.2f} "
+        f"ratio_vs_udf_on_batch={results['tfpredictor_rdd'] / results['udf_on_batch']:.2f} "
+        f"bound_ratio={results['tfpredictor_rdd'] / bound:.2f} "
+        f"bound_ratio_steady={results['tfpredictor_rdd_steady'] / bound:.2f} "
+        f"vs_single_process={results['tfpredictor_rdd'] / results['single_process']:.2f}"
+    )
+
+
+def start_spark():
     import sparktf
 
     spark = sparktf.init_spark(
@@ -165,24 +278,36 @@ def main() -> None:
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
             "spark.python.worker.reuse": "true",
-            "spark.driver.memory": "4g",
+            "spark.driver.memory": "6g",
         },
     )
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer records and repeats")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    repeats = args.repeats or (1 if args.quick else 2)
+    workloads = QUICK if args.quick else FULL
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    spark = start_spark()
     print(f"cores={CORES} partitions={PARTITIONS} batch={BATCH} repeats={repeats}")
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_predict-") as workdir:
-        for kind, records in sizes.items():
-            rates = run_workload(spark, kind, records, repeats, workdir)
-            results[kind] = rates
-            bound = rates["single_process"] * CORES
-            print(f"[{kind}] records={records}")
-            for name, rate in rates.items():
-                print(f"  {name:20s} {rate:12.0f} records/s")
-            print(f"  ratio_vs_udf={rates['tfpredictor_rdd'] / rates['predict_batch_udf']:.2f} "
-                  f"ratio_vs_udf_on_batch={rates['tfpredictor_rdd'] / rates['udf_on_batch']:.2f} "
-                  f"ratio_vs_core_bound={rates['tfpredictor_rdd'] / bound:.2f}")
+        for kind, sizes in workloads.items():
+            start = time.perf_counter()
+            work = Workload(spark, kind, sizes, workdir)
+            setup = time.perf_counter() - start
+            results[kind] = run_workload(work, repeats)
+            work.release()
+            report(kind, sizes, results[kind])
+            print(f"  setup {setup:.0f} s, setup and runs {time.perf_counter() - start:.0f} s")
     spark.stop()
     mlp = results["mlp"]
     print(f"RESULT predict_ratio_vs_udf={mlp['tfpredictor_rdd'] / mlp['predict_batch_udf']:.2f}")

@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from sparktf import arrow_io, batching, model_io, specs
+from sparktf.cluster import configure_task_threads
 from sparktf.errors import DataError
 
 __all__ = ["TFPredictor", "TensorInfo"]
@@ -43,7 +44,7 @@ _SPARK_TYPES = {
     "bool": T.BooleanType(),
     "object": T.BinaryType(),
 }
-# Hidden DataFrame columns holding Arrow-ready copies of the feature columns.
+# Hidden DataFrame columns holding float-array copies of Vector feature columns.
 _FEATURE_PREFIX = "__sparktf_feature_"
 # Output dtypes Spark has no type for, and what they are widened to.
 _WIDENED = {"float16": "float32", "bfloat16": "float32", "uint8": "int16", "uint16": "int32", "uint32": "int64"}
@@ -158,18 +159,33 @@ def _plan_feed(
 
 
 class _KerasRunner:
-    """Calls a Keras model in a compiled ``tf.function`` (inference mode)."""
+    """Calls a Keras model in a compiled ``tf.function`` (inference mode).
+
+    One function per input signature, traced once with a batch dimension of
+    any size, so the short last batch of a partition reuses the trace.
+    """
 
     def __init__(self, model: Any):
-        import tensorflow as tf
-
         self.model = model
-        self._call = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+        self._calls: Dict[str, Callable[[Any], Any]] = {}
 
     def __call__(self, inputs: Any) -> Any:
         import tensorflow as tf
 
-        return tf.nest.map_structure(lambda t: t.numpy(), self._call(inputs))
+        signature = tf.nest.map_structure(_any_batch_spec, inputs)
+        call = self._calls.get(repr(signature))
+        if call is None:
+            model = self.model
+            call = tf.function(lambda x: model(x, training=False), input_signature=[signature])
+            self._calls[repr(signature)] = call
+        return tf.nest.map_structure(lambda t: t.numpy(), call(inputs))
+
+
+def _any_batch_spec(array: np.ndarray) -> Any:
+    """The ``tf.TensorSpec`` of a batch like ``array`` with any number of records."""
+    import tensorflow as tf
+
+    return tf.TensorSpec((None,) + array.shape[1:], tf.as_dtype(array.dtype))
 
 
 class _SignatureRunner:
@@ -201,7 +217,15 @@ class _ModelHandle:
     output_kind: str = SINGLE
 
     def runner(self) -> Callable[[Any], Any]:
-        """The cached runner of this process (loads the model on the first call)."""
+        """The cached runner of this process (loads the model on the first call).
+
+        Inside a Spark task, TensorFlow's threads are first set to
+        ``spark.task.cpus`` (as for training), so concurrent tasks do not
+        compete for the same cores.
+        """
+        context = TaskContext.get()
+        if context is not None:
+            configure_task_threads(context.cpus())
         if self.kind == "keras":
             return model_io.cached(
                 "keras-predict:" + self.key,
@@ -286,7 +310,7 @@ def _partition_id() -> int:
 
 def _arrow_column(array: np.ndarray) -> pa.Array:
     """An ``(n, d1, d2, ...)`` array as Arrow nested lists (``list<list<...>>``)."""
-    array = np.ascontiguousarray(array.astype(_WIDENED.get(array.dtype.name, array.dtype)))
+    array = np.ascontiguousarray(array.astype(_WIDENED.get(array.dtype.name, array.dtype), copy=False))
     values = pa.array(array.reshape(-1), type=pa.binary() if array.dtype == object else None)
     for depth in range(array.ndim - 1, 0, -1):  # innermost level first
         lists = int(np.prod(array.shape[:depth]))
@@ -578,15 +602,18 @@ class TFPredictor:
 
 
 def _arrow_features(df: DataFrame, columns: Sequence[str]) -> Tuple[DataFrame, List[str]]:
-    """``df`` plus hidden Arrow-ready copies of ``columns`` (vectors as float32 arrays), and their names."""
+    """``df`` plus hidden float32-array copies of its ``Vector`` feature columns, and the column to read per feature.
+
+    Array and numeric columns are read as they are, so each travels to Python once.
+    """
     from pyspark.ml.functions import vector_to_array
 
-    names = [f"{_FEATURE_PREFIX}{i}" for i in range(len(columns))]
     types = {field.name: field.dataType for field in df.schema.fields}
-    copies = [
-        (vector_to_array(df[c], "float32") if isinstance(types[c], T.UserDefinedType) else df[c]).alias(n)
-        for c, n in zip(columns, names)
+    names = [
+        f"{_FEATURE_PREFIX}{i}" if isinstance(types[column], T.UserDefinedType) else column
+        for i, column in enumerate(columns)
     ]
+    copies = [vector_to_array(df[c], "float32").alias(n) for c, n in zip(columns, names) if n != c]
     return df.select("*", *copies), names
 
 

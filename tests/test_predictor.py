@@ -215,3 +215,15 @@ def test_bad_record_and_rejected_batch_raise_data_error(sc):
     dataset = TFDataset.from_ndarrays(np.zeros((5, 4), "float32"), batch_per_thread=2, num_partitions=1)
     with pytest.raises(DataError, match=r"partition 0, records 0\.\.1: the model rejected the batch"), reraise_remote():
         TFPredictor.from_keras(subclassed, dataset).predict().collect()
+
+
+def test_keras_runner_traces_once_for_full_and_short_batches():
+    from sparktf.predictor import _KerasRunner
+
+    model = _dense_model()
+    runner = _KerasRunner(model)
+    x = _features(range(1, 9))
+    np.testing.assert_allclose(runner(x), model.predict(x, verbose=0), rtol=1e-5)
+    runner(x[:3])  # the short last batch of a partition
+    (call,) = runner._calls.values()
+    assert call.experimental_get_tracing_count() == 1
