@@ -37,3 +37,12 @@ def spark():
 def sc(spark):
     """The SparkContext of the shared session."""
     return spark.sparkContext
+
+
+def save_module_with_two_signatures(module, method, directory):
+    """Save a ``tf.Module`` with ``method`` as both "serving_default" and "other"; return the path."""
+    import tensorflow as tf
+
+    path = str(directory)
+    tf.saved_model.save(module, path, signatures={"serving_default": method, "other": method})
+    return path

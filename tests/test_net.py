@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import save_module_with_two_signatures
 from sparktf.errors import DataError
 from sparktf.net import TFNet, export_tf
 
@@ -103,10 +104,8 @@ class _TwoHeads(tf.Module):
 
 @pytest.fixture(scope="module")
 def two_heads_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("two_heads"))
     module = _TwoHeads()
-    tf.saved_model.save(module, path, signatures={"serving_default": module.serve, "other": module.serve})
-    return path
+    return save_module_with_two_signatures(module, module.serve, tmp_path_factory.mktemp("two_heads"))
 
 
 def test_saved_model_inputs_and_outputs_select_and_order(two_heads_dir):

@@ -7,6 +7,7 @@ import keras
 import pytest
 import tensorflow as tf
 
+from conftest import save_module_with_two_signatures
 from sparktf import model_io
 from sparktf.dataset import TFDataset
 from sparktf.errors import DataError
@@ -39,10 +40,8 @@ class JpegStats(tf.Module):
 
 @pytest.fixture(scope="module")
 def squares_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("squares"))
     module = Squares()
-    tf.saved_model.save(module, path, signatures={"serving_default": module.powers, "other": module.powers})
-    return path
+    return save_module_with_two_signatures(module, module.powers, tmp_path_factory.mktemp("squares"))
 
 
 def test_order_count_and_partitioning_with_uneven_partitions(sc):
