@@ -93,3 +93,18 @@ def test_executors_without_sparktf_get_python_and_package_from_init_spark(tmp_pa
         assert "sparktf.zip" in row["sparktf_file"]
         assert row["error_class"] == "SparkTFError"
         assert row["tf_version"]
+
+
+def test_import_without_tensorflow_names_the_extra_to_install():
+    hide_tensorflow = (
+        "import importlib.util, sys\n"
+        "real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a: None if name == 'tensorflow' else real(name, *a)\n"
+        "try:\n"
+        "    import sparktf\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", hide_tensorflow], capture_output=True, text=True, timeout=60)
+    assert "pip install 'sparktf[cpu]'" in proc.stdout, proc.stdout + proc.stderr
+    assert "sparktf[gpu]" in proc.stdout
