@@ -12,8 +12,12 @@ side by side in one Spark session (``local[<cores>]``):
   faster variant than the docs', for reference);
 * ``single_process``    one process with TensorFlow's default threads (all
   cores) on the whole array: the faster of ``model.predict(x, batch_size)``
-  and a compiled ``tf.function`` call per batch. ``bound_ratio`` is
-  ``tfpredictor_rdd / (single_process x cores)``.
+  and a compiled ``tf.function`` call per batch. ``vs_single_process`` is
+  ``tfpredictor_rdd / single_process``;
+* ``single_process_1thread`` the same with 1 TF intra- and inter-op thread.
+  ``bound_ratio`` is ``tfpredictor_rdd / (single_process_1thread x cores)``:
+  the per-core rate times the cores (the all-cores process already uses the
+  whole machine, so multiplying it by the cores would count them twice).
 
 Every input (the dataset's block RDD, the DataFrame) is generated and cached
 before anything is timed, and every Spark method is first run on a small
@@ -102,6 +106,9 @@ def best_time(run: Callable[[], None], repeats: int) -> float:
 
 SINGLE_PROCESS = """
 import sys, time, numpy as np, tensorflow as tf, keras
+threads = int(sys.argv[4])  # set before TF initialises; 0 keeps TF's default (all cores)
+tf.config.threading.set_intra_op_parallelism_threads(threads)
+tf.config.threading.set_inter_op_parallelism_threads(threads)
 x = np.load(sys.argv[1]); model = keras.models.load_model(sys.argv[2]); batch = int(sys.argv[3])
 call = tf.function(lambda b: model(b, training=False), reduce_retracing=True)
 methods = {
@@ -117,12 +124,19 @@ for name, run in methods.items():
 """
 
 
-def single_process_rates(model_path: str, data_path: str) -> Dict[str, float]:
-    """records/s of ``model.predict`` and of a compiled call per batch, in a fresh process (all cores)."""
-    command = [sys.executable, "-c", SINGLE_PROCESS, data_path, model_path, str(BATCH)]
+def single_process_rates(model_path: str, data_path: str, threads: int = 0) -> Dict[str, float]:
+    """records/s in a fresh process with ``threads`` TF intra- and inter-op threads (0: TF's default, all cores).
+
+    ``single_predict`` for ``model.predict``, ``single_compiled`` for a compiled
+    call per batch, ``single_process`` for the faster of the two; the keys end
+    in ``_<threads>thread`` when ``threads`` is set.
+    """
+    command = [sys.executable, "-c", SINGLE_PROCESS, data_path, model_path, str(BATCH), str(threads)]
     out = subprocess.run(command, capture_output=True, text=True, check=True)
-    rates = dict(line.split() for line in out.stdout.strip().splitlines()[-2:])
-    return {f"single_{name}": float(rate) for name, rate in rates.items()}
+    rates = {name: float(rate) for name, rate in (line.split() for line in out.stdout.strip().splitlines()[-2:])}
+    rates["process"] = max(rates.values())
+    suffix = f"_{threads}thread" if threads else ""
+    return {f"single_{name}{suffix}": rate for name, rate in rates.items()}
 
 
 class Workload:
@@ -247,7 +261,7 @@ def run_workload(work: Workload, repeats: int) -> Dict[str, float]:
         if name == "tfpredictor_rdd":
             results["tfpredictor_rdd_steady"] = records / max(seconds - results["empty_job"], 1e-9)
     results.update(single_process_rates(work.model_path, work.data_path))
-    results["single_process"] = max(results["single_predict"], results["single_compiled"])
+    results.update(single_process_rates(work.model_path, work.data_path, threads=1))
     return results
 
 
@@ -258,7 +272,7 @@ def report(kind: str, sizes: Sizes, results: Dict[str, float]) -> None:
             print(f"  {name:24s} {value:12.2f} s (fixed cost of a job over the blocks)")
         else:
             print(f"  {name:24s} {value:12.0f} records/s")
-    bound = results["single_process"] * CORES
+    bound = results["single_process_1thread"] * CORES
     print(
         f"  ratio_vs_udf={results['tfpredictor_rdd'] / results['predict_batch_udf']:.2f} "
         f"ratio_vs_udf_on_batch={results['tfpredictor_rdd'] / results['udf_on_batch']:.2f} "
