@@ -34,6 +34,8 @@ __all__ = [
     "arrow_schema",
     "ArrowBlockDecoder",
     "arrow_to_numpy",
+    "arrow_feature",
+    "is_vector_column",
 ]
 
 #: NumPy dtype of each supported scalar Spark type (doubles become float32, as in from_ndarrays).
@@ -120,22 +122,27 @@ def _sample_shape(name: str, value, depth: int) -> Tuple[int, ...]:
     return shape
 
 
-def arrow_ready(df: DataFrame, columns: Sequence[str]) -> DataFrame:
-    """``df`` reduced to ``columns`` in order (named ``_0, _1, ...``), vectors as float32 arrays.
+def is_vector_column(df: DataFrame, name: str) -> bool:
+    """Whether column ``name`` of ``df`` holds MLlib vectors."""
+    return _is_vector(df.schema[name].dataType)
+
+
+def arrow_feature(df: DataFrame, name: str) -> Column:
+    """Column ``name`` as Arrow can carry it: vectors become float32 arrays.
 
     The conversion of vectors runs in the JVM (``vector_to_array``), so no
-    Python object is created per row.
+    Python object is created per row; other columns are returned as they are.
     """
+    if not is_vector_column(df, name):
+        return df[name]
     from pyspark.ml.functions import vector_to_array
 
-    fields = {field.name: field for field in df.schema.fields}
-    selected: List[Column] = []
-    for i, name in enumerate(columns):
-        column = df[name]
-        if _is_vector(fields[name].dataType):
-            column = vector_to_array(column, "float32")
-        selected.append(column.alias(f"_{i}"))
-    return df.select(*selected)
+    return vector_to_array(df[name], "float32")
+
+
+def arrow_ready(df: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """``df`` reduced to ``columns`` in order (named ``_0, _1, ...``), vectors as float32 arrays."""
+    return df.select(*(arrow_feature(df, name).alias(f"_{i}") for i, name in enumerate(columns)))
 
 
 def arrow_batch_rdd(df: DataFrame) -> RDD:

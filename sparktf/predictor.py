@@ -606,14 +606,11 @@ def _arrow_features(df: DataFrame, columns: Sequence[str]) -> Tuple[DataFrame, L
 
     Array and numeric columns are read as they are, so each travels to Python once.
     """
-    from pyspark.ml.functions import vector_to_array
-
-    types = {field.name: field.dataType for field in df.schema.fields}
     names = [
-        f"{_FEATURE_PREFIX}{i}" if isinstance(types[column], T.UserDefinedType) else column
+        f"{_FEATURE_PREFIX}{i}" if arrow_io.is_vector_column(df, column) else column
         for i, column in enumerate(columns)
     ]
-    copies = [vector_to_array(df[c], "float32").alias(n) for c, n in zip(columns, names) if n != c]
+    copies = [arrow_io.arrow_feature(df, c).alias(n) for c, n in zip(columns, names) if n != c]
     return df.select("*", *copies), names
 
 
