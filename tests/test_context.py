@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-
 import sparktf
 from sparktf.errors import CollectiveError, DataError, SparkTFError, TrainingError
 
