@@ -1,4 +1,4 @@
-"""Cluster resources: free task slots for a barrier job, TensorFlow threads per task.
+"""Cluster resources: free task slots for a barrier job, TensorFlow threads per task, the rendezvous.
 
 Spark's own check for a barrier stage that does not fit retries for minutes;
 sparktf fails within seconds instead, naming the numbers.
@@ -13,9 +13,17 @@ from pyspark import SparkContext
 
 from sparktf.errors import SparkTFError
 
-__all__ = ["total_task_slots", "free_task_slots", "wait_for_free_slots", "configure_task_threads"]
+__all__ = [
+    "total_task_slots",
+    "free_task_slots",
+    "wait_for_free_slots",
+    "configure_task_threads",
+    "RENDEZVOUS_CONF",
+    "rendezvous_host",
+]
 
 _LOG = logging.getLogger(__name__)
+RENDEZVOUS_CONF = "spark.sparktf.rendezvous"
 
 
 def total_task_slots(sc: SparkContext) -> int:
@@ -93,3 +101,25 @@ def configure_task_threads(cpus: int) -> int:
                 cpus,
             )
     return threading.get_intra_op_parallelism_threads()
+
+
+def rendezvous_host(sc: SparkContext) -> str | None:
+    """Where a barrier job's ranks exchange their addresses.
+
+    ``spark.sparktf.rendezvous`` is ``driver`` (the default: a
+    :class:`~sparktf.collective.PeerDirectory` on ``spark.driver.host``) or
+    ``barrier`` (``BarrierTaskContext.allGather``, ~1 s per job, for clusters
+    whose executors cannot open connections to the driver).
+
+    Returns
+    -------
+    str or None
+        The driver's address for the directory, None for ``barrier``.
+    """
+    conf = sc.getConf()
+    mode = conf.get(RENDEZVOUS_CONF, "driver")
+    if mode == "barrier":
+        return None
+    if mode != "driver":
+        raise SparkTFError(f"{RENDEZVOUS_CONF} must be 'driver' or 'barrier', got {mode!r}")
+    return conf.get("spark.driver.host", "127.0.0.1")

@@ -11,13 +11,15 @@ checkpoint or later) up to ``max_failures`` times. See ``docs/optimizer.md``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import time
 from functools import partial
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from sparktf import cluster
+from sparktf.collective import PeerDirectory
 from sparktf.checkpoint import (
     ModelState,
     checkpoint_path,
@@ -351,6 +353,19 @@ class TFOptimizer:
     def _launch_segment(
         self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger
     ) -> SegmentResult:
+        secret = secrets.token_bytes(32)
+        with _peer_directory(self.sc, self.num_workers, secret) as directory:
+            return self._run_barrier_job(blocks, local_batch, progress, stop, secret, directory)
+
+    def _run_barrier_job(
+        self,
+        blocks: Any,
+        local_batch: int,
+        progress: TrainingProgress,
+        stop: Trigger,
+        secret: bytes,
+        directory: Optional[str],
+    ) -> SegmentResult:
         from sparktf.spark_jobs import run_job
 
         state = self.sc.broadcast(ModelState.capture(self.model, self.iteration))
@@ -365,7 +380,8 @@ class TFOptimizer:
             seed=self.dataset.seed,
             sequential_order=self.dataset.sequential_order,
             clipping=self.clipping,
-            secret=secrets.token_bytes(32),
+            secret=secret,
+            directory=directory,
             collective_timeout=self.collective_timeout,
         )
         started = time.perf_counter()
@@ -507,3 +523,14 @@ class TFOptimizer:
             payload = ModelPayload.from_model(self.model, include_optimizer=True)
             self._payload = self.sc.broadcast(payload.to_bytes())
         return self._payload
+
+
+@contextlib.contextmanager
+def _peer_directory(sc: Any, num_workers: int, secret: bytes) -> Iterator[Optional[str]]:
+    """The address of a peer directory for one barrier job, or None (one worker, or ``barrier`` rendezvous)."""
+    host = cluster.rendezvous_host(sc)
+    if num_workers == 1 or host is None:
+        yield None
+        return
+    with PeerDirectory(num_workers, secret, host) as directory:
+        yield directory.address

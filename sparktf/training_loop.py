@@ -66,6 +66,9 @@ class SegmentSpec:
         Clipping of the global gradient.
     secret : bytes
         Shared secret authenticating the collective's connections.
+    directory : str, optional
+        ``"host:port"`` of the driver's peer directory, None to exchange
+        addresses with ``BarrierTaskContext.allGather``.
     collective_timeout : float
         Seconds a worker waits for its peers in a collective operation.
     """
@@ -81,6 +84,7 @@ class SegmentSpec:
     sequential_order: bool
     clipping: GradientClipping
     secret: bytes
+    directory: Optional[str]
     collective_timeout: float
 
 
@@ -154,7 +158,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     watch.lap("threads")
     with ThreadPoolExecutor(1) as pool:  # connect while the model loads and compiles
         connecting = pool.submit(
-            Communicator.from_barrier_context, context, spec.secret, spec.collective_timeout
+            Communicator.from_barrier_context,
+            context,
+            spec.secret,
+            spec.collective_timeout,
+            spec.directory,
         )
         try:
             shard = Shard.from_blocks(blocks)

@@ -95,8 +95,17 @@ def client_handshake(sock: socket.socket, secret: bytes, rank: int, server_rank:
         raise HandshakeError(f"rank {server_rank} did not accept the connection")
 
 
-def server_handshake(sock: socket.socket, secret: bytes, rank: int, client_rank: int, world_size: int) -> None:
+def server_handshake(sock: socket.socket, secret: bytes, rank: int, client_rank: int | None,
+                     world_size: int) -> int:
     """Authenticate an accepted socket that must come from ``client_rank``.
+
+    ``client_rank=None`` accepts any rank in ``[0, world_size)`` (the peer
+    directory, which does not know who connects).
+
+    Returns
+    -------
+    int
+        The client's rank.
 
     Raises
     ------
@@ -108,15 +117,18 @@ def server_handshake(sock: socket.socket, secret: bytes, rank: int, client_rank:
     magic, claimed_world, claimed_rank = _CLIENT_HELLO.unpack_from(hello)
     if magic != b"STFC":
         raise HandshakeError(f"the client does not speak the sparktf collective protocol (magic {magic!r})")
-    if claimed_world != world_size or claimed_rank != client_rank:
+    expected_rank = claimed_rank in range(world_size) if client_rank is None else claimed_rank == client_rank
+    if claimed_world != world_size or not expected_rank:
+        wanted = "a rank" if client_rank is None else f"rank {client_rank}"
         raise HandshakeError(
-            f"the client claims rank {claimed_rank} of {claimed_world}, expected rank {client_rank} of {world_size}")
+            f"the client claims rank {claimed_rank} of {claimed_world}, expected {wanted} of {world_size}")
     nonce_c = hello[_CLIENT_HELLO.size:]
     nonce_s = secrets.token_bytes(_NONCE_BYTES)
     sock.sendall(_SERVER_HELLO.pack(b"STFS", rank) + nonce_s
-                 + _mac(secret, b"server", world_size, client_rank, rank, nonce_c, nonce_s))
+                 + _mac(secret, b"server", world_size, claimed_rank, rank, nonce_c, nonce_s))
     mac_client = _recv_exact(sock, _MAC_BYTES)
-    expected = _mac(secret, b"client", world_size, client_rank, rank, nonce_c, nonce_s)
+    expected = _mac(secret, b"client", world_size, claimed_rank, rank, nonce_c, nonce_s)
     if not hmac.compare_digest(mac_client, expected):
-        raise HandshakeError(f"the client claiming rank {client_rank} did not prove it knows the job secret")
+        raise HandshakeError(f"the client claiming rank {claimed_rank} did not prove it knows the job secret")
     sock.sendall(_ACCEPTED)
+    return claimed_rank
