@@ -272,8 +272,9 @@ def predict_partition(
     """
     from sparktf.batching import inference_batches
     from sparktf.model_io import cached
+    from sparktf.worker_gc import frozen_after
 
-    graph = cached(graph_key, lambda: graph_broadcast.value)
+    graph = cached(graph_key, frozen_after(lambda: graph_broadcast.value))
     for leaves in inference_batches(blocks, batch):
         outputs = graph.run(leaves[:num_inputs])
         for index in range(len(outputs[0])):

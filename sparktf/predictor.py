@@ -28,6 +28,7 @@ from pyspark.sql import types as T
 from sparktf import arrow_io, batching, model_io, specs
 from sparktf.cluster import configure_task_threads
 from sparktf.errors import DataError
+from sparktf.worker_gc import frozen_after
 
 __all__ = ["TFPredictor", "TensorInfo"]
 
@@ -159,33 +160,43 @@ def _plan_feed(
 
 
 class _KerasRunner:
-    """Calls a Keras model in a compiled ``tf.function`` (inference mode).
+    """Calls a Keras model through a concrete ``tf.function`` (inference mode).
 
-    One function per input signature, traced once with a batch dimension of
-    any size, so the short last batch of a partition reuses the trace.
+    One concrete function per input signature (the inputs' nesting, dtypes and
+    per-record shapes), traced once with a batch dimension of any size, so the
+    short last batch of a partition reuses the trace. Calling the concrete
+    function directly skips the ``tf.function`` dispatch (argument
+    canonicalisation and trace lookup): ~100 us less per batch.
     """
 
     def __init__(self, model: Any):
         self.model = model
-        self._calls: Dict[str, Callable[[Any], Any]] = {}
+        self._calls: Dict[str, Callable[..., Any]] = {}
 
     def __call__(self, inputs: Any) -> Any:
         import tensorflow as tf
 
-        signature = tf.nest.map_structure(_any_batch_spec, inputs)
-        call = self._calls.get(repr(signature))
+        key = repr(tf.nest.map_structure(lambda a: (a.dtype.str, a.shape[1:]), inputs))
+        call = self._calls.get(key)
         if call is None:
-            model = self.model
-            call = tf.function(lambda x: model(x, training=False), input_signature=[signature])
-            self._calls[repr(signature)] = call
+            call = self._trace(inputs)
+            self._calls[key] = call
         return tf.nest.map_structure(lambda t: t.numpy(), call(inputs))
+
+    def _trace(self, inputs: Any) -> Callable[..., Any]:
+        import tensorflow as tf
+
+        model = self.model
+        signature = tf.nest.map_structure(_any_batch_spec, inputs)
+        return tf.function(lambda x: model(x, training=False)).get_concrete_function(signature)
 
 
 def _any_batch_spec(array: np.ndarray) -> Any:
-    """The ``tf.TensorSpec`` of a batch like ``array`` with any number of records."""
+    """The ``tf.TensorSpec`` of a batch like ``array`` with any number of records (object arrays: strings)."""
     import tensorflow as tf
 
-    return tf.TensorSpec((None,) + array.shape[1:], tf.as_dtype(array.dtype))
+    dtype = tf.string if array.dtype == np.dtype(object) else tf.as_dtype(array.dtype)
+    return tf.TensorSpec((None,) + array.shape[1:], dtype)
 
 
 class _SignatureRunner:
@@ -221,7 +232,8 @@ class _ModelHandle:
 
         Inside a Spark task, TensorFlow's threads are first set to
         ``spark.task.cpus`` (as for training), so concurrent tasks do not
-        compete for the same cores.
+        compete for the same cores. A freshly loaded model is frozen out of
+        the garbage collector's full collections (see :mod:`sparktf.worker_gc`).
         """
         context = TaskContext.get()
         if context is not None:
@@ -229,9 +241,9 @@ class _ModelHandle:
         if self.kind == "keras":
             return model_io.cached(
                 "keras-predict:" + self.key,
-                lambda: _KerasRunner(model_io.ModelPayload.from_bytes(self.broadcast.value).build()),
+                frozen_after(lambda: _KerasRunner(model_io.ModelPayload.from_bytes(self.broadcast.value).build())),
             )
-        loaded = model_io.cached("saved-model:" + self.key, lambda: self.broadcast.value.load())
+        loaded = model_io.cached("saved-model:" + self.key, frozen_after(lambda: self.broadcast.value.load()))
         return _SignatureRunner(loaded, self.signature, self.outputs, self.output_kind)
 
 
