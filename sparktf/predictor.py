@@ -370,7 +370,7 @@ class _DataFramePredict:
         first_row = 0
         for record_batch in record_batches:
             block = tuple(
-                arrow_io.arrow_to_numpy(record_batch.column(name), leaf, name, partition, first_row)
+                _feature_column(record_batch.column(name), leaf, name, partition, first_row)
                 for leaf, name in zip(self.leaves, self.feature_columns)
             )
             batches = batching.inference_batches([block], self.batch)
@@ -577,9 +577,11 @@ class TFPredictor:
         ----------
         df : pyspark.sql.DataFrame
         feature_cols : str or list of str
-            Numeric, ``ArrayType`` or ``Vector`` columns, one per model input
-            (matched by name when they are named like the model's inputs,
-            else in order).
+            Numeric, ``ArrayType``, ``Vector``, ``string`` or ``binary``
+            columns, one per model input (matched by name when they are named
+            like the model's inputs, else in order). Text columns feed
+            ``tf.string`` inputs as bytes (strings UTF-8 encoded), e.g. a
+            signature that decodes JPEG bytes.
         output_col : str
             Name of the new column: a number for scalar predictions, an
             ``array<float>`` (nested for higher ranks) for array-valued ones,
@@ -594,12 +596,15 @@ class TFPredictor:
         ------
         DataError
             For a missing or unsupported column, an existing ``output_col``,
-            or columns that do not fit the model's inputs.
+            or columns that do not fit the model's inputs (checked before
+            any job runs). While computing: a null, a row of another array
+            length (naming the column, partition and row) or a batch the
+            model rejects (naming the partition and records).
         """
         columns = [feature_cols] if isinstance(feature_cols, str) else list(feature_cols)
         if output_col in df.columns:
             raise DataError(f"column {output_col!r} already exists in the DataFrame; pick another output_col")
-        layouts = arrow_io.column_layouts(df, columns)
+        layouts = _column_layouts(df, columns)
         leaves = [specs.LeafSpec(name, np.dtype(dtype), shape) for name, (dtype, shape) in zip(columns, layouts)]
         feed = self._model.feed(leaves, columns)
         kind, outputs = self._model.outputs(feed)
@@ -611,6 +616,42 @@ class TFPredictor:
         )
         schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
         return selected.mapInArrow(function, schema)
+
+
+def _column_layouts(df: DataFrame, columns: Sequence[str]) -> List[Tuple[str, Tuple[int, ...]]]:
+    """``(numpy dtype name, per-row shape)`` per column: :func:`arrow_io.column_layouts`, plus text columns.
+
+    ``string`` and ``binary`` columns are scalar ``tf.string`` features
+    (``object`` arrays of ``bytes``).
+    """
+    text = {name for name in columns if name in df.columns and _is_text(df.schema[name].dataType)}
+    others = iter(arrow_io.column_layouts(df, [name for name in columns if name not in text]))
+    return [("object", ()) if name in text else next(others) for name in columns]
+
+
+def _is_text(data_type: T.DataType) -> bool:
+    return isinstance(data_type, (T.StringType, T.BinaryType))
+
+
+def _feature_column(array: pa.Array, leaf: specs.LeafSpec, column: str, partition: int, first_row: int) -> np.ndarray:
+    """One Arrow column of a record batch as the leaf's array (text columns: ``object`` arrays of ``bytes``).
+
+    Raises
+    ------
+    DataError
+        For a null, or (numeric columns) a row of another length, naming the
+        column, the partition and the row.
+    """
+    if not leaf.is_string:
+        return arrow_io.arrow_to_numpy(array, leaf, column, partition, first_row)
+    if array.null_count:
+        row = first_row + int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(
+            f"column {column!r}, partition {partition}, row {row} (0-based within the partition) is null; "
+            "the model expects a string per record. Fill or drop nulls first (df.na.fill / df.na.drop)."
+        )
+    as_bytes = array.cast(pa.large_binary()) if pa.types.is_large_string(array.type) else array.cast(pa.binary())
+    return as_bytes.to_numpy(zero_copy_only=False).astype(object, copy=False)
 
 
 def _arrow_features(df: DataFrame, columns: Sequence[str]) -> Tuple[DataFrame, List[str]]:

@@ -38,6 +38,12 @@ class JpegStats(tf.Module):
         return {"mean": tf.reduce_mean(tf.cast(images, tf.float32), axis=[1, 2, 3])}
 
 
+class TextLength(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def length(self, text):
+        return {"bytes": tf.strings.length(text)}
+
+
 @pytest.fixture(scope="module")
 def squares_dir(tmp_path_factory):
     module = Squares()
@@ -145,6 +151,29 @@ def test_predict_dataframe_several_outputs_is_a_struct(spark, squares_dir):
     assert sorted((r.id, r.powers.sq, r.powers.cube) for r in out.collect()) == [(i, i * i, i**3) for i in range(10)]
     with pytest.raises(DataError, match="already exists"):
         TFPredictor.from_saved_model(squares_dir, dataset).predict_dataframe(df, "x", output_col="id")
+
+
+def test_predict_dataframe_feeds_string_and_binary_columns_to_a_string_input(spark, sc, tmp_path):
+    path = str(tmp_path / "length")
+    module = TextLength()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.length})
+    texts = ["héllo", "", "a b", "日本", "x" * 40]
+    blobs = [bytearray(b"\x00\xff\x01"), bytearray(), bytearray(b"jpeg?"), bytearray(b"\n"), bytearray(b"ab")]
+    df = spark.createDataFrame(list(zip(range(5), texts, blobs)), "id int, text string, blob binary")
+    dataset = TFDataset.from_string_rdd(sc.parallelize(["any"]), batch_per_thread=2)
+    predictor = TFPredictor.from_saved_model(path, dataset)
+
+    by_text = predictor.predict_dataframe(df, "text", output_col="n")
+    assert by_text.schema["n"].dataType.simpleString() == "int"
+    assert sorted((r.id, r.n) for r in by_text.collect()) == [(i, len(t.encode())) for i, t in enumerate(texts)]
+    by_blob = predictor.predict_dataframe(df, ["blob"], output_col="n").collect()
+    assert sorted((r.id, r.n) for r in by_blob) == [(i, len(b)) for i, b in enumerate(blobs)]
+
+    with pytest.raises(DataError, match=r"feature id \(int32 .* does not fit model input 'text' string \[\]"):
+        predictor.predict_dataframe(df, "id")
+    with_null = spark.createDataFrame([("a",), ("b",), (None,)], "text string").coalesce(1)
+    with pytest.raises(DataError, match=r"column 'text', partition 0, row 2 .* is null"), reraise_remote():
+        predictor.predict_dataframe(with_null, "text").collect()
 
 
 def test_loaded_model_is_frozen_out_of_the_workers_garbage_collections(sc):
