@@ -158,6 +158,15 @@ class FrozenGraph:
             f"Pass {role} names from that list, written like 'name:0'."
         )
 
+    def expected(self) -> str:
+        """The inputs per record, as error messages show them: ``"['x:0' float32 [4]]"``."""
+        described = []
+        for spec in self.input_specs:
+            record_shape = spec.shape[1:].as_list() if spec.shape.rank else "any"
+            dtype = "string" if spec.dtype == tf.string else spec.dtype.name
+            described.append(f"{spec.name!r} {dtype} {record_shape}")
+        return "[" + ", ".join(described) + "]"
+
     def check_inputs(self, arrays: Sequence) -> None:
         """Raise ``DataError`` unless ``arrays`` has one entry per graph input."""
         if len(arrays) != len(self.input_names):
@@ -245,12 +254,16 @@ def record_blocks(
 
 
 def predict_partition(
-    blocks: Iterable[tuple], graph_broadcast, graph_key: str, batch: int, num_inputs: int
+    partition: int, blocks: Iterable[tuple], graph_broadcast, graph_key: str, batch: int, num_inputs: int
 ) -> Iterator[Union[np.ndarray, List[np.ndarray]]]:
     """Run a broadcast graph over one partition of Blocks, yielding one result per record.
 
+    A ``mapPartitionsWithIndex`` function.
+
     Parameters
     ----------
+    partition : int
+        The partition's index, for error messages.
     blocks : iterable of tuple of ndarray
         The partition's Blocks (see ``docs/internals.md``); the first
         ``num_inputs`` leaves are fed to the graph in order.
@@ -269,14 +282,26 @@ def predict_partition(
     ndarray or list of ndarray
         The record's output (a list when the graph has several outputs), in
         input order.
+
+    Raises
+    ------
+    DataError
+        When the graph rejects a batch, naming the partition, the batch's
+        records, the graph's inputs and the records' dtypes and shapes.
     """
+    from sparktf.batch_errors import rejected_batch
     from sparktf.batching import inference_batches
     from sparktf.model_io import cached
     from sparktf.worker_gc import frozen_after
 
     graph = cached(graph_key, frozen_after(lambda: graph_broadcast.value))
+    start = 0
     for leaves in inference_batches(blocks, batch):
-        outputs = graph.run(leaves[:num_inputs])
+        try:
+            outputs = graph.run(leaves[:num_inputs])
+        except (ValueError, TypeError, tf.errors.InvalidArgumentError) as exc:
+            raise rejected_batch(partition, start, leaves[:num_inputs], exc, "graph", graph.expected()) from exc
+        start += len(leaves[0])
         for index in range(len(outputs[0])):
             rows = [out[index, ...] for out in outputs]
             yield one_or_list(rows)

@@ -257,16 +257,28 @@ class TFNet(keras.layers.Layer):
             Records per graph run (per partition when distributed). A
             TFDataset's own ``batch_per_thread`` / ``batch_size`` wins.
         distributed : bool, optional
-            Arrays run locally unless True (then on Spark, still returning
-            arrays); RDDs and TFDatasets always run on Spark.
+            Arrays run locally unless True; then they are split into
+            ``sc.defaultParallelism`` contiguous partitions and run on Spark.
+            RDDs and TFDatasets always run on Spark.
 
         Returns
         -------
         ndarray, list of ndarray, or RDD
-            For arrays: the outputs for all records, like :meth:`forward`.
-            For an RDD / TFDataset: an RDD with one element per record in
-            input order and partitioning - an ndarray, or a list of them
-            when the graph has several outputs.
+            For arrays run locally: the outputs for all records, like
+            :meth:`forward`. Otherwise (an RDD, a TFDataset, or arrays with
+            ``distributed=True``): an RDD with one element per record in
+            input order (and, for an RDD or TFDataset, its partitioning) -
+            an ndarray, or a list of them when the graph has several
+            outputs.
+
+        Raises
+        ------
+        DataError
+            For the wrong number of inputs, a shape that does not fit the
+            graph, or rank-0 inputs with ``distributed=True``; on Spark, a
+            batch the graph rejects raises it (inside Spark's exception, see
+            :func:`sparktf.remote_errors.reraise_remote`) naming the
+            partition and records.
         """
         is_int = isinstance(batch_per_thread, (int, np.integer)) and not isinstance(batch_per_thread, bool)
         if not is_int or batch_per_thread <= 0:
@@ -291,21 +303,21 @@ class TFNet(keras.layers.Layer):
         pieces = [self._graph.run([a[start : start + batch] for a in arrays]) for start in range(0, count, batch)]
         return one_or_list([np.concatenate(parts) for parts in zip(*pieces)])
 
-    def _predict_arrays_on_spark(self, arrays: List[np.ndarray], batch: int) -> Arrays:
+    def _predict_arrays_on_spark(self, arrays: List[np.ndarray], batch: int):
+        """The per-record outputs of ``arrays``, computed on Spark: an RDD of contiguous, ordered partitions."""
         import sparktf
-        from sparktf.remote_errors import reraise_remote
 
         count = _record_count(arrays)
-        if not count:  # scalar or empty inputs: nothing to distribute
-            return self.forward(arrays)
+        if count is None:
+            raise DataError(
+                "distributed=True needs arrays with a record axis (axis 0), got a rank-0 input; "
+                "call predict without distributed=True (or forward) for a single scalar input."
+            )
         sc = sparktf.init_spark().sparkContext
         columns = self._graph.as_graph_inputs(arrays)
         bounds = [i * count // sc.defaultParallelism for i in range(sc.defaultParallelism + 1)]
         blocks = [tuple(c[lo:hi] for c in columns) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
-        with reraise_remote():
-            rows = self._run_blocks(sc.parallelize(blocks, len(blocks)), batch).collect()
-        per_output = zip(*rows) if len(self.output_names) > 1 else [rows]
-        return one_or_list([np.stack(values) for values in per_output])
+        return self._run_blocks(sc.parallelize(blocks, max(len(blocks), 1)), batch)
 
     def _predict_rdd(self, rdd, batch: int):
         record_shapes = [spec.shape[1:] for spec in self._graph.input_specs]
@@ -339,7 +351,7 @@ class TFNet(keras.layers.Layer):
             batch=batch,
             num_inputs=len(self.input_names),
         )
-        return block_rdd.mapPartitions(run, preservesPartitioning=True)
+        return block_rdd.mapPartitionsWithIndex(run, preservesPartitioning=True)
 
 
 def _record_count(arrays: List[np.ndarray]) -> Optional[int]:

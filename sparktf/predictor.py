@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from sparktf import arrow_io, batching, model_io, specs
+from sparktf.batch_errors import rejected_batch
 from sparktf.cluster import configure_task_threads
 from sparktf.errors import DataError
 from sparktf.worker_gc import frozen_after
@@ -262,13 +263,7 @@ def _run_batches(
         try:
             output = runner(feed.pack(leaves))
         except (ValueError, TypeError) + _tf_input_errors() as exc:
-            got = ", ".join(f"{a.dtype} {list(a.shape[1:])}" for a in leaves)
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DataError(
-                f"partition {partition}, records {start}..{start + size - 1}: the model rejected the "
-                f"batch ({type(exc).__name__}: {message}). The model expects {feed.expected()} per "
-                f"record; the records are [{got}]."
-            ) from exc
+            raise rejected_batch(partition, start, leaves, exc, "model", feed.expected()) from exc
         yield size, output
         start += size
 

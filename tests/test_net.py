@@ -310,7 +310,38 @@ def test_distributed_predict_over_uneven_partitions_keeps_order_and_count(export
     rows = [row for partition in partitions for row in partition]
     assert len(rows) == 15 and all(r.shape == (2,) for r in rows)
     np.testing.assert_allclose(np.stack(rows), net.forward(x[kept]), rtol=1e-6)
-    np.testing.assert_allclose(net.predict(x, batch_per_thread=3, distributed=True), net.forward(x), rtol=1e-6)
+
+
+def test_distributed_arrays_give_an_rdd_of_records_in_order(export_dir, two_heads_dir, sc):
+    net = TFNet.from_export_folder(export_dir)
+    x = RNG.normal(size=(7, 4)).astype("float32")
+    rdd = net.predict(x, batch_per_thread=3, distributed=True)
+    assert rdd.getNumPartitions() == sc.defaultParallelism
+    rows = rdd.collect()
+    assert len(rows) == 7 and all(r.shape == (2,) for r in rows)
+    np.testing.assert_allclose(np.stack(rows), net.forward(x), rtol=1e-6)
+
+    two_heads = TFNet.from_saved_model(two_heads_dir, inputs=["zeta", "alpha"])
+    zeta, alpha = RNG.normal(size=(5, 3)).astype("float32"), RNG.normal(size=(5, 2)).astype("float32")
+    pairs = two_heads.predict([zeta, alpha], batch_per_thread=2, distributed=True).collect()
+    np.testing.assert_allclose(np.stack([p[1] for p in pairs]), two_heads.forward([zeta, alpha])[1], rtol=1e-6)
+    with pytest.raises(DataError, match="rank-0 input"):
+        net.predict(np.float32(1.0), distributed=True)
+    with pytest.raises(DataError, match=r"takes 1 input\(s\).*got 2"):
+        net.predict([x, x], distributed=True)
+
+
+def test_distributed_batch_the_graph_rejects_names_partition_and_records(sc):
+    from sparktf.remote_errors import reraise_remote
+
+    doubled_if_finite = tf.function(lambda x: tf.debugging.assert_all_finite(x, "not finite") * 2.0)
+    finite = TFNet.from_function(doubled_if_finite, [tf.TensorSpec([None], tf.float32)])
+    x = np.arange(8, dtype="float32")
+    np.testing.assert_array_equal(np.stack(finite.predict(x, distributed=True).collect()), x * 2)
+    x[6] = np.nan  # partition 1 holds records 4..7, in batches of 2: the batch 6..7 (2..3 within the partition)
+    rejected = r"partition 1, records 2\.\.3: the graph rejected the batch \(InvalidArgumentError"
+    with pytest.raises(DataError, match=rejected), reraise_remote():
+        finite.predict(x, batch_per_thread=2, distributed=True).collect()
 
 
 def test_distributed_predict_multi_io_rdd_and_tfdataset(two_heads_dir, sc):
