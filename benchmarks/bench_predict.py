@@ -12,7 +12,8 @@ side by side in one Spark session (``local[<cores>]``):
   faster variant than the docs', for reference);
 * ``single_process``    one process with TensorFlow's default threads (all
   cores) on the whole array: the faster of ``model.predict(x, batch_size)``
-  and a compiled ``tf.function`` call per batch. ``vs_single_process`` is
+  and a concrete ``tf.function`` called per batch (as TFPredictor calls
+  the model). ``vs_single_process`` is
   ``tfpredictor_rdd / single_process``;
 * ``single_process_1thread`` the same with 1 TF intra- and inter-op thread.
   ``bound_ratio`` is ``tfpredictor_rdd / (single_process_1thread x cores)``:
@@ -26,9 +27,11 @@ fixed cost of a Spark job over the same cached blocks (``block_rdd.count()``);
 ``tfpredictor_rdd_steady`` is the TFPredictor rate with that cost taken out.
 The docs' UDF is ~30x slower than the rest, so it runs on a prefix of the
 records (same partitions, still >10 s of work in full mode) to keep the run
-short. Two workloads: an MLP on 64 floats per record and a small CNN on
-32x32x3 images. The last line is ``RESULT predict_ratio_vs_udf=<TFPredictor
-RDD records/s / predict_batch_udf records/s>`` for the MLP workload.
+short. Two workloads: an MLP on 64 floats per record (2M records) and a
+small CNN on 32x32x3 uint8 images (100k; the model rescales them to
+[0, 1] in its first layer), every method fed the same arrays. The last
+line is ``RESULT predict_ratio_vs_udf=<TFPredictor RDD records/s /
+predict_batch_udf records/s>`` for the MLP workload.
 
 Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_predict.py [--quick]``.
 """
@@ -59,8 +62,8 @@ class Sizes:
     docs_udf_records: int
 
 
-FULL = {"mlp": Sizes(1_000_000, 50_000), "cnn": Sizes(30_000, 10_000)}
-QUICK = {"mlp": Sizes(200_000, 10_000), "cnn": Sizes(6_000, 2_000)}
+FULL = {"mlp": Sizes(2_000_000, 50_000), "cnn": Sizes(100_000, 10_000)}
+QUICK = {"mlp": Sizes(200_000, 10_000), "cnn": Sizes(10_000, 2_000)}
 
 
 def build_model(kind: str):
@@ -73,21 +76,30 @@ def build_model(kind: str):
              keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)]
         )
     return keras.Sequential(
-        [keras.Input((32, 32, 3)), keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        [keras.Input((32, 32, 3), dtype="uint8"), keras.layers.Rescaling(1 / 255),
+         keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
          keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
     )
 
 
 def make_data(kind: str, records: int) -> np.ndarray:
-    shape = (records, 64) if kind == "mlp" else (records, 32, 32, 3)
-    return np.random.default_rng(0).random(size=shape, dtype=np.float32)
+    """float32 features for the MLP; uint8 pixels for the CNN, as image data sets (CIFAR-10) store them."""
+    rng = np.random.default_rng(0)
+    if kind == "mlp":
+        return rng.random(size=(records, 64), dtype=np.float32)
+    return rng.integers(0, 256, size=(records, 32, 32, 3), dtype=np.uint8)
 
 
 def make_dataframe(spark, x: np.ndarray):
-    """A cached DataFrame of ``PARTITIONS`` partitions with one flat ``array<float>`` column ``x``."""
+    """A cached DataFrame of ``PARTITIONS`` partitions with one flat array column ``x``.
+
+    ``array<float>`` for float32 data; Spark has no unsigned bytes, so uint8
+    pixels become ``array<smallint>`` (same values).
+    """
     import pyarrow as pa
 
     flat = x.reshape(len(x), -1)
+    flat = flat.astype(np.int16) if flat.dtype == np.uint8 else flat
     offsets = pa.array(np.arange(len(x) + 1, dtype=np.int32) * flat.shape[1])
     table = pa.table({"x": pa.ListArray.from_arrays(offsets, pa.array(flat.reshape(-1)))})
     df = spark.createDataFrame(table).repartition(PARTITIONS).cache()
@@ -110,7 +122,8 @@ threads = int(sys.argv[4])  # set before TF initialises; 0 keeps TF's default (a
 tf.config.threading.set_intra_op_parallelism_threads(threads)
 tf.config.threading.set_inter_op_parallelism_threads(threads)
 x = np.load(sys.argv[1]); model = keras.models.load_model(sys.argv[2]); batch = int(sys.argv[3])
-call = tf.function(lambda b: model(b, training=False), reduce_retracing=True)
+spec = tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype))
+call = tf.function(lambda b: model(b, training=False)).get_concrete_function(spec)
 methods = {
     "predict": lambda a: model.predict(a, batch_size=batch, verbose=0),
     "compiled": lambda a: [call(a[i:i + batch]).numpy() for i in range(0, len(a), batch)],
@@ -127,7 +140,7 @@ for name, run in methods.items():
 def single_process_rates(model_path: str, data_path: str, threads: int = 0) -> Dict[str, float]:
     """records/s in a fresh process with ``threads`` TF intra- and inter-op threads (0: TF's default, all cores).
 
-    ``single_predict`` for ``model.predict``, ``single_compiled`` for a compiled
+    ``single_predict`` for ``model.predict``, ``single_compiled`` for a concrete
     call per batch, ``single_process`` for the faster of the two; the keys end
     in ``_<threads>thread`` when ``threads`` is set.
     """
