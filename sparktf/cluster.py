@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pyspark import SparkContext
+from pyspark import SparkConf, SparkContext
 
 from sparktf.errors import SparkTFError
 
@@ -103,7 +103,7 @@ def configure_task_threads(cpus: int) -> int:
     return threading.get_intra_op_parallelism_threads()
 
 
-def rendezvous_host(sc: SparkContext) -> str | None:
+def rendezvous_host(conf: SparkConf) -> str | None:
     """Where a barrier job's ranks exchange their addresses.
 
     ``spark.sparktf.rendezvous`` is ``driver`` (the default: a
@@ -111,12 +111,16 @@ def rendezvous_host(sc: SparkContext) -> str | None:
     ``barrier`` (``BarrierTaskContext.allGather``, ~1 s per job, for clusters
     whose executors cannot open connections to the driver).
 
+    Parameters
+    ----------
+    conf : pyspark.SparkConf
+        The application's configuration (``sc.getConf()``).
+
     Returns
     -------
     str or None
         The driver's address for the directory, None for ``barrier``.
     """
-    conf = sc.getConf()
     mode = conf.get(RENDEZVOUS_CONF, "driver")
     if mode == "barrier":
         return None

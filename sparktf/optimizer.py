@@ -354,7 +354,7 @@ class TFOptimizer:
         self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger
     ) -> SegmentResult:
         secret = secrets.token_bytes(32)
-        with _peer_directory(self.sc, self.num_workers, secret) as directory:
+        with _peer_directory(cluster.rendezvous_host(self.sc.getConf()), self.num_workers, secret) as directory:
             return self._run_barrier_job(blocks, local_batch, progress, stop, secret, directory)
 
     def _run_barrier_job(
@@ -526,11 +526,25 @@ class TFOptimizer:
 
 
 @contextlib.contextmanager
-def _peer_directory(sc: Any, num_workers: int, secret: bytes) -> Iterator[Optional[str]]:
-    """The address of a peer directory for one barrier job, or None (one worker, or ``barrier`` rendezvous)."""
-    host = cluster.rendezvous_host(sc)
+def _peer_directory(host: Optional[str], num_workers: int, secret: bytes) -> Iterator[Optional[str]]:
+    """The address of a peer directory on ``host`` for one barrier job, or None to use ``allGather``.
+
+    None for one worker, for ``host=None`` (``spark.sparktf.rendezvous=barrier``)
+    and, with a warning, when ``host`` cannot be listened on (e.g. a
+    ``spark.driver.host`` that names a proxy or service address).
+    """
     if num_workers == 1 or host is None:
         yield None
         return
-    with PeerDirectory(num_workers, secret, host) as directory:
+    try:
+        directory = PeerDirectory(num_workers, secret, host)
+    except OSError as error:
+        _LOG.warning(
+            "cannot listen on spark.driver.host=%s for the peer directory (%s); the workers "
+            "exchange addresses through BarrierTaskContext.allGather instead (~1 s per job)",
+            host, error,
+        )
+        yield None
+        return
+    with directory:
         yield directory.address

@@ -96,3 +96,31 @@ def test_bad_registrations_are_dropped():
         with pytest.raises(CollectiveError, match="peer directory"):
             directory_peers(directory.address, 0, 1, "no port here", SECRET, WAIT, WAIT)
         assert directory_peers(directory.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT) == ["127.0.0.1:5"]
+
+
+def test_rendezvous_setting_picks_the_driver_directory_or_allgather(sc):
+    from pyspark import SparkConf
+
+    from sparktf.cluster import rendezvous_host
+    from sparktf.errors import SparkTFError
+
+    assert rendezvous_host(sc.getConf()) == "127.0.0.1"  # the default: a directory on spark.driver.host
+    conf = SparkConf(loadDefaults=False).set("spark.driver.host", "10.1.2.3")
+    assert rendezvous_host(conf) == "10.1.2.3"
+    assert rendezvous_host(conf.set("spark.sparktf.rendezvous", "barrier")) is None
+    with pytest.raises(SparkTFError, match="'driver' or 'barrier', got 'ring'"):
+        rendezvous_host(conf.set("spark.sparktf.rendezvous", "ring"))
+
+
+def test_training_falls_back_to_allgather_when_the_driver_host_cannot_be_listened_on(caplog):
+    from sparktf.optimizer import _peer_directory
+
+    with _peer_directory("192.0.2.1", 2, SECRET) as directory:  # TEST-NET-1: never this machine's address
+        assert directory is None
+    assert "BarrierTaskContext.allGather instead" in caplog.text
+    with _peer_directory("127.0.0.1", 2, SECRET) as directory:
+        assert directory.startswith("127.0.0.1:")
+    assert directory_threads() == []
+    for host, workers in ((None, 2), ("127.0.0.1", 1)):
+        with _peer_directory(host, workers, SECRET) as directory:
+            assert directory is None
