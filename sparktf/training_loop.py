@@ -38,6 +38,7 @@ from sparktf.checkpoint import ModelState
 from sparktf.cluster import configure_task_threads
 from sparktf.train_step import GradientClipping, TrainStep
 from sparktf.triggers import TrainingProgress, Trigger
+from sparktf.worker_gc import freeze_alive
 
 __all__ = ["SegmentSpec", "SegmentResult", "run_segment"]
 
@@ -253,6 +254,7 @@ def _prepared_step(
     watch.lap("model_load")
     if not step.warmed_up:
         step.warm_up(*_features_labels(spec, next(batches())))
+        freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     spec.state.value.apply_to(step.model)  # also undoes the warm-up's update
     watch.lap("model_load")

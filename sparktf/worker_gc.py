@@ -7,8 +7,11 @@ tracks ~400k container objects and each full collection walks them all:
 next task. Moving the long-lived objects to the permanent generation
 (``gc.freeze()``) right after a model is loaded makes those collections
 cost milliseconds. Objects frozen this way are still freed by reference
-counting; only cycles among them are never collected, which is what a
-model kept in the worker's cache is anyway.
+counting, but cycles among them (a Keras model is full of them) are not:
+a model evicted from the worker's cache would stay in memory. So each load
+by :func:`frozen_after` first unfreezes, then collects everything, which
+frees what earlier loads left behind, and freezes again: one full
+collection per model load.
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ from __future__ import annotations
 import gc
 from typing import Any, Callable, TypeVar
 
-__all__ = ["frozen_after"]
+__all__ = ["freeze_alive", "frozen_after"]
 
 T = TypeVar("T")
 
 
 def frozen_after(loader: Callable[[], T]) -> Callable[[], T]:
-    """``loader`` followed by a full collection and ``gc.freeze()`` of everything alive.
+    """``loader``, then ``gc.unfreeze()``, a full collection and ``gc.freeze()`` of everything alive.
 
     Parameters
     ----------
@@ -38,8 +41,14 @@ def frozen_after(loader: Callable[[], T]) -> Callable[[], T]:
 
     def load() -> Any:
         loaded = loader()
-        gc.collect()
-        gc.freeze()
+        gc.unfreeze()
+        freeze_alive()
         return loaded
 
     return load
+
+
+def freeze_alive() -> None:
+    """Run a full collection, then move every object still alive to the permanent generation."""
+    gc.collect()
+    gc.freeze()
