@@ -189,6 +189,32 @@ def test_loaded_model_is_frozen_out_of_the_workers_garbage_collections(sc):
     assert all(frozen > 10_000 for _, frozen in rows), rows  # TensorFlow, Keras and the model
 
 
+def test_a_load_frees_cycles_that_earlier_frozen_loads_left_behind():
+    import gc
+    import weakref
+
+    from sparktf.worker_gc import frozen_after
+
+    class Node:
+        pass
+
+    def cyclic_model():
+        node = Node()
+        node.itself = node
+        return node
+
+    try:
+        model = frozen_after(cyclic_model)()
+        evicted = weakref.ref(model)
+        del model
+        gc.collect()
+        assert evicted() is not None  # frozen: full collections skip it
+        frozen_after(lambda: None)()  # the next load
+        assert evicted() is None
+    finally:
+        gc.unfreeze()
+
+
 def test_model_is_loaded_once_per_worker_and_reused_across_jobs(sc):
     labelled = (_features(range(40)), np.arange(40))  # labels are ignored by prediction
     dataset = TFDataset.from_ndarrays(labelled, batch_per_thread=8, num_partitions=4)
