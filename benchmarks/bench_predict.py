@@ -173,10 +173,10 @@ class Workload:
         self.warm_df = make_dataframe(spark, self.warm_x)
 
     def release(self) -> None:
-        """Drop the cached inputs."""
-        self.dataset.block_rdd.unpersist()
+        """Drop the cached inputs, waiting until the JVM has freed them (the next workload caches its own)."""
+        self.dataset.block_rdd.unpersist(blocking=True)
         for df in (self.df, self.docs_df, self.warm_df):
-            df.unpersist()
+            df.unpersist(blocking=True)
 
     def predictor(self, x: np.ndarray):
         from sparktf import TFDataset, TFPredictor
@@ -307,7 +307,7 @@ def start_spark():
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
             "spark.python.worker.reuse": "true",
-            "spark.driver.memory": "6g",
+            "spark.driver.memory": "8g",
         },
     )
     spark.sparkContext.setLogLevel("ERROR")
