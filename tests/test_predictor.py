@@ -176,6 +176,18 @@ def test_predict_dataframe_feeds_string_and_binary_columns_to_a_string_input(spa
         predictor.predict_dataframe(with_null, "text").collect()
 
 
+def test_keras_model_with_a_string_input_on_an_rdd_and_a_dataframe(spark, sc):
+    text = keras.Input((), dtype="string", name="text")
+    length = keras.layers.Lambda(lambda s: tf.cast(tf.strings.length(s), "float32"), output_shape=())(text)
+    model = keras.Model(text, length)
+    words = ["a", "héllo", "", "spark", "日本"]
+    expected = [float(len(w.encode())) for w in words]
+    predictor = TFPredictor.from_keras(model, TFDataset.from_string_rdd(sc.parallelize(words, 2), batch_per_thread=2))
+    assert [float(v) for v in predictor.predict().collect()] == expected
+    df = spark.createDataFrame(list(enumerate(words)), "id int, text string")
+    assert [r.prediction for r in predictor.predict_dataframe(df, "text").orderBy("id").collect()] == expected
+
+
 def test_loaded_model_is_frozen_out_of_the_workers_garbage_collections(sc):
     dataset = TFDataset.from_ndarrays(_features(range(8)), batch_per_thread=4, num_partitions=2)
 
