@@ -202,33 +202,41 @@ def main() -> None:
     old_batches = dict.fromkeys(WORKLOADS, OLD_BATCH)
     old = compare(old_batches, OLD_QUICK_ITERATIONS if args.quick else OLD_FULL_ITERATIONS, (2,))
     print(f"ratio_2w_batch{OLD_BATCH}={old['sparktf_2w'] / old['single_process']:.3f}")
-    # (c) before (b): during a 1-worker job longer than a minute Spark stops the other, idle
-    # Python worker (PythonWorkerFactory's 1-minute idle timeout), and (c) would then start
-    # a fresh one and import TensorFlow in it (~4 s), a cost the warm-up above already counted
     rates = compare(GLOBAL_BATCH, QUICK_ITERATIONS if args.quick else FULL_ITERATIONS, (2, 1))
     print(f"RESULT train_ratio_1w={rates['sparktf_1w'] / rates['single_process']:.3f}")
     print(f"RESULT train_ratio_2w={rates['sparktf_2w'] / rates['single_process']:.3f}")
 
 
 def compare(batches: Dict[str, int], iterations: Dict[str, int], worker_counts: tuple) -> Dict[str, float]:
-    """Run (a) and sparktf on ``worker_counts`` workers per workload; print and return records/s."""
-    totals = dict.fromkeys(["single_process"] + [f"sparktf_{w}w" for w in worker_counts], 0.0)
-    records = 0
-    for kind in WORKLOADS:
-        batch, n = batches[kind], iterations[kind]
-        records += n * batch
-        seconds = {"single_process": run_single_process(kind, batch, n)}
-        for workers in worker_counts:
-            seconds[f"sparktf_{workers}w"], timings = run_sparktf(kind, batch, n, workers)
+    """Run (a) and sparktf on ``worker_counts`` workers per workload; print and return records/s.
+
+    Every workload's (a) and 2-worker run come before any 1-worker run: while
+    a 1-worker job runs for over a minute no task finishes, so Spark stops the
+    other, idle Python worker (PythonWorkerFactory's 1-minute idle timeout),
+    and a 2-worker job after it would start a fresh worker and import
+    TensorFlow in it (~4 s), a one-time cost the warm-up already counted.
+    """
+    seconds: Dict[str, Dict[str, float]] = {kind: {} for kind in WORKLOADS}
+    for workers in sorted(worker_counts, reverse=True):
+        for kind in WORKLOADS:
+            batch, n = batches[kind], iterations[kind]
+            if not seconds[kind]:
+                seconds[kind]["single_process"] = run_single_process(kind, batch, n)
+            seconds[kind][f"sparktf_{workers}w"], timings = run_sparktf(kind, batch, n, workers)
             print(f"  {kind} batch {batch} sparktf_{workers}w where the time went (rank 0): "
                   f"{format_timings(timings, n)}")
-        for method, value in seconds.items():
-            totals[method] += value
+    for kind in WORKLOADS:
+        batch, n = batches[kind], iterations[kind]
+        for method, value in seconds[kind].items():
             print(f"{kind:4s} batch {batch:3d} {method:15s} {n:5d} iterations {value:7.2f}s "
                   f"{n * batch / value:9.0f} records/s")
         print(f"{kind:4s} batch {batch:3d} ratio (c)/(a) = "
-              f"{seconds['single_process'] / seconds['sparktf_2w']:.3f}")
-    rates = {method: records / value for method, value in totals.items()}
+              f"{seconds[kind]['single_process'] / seconds[kind]['sparktf_2w']:.3f}")
+    records = sum(batches[kind] * iterations[kind] for kind in WORKLOADS)
+    rates = {
+        method: records / sum(seconds[kind][method] for kind in WORKLOADS)
+        for method in seconds[WORKLOADS[0]]
+    }
     for method, rate in rates.items():
         print(f"all  {method:15s} {rate:9.0f} records/s")
     return rates
