@@ -41,7 +41,6 @@ def frozen_after(loader: Callable[[], T]) -> Callable[[], T]:
 
     def load() -> Any:
         loaded = loader()
-        gc.unfreeze()
         freeze_alive()
         return loaded
 
@@ -49,6 +48,7 @@ def frozen_after(loader: Callable[[], T]) -> Callable[[], T]:
 
 
 def freeze_alive() -> None:
-    """Run a full collection, then move every object still alive to the permanent generation."""
+    """Unfreeze, collect everything (freeing what earlier freezes kept), freeze what is still alive."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
