@@ -29,7 +29,14 @@ import threading
 import time
 
 from sparktf.collective.auth import HandshakeError, client_handshake, server_handshake
-from sparktf.collective.rendezvous import bind_listener, format_peer, parse_peer
+from sparktf.collective.rendezvous import (
+    HANDSHAKE_SECONDS,
+    POLL_SECONDS,
+    bind_listener,
+    connect_before,
+    format_peer,
+    parse_peer,
+)
 from sparktf.collective.transport import recv_exact
 from sparktf.errors import CollectiveError
 
@@ -39,9 +46,6 @@ logger = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("!I")
 _MAX_PEER_BYTES = 1024
-_HANDSHAKE_SECONDS = 10.0
-_POLL_SECONDS = 0.2
-_RETRY_SECONDS = 0.05
 
 
 class PeerDirectory:
@@ -93,7 +97,7 @@ class PeerDirectory:
         self.close()
 
     def _serve(self) -> None:
-        self._listener.settimeout(_POLL_SECONDS)
+        self._listener.settimeout(POLL_SECONDS)
         while not self._closing.is_set():
             try:
                 sock, address = self._listener.accept()
@@ -106,7 +110,7 @@ class PeerDirectory:
                 self._answer()
 
     def _register(self, sock: socket.socket, address) -> None:
-        sock.settimeout(_HANDSHAKE_SECONDS)
+        sock.settimeout(HANDSHAKE_SECONDS)
         try:
             rank = server_handshake(sock, self._secret, self._world_size, None, self._world_size)
             peer = _receive(sock, _MAX_PEER_BYTES).decode("utf-8")
@@ -159,7 +163,7 @@ def directory_peers(directory: str, rank: int, world_size: int, peer: str, secre
     """
     sock = _connect(directory, connect_timeout)
     try:
-        sock.settimeout(_HANDSHAKE_SECONDS)
+        sock.settimeout(HANDSHAKE_SECONDS)
         try:
             client_handshake(sock, secret, rank, world_size, world_size)
         except (HandshakeError, OSError) as exc:
@@ -181,20 +185,14 @@ def directory_peers(directory: str, rank: int, world_size: int, peer: str, secre
 
 
 def _connect(directory: str, connect_timeout: float) -> socket.socket:
-    address = parse_peer(directory)
-    deadline = time.monotonic() + connect_timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            return socket.create_connection(address, timeout=max(remaining, 0.001))
-        except OSError as exc:
-            if remaining <= 0 or not isinstance(exc, (ConnectionRefusedError, TimeoutError)):
-                raise CollectiveError(
-                    f"could not reach sparktf's peer directory on the driver at {directory} ({exc}); "
-                    "executors must be able to open TCP connections to spark.driver.host, or set "
-                    "spark.sparktf.rendezvous=barrier to exchange addresses through Spark "
-                    "(about 1 s slower per training job)") from None
-            time.sleep(_RETRY_SECONDS)
+    try:
+        return connect_before(parse_peer(directory), time.monotonic() + connect_timeout)
+    except OSError as exc:
+        raise CollectiveError(
+            f"could not reach sparktf's peer directory on the driver at {directory} ({exc}); "
+            "executors must be able to open TCP connections to spark.driver.host, or set "
+            "spark.sparktf.rendezvous=barrier to exchange addresses through Spark "
+            "(about 1 s slower per training job)") from None
 
 
 def _send(sock: socket.socket, payload: bytes) -> None:

@@ -21,12 +21,21 @@ from sparktf.collective.auth import HandshakeError, client_handshake, server_han
 from sparktf.collective.transport import configure_socket
 from sparktf.errors import CollectiveError
 
-__all__ = ["bind_listener", "connect_ring", "barrier_task_peers", "format_peer", "parse_peer"]
+__all__ = [
+    "HANDSHAKE_SECONDS",
+    "POLL_SECONDS",
+    "barrier_task_peers",
+    "bind_listener",
+    "connect_before",
+    "connect_ring",
+    "format_peer",
+    "parse_peer",
+]
 
 logger = logging.getLogger(__name__)
 
-_HANDSHAKE_SECONDS = 10.0  # the most one accepted connection may take to authenticate
-_POLL_SECONDS = 0.2
+HANDSHAKE_SECONDS = 10.0  # the most one accepted connection may take to authenticate
+POLL_SECONDS = 0.2
 _RETRY_SECONDS = 0.05
 
 
@@ -100,29 +109,45 @@ def connect_ring(rank: int, peers: list[str], listener: socket.socket, secret: b
     return left, right
 
 
-def _connect_right(rank: int, peers: list[str], secret: bytes, deadline: float, timeout: float) -> socket.socket:
-    right_rank = (rank + 1) % len(peers)
-    address = parse_peer(peers[right_rank])
+def connect_before(address: tuple[str, int], deadline: float) -> socket.socket:
+    """Connect to ``address``, retrying refused and timed-out attempts until ``deadline`` (``time.monotonic()``).
+
+    Each attempt may take the whole remaining time (a listener may first be
+    busy dropping intruders).
+
+    Raises
+    ------
+    TimeoutError
+        No attempt succeeded before ``deadline``.
+    OSError
+        Any other connection failure, at once.
+    """
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise CollectiveError(
-                f"rank {rank} could not reach rank {right_rank} at {peers[right_rank]} within {timeout:g} s; "
-                "check that it started and that the address is reachable")
+            raise TimeoutError(f"could not connect to {address[0]}:{address[1]} in time")
         try:
-            # the whole remaining time: the right rank may first be busy dropping intruders
-            sock = socket.create_connection(address, timeout=remaining)
+            return socket.create_connection(address, timeout=remaining)
         except (ConnectionRefusedError, TimeoutError):
             time.sleep(_RETRY_SECONDS)
-            continue
-        try:
-            client_handshake(sock, secret, rank, right_rank, len(peers))
-        except (HandshakeError, OSError) as exc:
-            sock.close()
-            raise CollectiveError(
-                f"rank {rank} could not authenticate with rank {right_rank} at {peers[right_rank]}: {exc}; "
-                "every rank must use the same job secret and peer list") from None
-        return sock
+
+
+def _connect_right(rank: int, peers: list[str], secret: bytes, deadline: float, timeout: float) -> socket.socket:
+    right_rank = (rank + 1) % len(peers)
+    try:
+        sock = connect_before(parse_peer(peers[right_rank]), deadline)
+    except TimeoutError:
+        raise CollectiveError(
+            f"rank {rank} could not reach rank {right_rank} at {peers[right_rank]} within {timeout:g} s; "
+            "check that it started and that the address is reachable") from None
+    try:
+        client_handshake(sock, secret, rank, right_rank, len(peers))
+    except (HandshakeError, OSError) as exc:
+        sock.close()
+        raise CollectiveError(
+            f"rank {rank} could not authenticate with rank {right_rank} at {peers[right_rank]}: {exc}; "
+            "every rank must use the same job secret and peer list") from None
+    return sock
 
 
 class _LeftAcceptor:
@@ -157,7 +182,7 @@ class _LeftAcceptor:
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
                 return
-            self._listener.settimeout(min(remaining, _POLL_SECONDS))
+            self._listener.settimeout(min(remaining, POLL_SECONDS))
             try:
                 sock, address = self._listener.accept()
             except TimeoutError:
@@ -167,7 +192,7 @@ class _LeftAcceptor:
                 return
 
     def _authenticate(self, sock: socket.socket, address, remaining: float) -> bool:
-        sock.settimeout(min(remaining, _HANDSHAKE_SECONDS))
+        sock.settimeout(min(remaining, HANDSHAKE_SECONDS))
         try:
             server_handshake(sock, self._secret, self._rank, self._left_rank, self._world_size)
         except (HandshakeError, OSError) as exc:
