@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from sparktf.errors import DataError
+from sparktf.specs import dtype_name
 
 __all__ = ["rejected_batch"]
 
@@ -37,15 +38,10 @@ def rejected_batch(
         The inputs ``what`` expects per record, e.g. ``"['x' float32 [4]]"``.
     """
     size = len(leaves[0]) if len(leaves) and np.ndim(leaves[0]) else 1
-    got = ", ".join(f"{_dtype_name(a)} {list(np.shape(a)[1:])}" for a in leaves)
+    got = ", ".join(f"{dtype_name(np.asarray(a).dtype)} {list(np.shape(a)[1:])}" for a in leaves)
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return DataError(
         f"partition {partition}, records {first_record}..{first_record + size - 1}: the {what} rejected the "
         f"batch ({type(exc).__name__}: {message}). The {what} expects {expected} per record; the records "
         f"are [{got}]."
     )
-
-
-def _dtype_name(array: np.ndarray) -> str:
-    dtype = np.asarray(array).dtype
-    return "string" if dtype == np.dtype(object) else dtype.name

@@ -80,8 +80,7 @@ class TensorInfo:
         return cls(name, dtype, shape)
 
     def describe(self) -> str:
-        dtype = "string" if self.dtype == np.dtype(object) else self.dtype.name
-        return f"{self.name!r} {dtype} {list(self.shape)}"
+        return f"{self.name!r} {specs.dtype_name(self.dtype)} {list(self.shape)}"
 
     def accepts(self, leaf: specs.LeafSpec) -> bool:
         """Whether records of ``leaf`` fit this input (numbers are cast, strings must be strings)."""
@@ -411,7 +410,7 @@ class _KerasModel:
     def outputs(self, feed: _Feed) -> Tuple[str, List[TensorInfo]]:
         import keras
 
-        symbolic = [keras.KerasTensor((None,) + info.shape, dtype=_keras_dtype(info.dtype)) for info in feed.inputs]
+        symbolic = [keras.KerasTensor((None,) + info.shape, dtype=specs.dtype_name(info.dtype)) for info in feed.inputs]
         spec = self.model.compute_output_spec(feed.structured(symbolic))
         if isinstance(spec, dict):
             return DICT, [TensorInfo.from_tensor(name, t) for name, t in spec.items()]
@@ -680,10 +679,6 @@ def _keras_inputs(model: Any) -> Optional[Tuple[List[TensorInfo], str]]:
     if isinstance(structure, (list, tuple)):
         return [TensorInfo.from_tensor(t.name, t) for t in structure], LIST
     return [TensorInfo.from_tensor(structure.name, structure)], SINGLE
-
-
-def _keras_dtype(dtype: np.dtype) -> str:
-    return "string" if dtype == np.dtype(object) else dtype.name
 
 
 def _paths(leaves: Sequence[specs.LeafSpec]) -> List[str]:

@@ -30,12 +30,18 @@ __all__ = [
     "flatten_with_paths",
     "leaf_specs",
     "describe",
+    "dtype_name",
 ]
 
 _SPEC_HELP = (
     "A spec is (dtype, shape), e.g. (tf.float32, [28, 28, 1]) or ('int32', []), "
     "or a tf.TensorSpec; several specs go in a list, a tuple or a dict name -> spec."
 )
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """A NumPy dtype as users write it: its name, ``"string"`` for ``object`` (``tf.string`` values)."""
+    return "string" if dtype == np.dtype(object) else dtype.name
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ class LeafSpec:
     @property
     def dtype_name(self) -> str:
         """The dtype as users write it, ``"string"`` for ``tf.string``."""
-        return "string" if self.is_string else self.dtype.name
+        return dtype_name(self.dtype)
 
     @property
     def record_nbytes(self) -> int:
