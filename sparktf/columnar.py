@@ -27,6 +27,7 @@ __all__ = [
     "to_leaf_array",
     "to_leaf_column",
     "records_per_block",
+    "balanced_bounds",
     "count_records",
     "BlockRouter",
     "sorted_blocks",
@@ -59,6 +60,11 @@ def records_per_block(leaves: Sequence[specs.LeafSpec]) -> int:
     """How many records of these leaves make a block of about :data:`TARGET_BLOCK_BYTES`."""
     record_bytes = sum(leaf.record_nbytes for leaf in leaves)
     return max(1, TARGET_BLOCK_BYTES // max(record_bytes, 1))
+
+
+def balanced_bounds(total: int, parts: int) -> List[int]:
+    """Record offsets splitting ``total`` records into ``parts`` contiguous ranges whose sizes differ by at most 1."""
+    return [i * total // parts for i in range(parts + 1)]
 
 
 def count_records(blocks: Iterable[Block]) -> List[int]:
@@ -225,7 +231,7 @@ class BlockRouter:
     def __init__(self, partition_counts: Sequence[int], num_workers: int):
         self.offsets = np.concatenate([[0], np.cumsum(partition_counts)]).tolist()
         total = self.offsets[-1]
-        self.bounds = [w * total // num_workers for w in range(num_workers + 1)]
+        self.bounds = balanced_bounds(total, num_workers)
 
     def __call__(self, partition: int, blocks: Iterable[Block]) -> Iterator[Tuple[tuple, Block]]:
         position = self.offsets[partition]

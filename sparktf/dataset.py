@@ -15,12 +15,14 @@ from operator import itemgetter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
-from pyspark import RDD, SparkContext, StorageLevel
+from pyspark import RDD, SparkContext
 from pyspark.sql import DataFrame
 
 from sparktf import arrow_io, specs, tfrecord_io
-from sparktf.columnar import BlockRouter, RecordFormat, count_records, slice_block, sorted_blocks, to_leaf_column
+from sparktf.block_serializer import block_rdd, cached
+from sparktf.columnar import BlockRouter, RecordFormat, count_records, sorted_blocks, to_leaf_column
 from sparktf.context import init_spark
+from sparktf.driver_blocks import cached_driver_blocks
 from sparktf.errors import DataError
 from sparktf.remote_errors import reraise_remote
 
@@ -154,9 +156,9 @@ class TFDataset:
         val_blocks = None
         if val_rdd is not None:
             _check_is_rdd(val_rdd, "val_rdd")
-            val_blocks = _cached(val_rdd.mapPartitionsWithIndex(record_format.to_blocks), "validation")
+            val_blocks = cached(block_rdd(val_rdd.mapPartitionsWithIndex(record_format.to_blocks)), "validation")
         return cls._with_validation(
-            _cached(rdd.mapPartitionsWithIndex(record_format.to_blocks), "training"),
+            cached(block_rdd(rdd.mapPartitionsWithIndex(record_format.to_blocks)), "training"),
             feature_spec,
             label_spec,
             val_blocks,
@@ -180,6 +182,11 @@ class TFDataset:
         num_partitions: Optional[int] = None,
     ) -> "TFDataset":
         """A dataset of in-memory arrays, split into contiguous partitions.
+
+        The arrays are converted and split on the driver; each partition
+        travels once to the executors (in a broadcast variable) and is cached
+        there in blocks of about 16 MB (``MEMORY_AND_DISK``), so later jobs
+        read it from Spark's cache.
 
         Parameters
         ----------
@@ -335,7 +342,7 @@ class TFDataset:
 
         def file_blocks(file_paths, kind: str) -> RDD:
             files = tfrecord_io.expand_paths(file_paths)
-            return _cached(sc.parallelize(files, len(files)).mapPartitionsWithIndex(reader), kind)
+            return cached(block_rdd(sc.parallelize(files, len(files)).mapPartitionsWithIndex(reader)), kind)
 
         val_blocks = None if validation_paths is None else file_blocks(validation_paths, "validation")
         return cls._with_validation(
@@ -548,7 +555,7 @@ class TFDataset:
         if len(counts) == num_workers and max(counts) - min(counts) <= 1:
             return self._block_rdd
         if num_workers not in self._training_rdds:
-            self._training_rdds[num_workers] = (
+            self._training_rdds[num_workers] = block_rdd(
                 self._block_rdd.mapPartitionsWithIndex(BlockRouter(counts, num_workers))
                 .partitionBy(num_workers, itemgetter(0))
                 .mapPartitions(sorted_blocks)
@@ -583,10 +590,6 @@ def _check_is_rdd(value: Any, name: str) -> None:
         raise DataError(f"{name} must be a pyspark RDD, got {type(value).__name__}{hint}")
 
 
-def _cached(block_rdd: RDD, kind: str) -> RDD:
-    return block_rdd.setName(f"sparktf {kind} blocks").persist(StorageLevel.MEMORY_AND_DISK)
-
-
 def _tensors_element(tensors: Any, name: str) -> tuple:
     """``(features, labels)`` or ``(features,)`` of ``from_ndarrays`` input."""
     if isinstance(tensors, tuple) and not hasattr(tensors, "_fields"):
@@ -608,7 +611,7 @@ def _tf_dtype_of(array: Any) -> str:
 
 
 def _parallelize_arrays(sc: SparkContext, record_format: RecordFormat, element, name: str, partitions: int):
-    """One block RDD of contiguous slices of the arrays of ``element``, and its partition counts."""
+    """The cached block RDD of contiguous ranges of the arrays of ``element``, and its partition counts."""
     leaves = record_format.leaves
     try:
         values = specs.flatten_like(record_format.element, element, name)
@@ -618,11 +621,7 @@ def _parallelize_arrays(sc: SparkContext, record_format: RecordFormat, element, 
     lengths = {leaf.path: len(column) for leaf, column in zip(leaves, columns)}
     if len(set(lengths.values())) > 1:
         raise DataError(f"{name}: the arrays have different numbers of records {lengths}; they must be equal")
-    total = len(columns[0])
-    bounds = [i * total // partitions for i in range(partitions + 1)]
-    blocks = [slice_block(columns, bounds[i], bounds[i + 1]) for i in range(partitions)]
-    counts = [bounds[i + 1] - bounds[i] for i in range(partitions)]
-    return sc.parallelize(blocks, partitions), counts
+    return cached_driver_blocks(sc, columns, leaves, partitions, name)
 
 
 def _column_names(cols: Union[str, Sequence[str]], name: str) -> List[str]:
@@ -645,4 +644,4 @@ def _dataframe_blocks(df: DataFrame, columns: List[str], record_format: RecordFo
     """
     ready = arrow_io.arrow_ready(df, columns)
     decoder = arrow_io.ArrowBlockDecoder(arrow_io.arrow_schema(ready), record_format.leaves, columns)
-    return _cached(arrow_io.arrow_batch_rdd(ready), f"{kind} Arrow").mapPartitionsWithIndex(decoder)
+    return cached(arrow_io.arrow_batch_rdd(ready), f"{kind} Arrow").mapPartitionsWithIndex(decoder)
