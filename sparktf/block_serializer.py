@@ -12,7 +12,8 @@ against 0.15-0.20 s). Arrays of Python objects (``tf.string`` leaves) are
 pickled inside the frame.
 
 Block RDDs declare it with :func:`block_rdd`; :func:`cached` persists an RDD
-the way every sparktf dataset caches its data.
+the way every sparktf dataset caches its data (as the JVM's byte arrays
+themselves, not re-serialized).
 """
 
 from __future__ import annotations
@@ -111,5 +112,13 @@ def block_rdd(rdd: RDD) -> RDD:
 
 
 def cached(rdd: RDD, name: str) -> RDD:
-    """``rdd`` named ``sparktf <name> blocks`` in Spark's UI and persisted ``MEMORY_AND_DISK``."""
-    return rdd.setName(f"sparktf {name} blocks").persist(StorageLevel.MEMORY_AND_DISK)
+    """``rdd`` named ``sparktf <name> blocks`` in Spark's UI and persisted ``MEMORY_AND_DISK_DESER``.
+
+    PySpark's ``MEMORY_AND_DISK`` stores the JVM's byte arrays *serialized*,
+    so every read deserializes (allocates and copies) each one again in the
+    JVM: for 512 MB of cached frames, 0.7-1.3 s of JVM CPU per job against
+    0.4-0.65 s deserialized (job 0.56-0.83 s -> 0.33-0.48 s on 2 cores).
+    The frames are already bytes, so the deserialized form costs no more
+    memory; blocks that do not fit are still written to disk.
+    """
+    return rdd.setName(f"sparktf {name} blocks").persist(StorageLevel.MEMORY_AND_DISK_DESER)

@@ -185,7 +185,7 @@ class TFDataset:
 
         The arrays are converted and split on the driver; each partition
         travels once to the executors (in a broadcast variable) and is cached
-        there in blocks of about 16 MB (``MEMORY_AND_DISK``), so later jobs
+        there in blocks of about 16 MB (``MEMORY_AND_DISK_DESER``), so later jobs
         read it from Spark's cache.
 
         Parameters
@@ -644,4 +644,4 @@ def _dataframe_blocks(df: DataFrame, columns: List[str], record_format: RecordFo
     """
     ready = arrow_io.arrow_ready(df, columns)
     decoder = arrow_io.ArrowBlockDecoder(arrow_io.arrow_schema(ready), record_format.leaves, columns)
-    return cached(arrow_io.arrow_batch_rdd(ready), f"{kind} Arrow").mapPartitionsWithIndex(decoder)
+    return block_rdd(cached(arrow_io.arrow_batch_rdd(ready), f"{kind} Arrow").mapPartitionsWithIndex(decoder))

@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any, Dict, Iterator, List, Optional
 
 from sparktf import cluster
+from sparktf.block_serializer import cached
 from sparktf.collective import PeerDirectory
 from sparktf.checkpoint import (
     ModelState,
@@ -298,7 +299,7 @@ class TFOptimizer:
         blocks = self.dataset.training_block_rdd(self.num_workers)
         persisted_here = not blocks.is_cached
         if persisted_here:
-            blocks.persist()
+            cached(blocks, "training")
         self._failures = 0
         try:
             progress = self._progress()
