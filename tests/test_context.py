@@ -40,11 +40,17 @@ def probe(_):
     }
 
 rows = spark.sparkContext.parallelize(range(2), 2).map(probe).collect()
+import numpy as np
+x = np.arange(40, dtype=np.float32).reshape(10, 4)
+dataset = sparktf.TFDataset.from_ndarrays((x, np.arange(10)), num_partitions=2)  # broadcast to the executors
+block_pids = dataset.block_rdd.map(lambda block: os.getpid()).collect()
 print("RESULT_JSON " + json.dumps({
     "driver_executable": sys.executable,
     "pyspark_python": os.environ.get("PYSPARK_PYTHON"),
     "same_session": sparktf.init_spark() is spark,
     "rows": rows,
+    "ndarray_records": [[f.tolist(), int(y)] for f, y in dataset.rdd.collect()],
+    "block_pids_differ_from_driver": os.getpid() not in block_pids,
 }))
 spark.stop()
 """
@@ -91,6 +97,9 @@ def test_executors_without_sparktf_get_python_and_package_from_init_spark(tmp_pa
         assert "sparktf.zip" in row["sparktf_file"]
         assert row["error_class"] == "SparkTFError"
         assert row["tf_version"]
+    # from_ndarrays' partitions travel to separate executor processes in broadcast variables, cached as raw frames
+    assert result["ndarray_records"] == [[[4.0 * i + j for j in range(4)], i] for i in range(10)]
+    assert result["block_pids_differ_from_driver"] is True
 
 
 def test_import_without_tensorflow_names_the_extra_to_install():
