@@ -1,7 +1,7 @@
 """DataFrame columns <-> Arrow record batches <-> NumPy columns.
 
 Driver side, :func:`column_layouts` works out the dtype and per-row shape of
-numeric, ``ArrayType`` and MLlib ``Vector`` columns, and :func:`arrow_ready`
+numeric, ``ArrayType``, MLlib ``Vector``, string and binary columns, and :func:`arrow_ready`
 turns vectors into float arrays inside the JVM; :func:`arrow_batch_rdd` gets
 the JVM's Arrow record batches of a DataFrame as an RDD of bytes, so the data
 crosses from the JVM to Python once. Executor side, :class:`ArrowBlockDecoder`
@@ -49,11 +49,14 @@ _SCALAR_DTYPES = {
     T.BooleanType: "bool",
 }
 
-_SUPPORTED = "numeric scalars, (nested) ArrayType of numbers, or pyspark.ml / pyspark.mllib Vector"
+#: Spark types fed as scalar ``tf.string`` values (``object`` arrays of ``bytes``; strings UTF-8 encoded).
+_TEXT_TYPES = (T.StringType, T.BinaryType)
+
+_SUPPORTED = "numeric scalars, (nested) ArrayType of numbers, pyspark.ml / pyspark.mllib Vector, string or binary"
 
 
 def column_layouts(df: DataFrame, columns: Sequence[str]) -> List[Tuple[str, Tuple[int, ...]]]:
-    """``(numpy dtype name, per-row shape)`` of each of ``columns``.
+    """``(dtype name, per-row shape)`` of each of ``columns``; ``("string", ())`` for string and binary columns.
 
     The lengths of array and vector columns are read from the DataFrame's
     first row (one small Spark job, only when there are such columns); every
@@ -88,6 +91,8 @@ def _column_kind(name: str, data_type: T.DataType) -> Tuple[str, int]:
     """``(dtype, array depth)`` of a column; vectors have depth 1."""
     if _is_vector(data_type):
         return "float32", 1
+    if isinstance(data_type, _TEXT_TYPES):
+        return "string", 0
     depth, element = 0, data_type
     while isinstance(element, T.ArrayType):
         depth, element = depth + 1, element.elementType
@@ -96,7 +101,7 @@ def _column_kind(name: str, data_type: T.DataType) -> Tuple[str, int]:
         raise DataError(
             f"column {name!r} has type {data_type.simpleString()}, which TFDataset cannot feed to "
             f"TensorFlow; supported are {_SUPPORTED}. Cast or transform the column first "
-            "(e.g. col.cast('double'), or a StringIndexer for strings)."
+            "(e.g. col.cast('double'), or to_json for structs and maps)."
         )
     return dtype, depth
 
@@ -210,7 +215,8 @@ def arrow_to_numpy(
     """An Arrow column as a C-contiguous array of ``leaf``'s dtype, shape ``(rows,) + leaf.shape``.
 
     Nested list columns are flattened level by level; each level must have
-    the leaf's length in every row.
+    the leaf's length in every row. String and binary columns of a
+    ``tf.string`` leaf become ``object`` arrays of ``bytes``.
 
     Raises
     ------
@@ -218,6 +224,10 @@ def arrow_to_numpy(
         For a null or a row of another length, naming the column, the
         partition and the row's index within the partition.
     """
+    if leaf.is_string:
+        _check_no_nulls(array, column, partition, first_row, 1)
+        as_bytes = array.cast(pa.large_binary() if pa.types.is_large_string(array.type) else pa.binary())
+        return as_bytes.to_numpy(zero_copy_only=False).astype(object, copy=False)
     rows = len(array)
     values = array
     elements_per_row = 1
@@ -245,5 +255,5 @@ def _check_no_nulls(values: pa.Array, column: str, partition: int, first_row: in
         row = first_row + position // max(elements_per_row, 1)
         raise DataError(
             f"column {column!r}, partition {partition}, row {row} (0-based within the partition) holds a "
-            "null; fill or drop nulls before TFDataset.from_dataframe (df.na.fill / df.na.drop)."
+            "null; fill or drop nulls first (df.na.fill / df.na.drop)."
         )

@@ -256,11 +256,12 @@ class TFDataset:
             The data.
         feature_cols, label_cols : str or list of str
             Columns of the features and labels: numeric scalars, (nested)
-            ``ArrayType`` of numbers, or MLlib ``Vector``. One column (a string
-            or a list of one) gives a single spec; several give a list of
-            specs, one per column. Doubles and vectors become float32; array
-            and vector lengths are read from the first row and every row must
-            match them.
+            ``ArrayType`` of numbers, MLlib ``Vector``, or ``string`` /
+            ``binary`` (scalar ``tf.string`` records, strings UTF-8 encoded).
+            One column (a string or a list of one) gives a single spec;
+            several give a list of specs, one per column. Doubles and vectors
+            become float32; array and vector lengths are read from the first
+            row and every row must match them.
         batch_size, batch_per_thread, shuffle, seed
             As in :meth:`from_rdd`.
         validation_df : pyspark.sql.DataFrame, optional

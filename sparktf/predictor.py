@@ -364,7 +364,7 @@ class _DataFramePredict:
         first_row = 0
         for record_batch in record_batches:
             block = tuple(
-                _feature_column(record_batch.column(name), leaf, name, partition, first_row)
+                arrow_io.arrow_to_numpy(record_batch.column(name), leaf, name, partition, first_row)
                 for leaf, name in zip(self.leaves, self.feature_columns)
             )
             batches = batching.inference_batches([block], self.batch)
@@ -598,8 +598,8 @@ class TFPredictor:
         columns = [feature_cols] if isinstance(feature_cols, str) else list(feature_cols)
         if output_col in df.columns:
             raise DataError(f"column {output_col!r} already exists in the DataFrame; pick another output_col")
-        layouts = _column_layouts(df, columns)
-        leaves = [specs.LeafSpec(name, np.dtype(dtype), shape) for name, (dtype, shape) in zip(columns, layouts)]
+        layouts = arrow_io.column_layouts(df, columns)
+        leaves = [specs.leaf_specs(specs.parse_spec(layout, name), name)[0] for name, layout in zip(columns, layouts)]
         feed = self._model.feed(leaves, columns)
         kind, outputs = self._model.outputs(feed)
         output_type = _output_type(kind, outputs)
@@ -610,42 +610,6 @@ class TFPredictor:
         )
         schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
         return selected.mapInArrow(function, schema)
-
-
-def _column_layouts(df: DataFrame, columns: Sequence[str]) -> List[Tuple[str, Tuple[int, ...]]]:
-    """``(numpy dtype name, per-row shape)`` per column: :func:`arrow_io.column_layouts`, plus text columns.
-
-    ``string`` and ``binary`` columns are scalar ``tf.string`` features
-    (``object`` arrays of ``bytes``).
-    """
-    text = {name for name in columns if name in df.columns and _is_text(df.schema[name].dataType)}
-    others = iter(arrow_io.column_layouts(df, [name for name in columns if name not in text]))
-    return [("object", ()) if name in text else next(others) for name in columns]
-
-
-def _is_text(data_type: T.DataType) -> bool:
-    return isinstance(data_type, (T.StringType, T.BinaryType))
-
-
-def _feature_column(array: pa.Array, leaf: specs.LeafSpec, column: str, partition: int, first_row: int) -> np.ndarray:
-    """One Arrow column of a record batch as the leaf's array (text columns: ``object`` arrays of ``bytes``).
-
-    Raises
-    ------
-    DataError
-        For a null, or (numeric columns) a row of another length, naming the
-        column, the partition and the row.
-    """
-    if not leaf.is_string:
-        return arrow_io.arrow_to_numpy(array, leaf, column, partition, first_row)
-    if array.null_count:
-        row = first_row + int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
-        raise DataError(
-            f"column {column!r}, partition {partition}, row {row} (0-based within the partition) is null; "
-            "the model expects a string per record. Fill or drop nulls first (df.na.fill / df.na.drop)."
-        )
-    as_bytes = array.cast(pa.large_binary()) if pa.types.is_large_string(array.type) else array.cast(pa.binary())
-    return as_bytes.to_numpy(zero_copy_only=False).astype(object, copy=False)
 
 
 def _arrow_features(df: DataFrame, columns: Sequence[str]) -> Tuple[DataFrame, List[str]]:

@@ -75,8 +75,8 @@ def test_validation_df_must_match(df):
 
 
 def test_unsupported_column_type_names_column_and_type(df):
-    with pytest.raises(DataError, match=r"column 'name' has type string"):
-        TFDataset.from_dataframe(df.selectExpr("cast(x as string) as name", "label"), "name", "label")
+    with pytest.raises(DataError, match=r"column 'name' has type struct<a:.*cannot feed"):
+        TFDataset.from_dataframe(df.selectExpr("named_struct('a', x) as name", "label"), "name", "label")
     with pytest.raises(DataError, match=r"column 'nope' is not in the DataFrame"):
         TFDataset.from_dataframe(df, "nope")
 
@@ -166,3 +166,17 @@ def test_empty_partitions_give_no_blocks(spark):
     ds = TFDataset.from_dataframe(spark.range(0, 3, numPartitions=4).selectExpr("array(id, id) as a"), "a")
     assert ds.partition_counts == [0, 1, 1, 1]
     assert [len(blocks) for blocks in ds.block_rdd.glom().collect()] == [0, 1, 1, 1]
+
+
+def test_string_and_binary_columns_become_string_records(spark):
+    rows = [("héllo", bytearray(b"\x00\xff"), 1), ("", bytearray(b""), 0), ("x" * 300, bytearray(b"ab"), 1)]
+    frame = spark.createDataFrame(rows, "text string, blob binary, label int").coalesce(2)
+    ds = TFDataset.from_dataframe(frame, ["text", "blob"], "label", batch_per_thread=2)
+    assert ds.feature_spec == [tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string)]
+    records = ds.rdd.collect()
+    assert [(text, blob, int(label)) for (text, blob), label in records] == [
+        ("héllo".encode(), b"\x00\xff", 1), (b"", b"", 0), (b"x" * 300, b"ab", 1)
+    ]
+    with_null = spark.createDataFrame([("a", 1), (None, 0)], "text string, label int").coalesce(1)
+    with pytest.raises(DataError, match=r"column 'text', partition 0, row 1 .* null"):
+        TFDataset.from_dataframe(with_null, "text", "label").num_records

@@ -172,7 +172,7 @@ def test_predict_dataframe_feeds_string_and_binary_columns_to_a_string_input(spa
     with pytest.raises(DataError, match=r"feature id \(int32 .* does not fit model input 'text' string \[\]"):
         predictor.predict_dataframe(df, "id")
     with_null = spark.createDataFrame([("a",), ("b",), (None,)], "text string").coalesce(1)
-    with pytest.raises(DataError, match=r"column 'text', partition 0, row 2 .* is null"), reraise_remote():
+    with pytest.raises(DataError, match=r"column 'text', partition 0, row 2 .* null"), reraise_remote():
         predictor.predict_dataframe(with_null, "text").collect()
 
 
