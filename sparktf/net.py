@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf import graph_io
+from sparktf.columnar import balanced_bounds, slice_block
 from sparktf.errors import DataError
 from sparktf.frozen_graph import FrozenGraph, normalize_tensor_name, one_or_list, predict_partition, record_blocks
 
@@ -315,8 +316,8 @@ class TFNet(keras.layers.Layer):
             )
         sc = sparktf.init_spark().sparkContext
         columns = self._graph.as_graph_inputs(arrays)
-        bounds = [i * count // sc.defaultParallelism for i in range(sc.defaultParallelism + 1)]
-        blocks = [tuple(c[lo:hi] for c in columns) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+        bounds = balanced_bounds(count, sc.defaultParallelism)
+        blocks = [slice_block(columns, lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
         return self._run_blocks(sc.parallelize(blocks, max(len(blocks), 1)), batch)
 
     def _predict_rdd(self, rdd, batch: int):
