@@ -73,7 +73,7 @@ def numpy_slicing(x: np.ndarray, y: np.ndarray, copy: bool = True) -> int:
 
 def train_batches(shard, shuffle: bool) -> int:
     """One pass of ``TrainBatches`` over ``shard``; the number of records delivered."""
-    from sparktf.batching import TrainBatches
+    from sparktf.data.batching import TrainBatches
 
     steps = shard.num_records // BATCH
     batches = TrainBatches(shard, BATCH, shuffle=shuffle, seed=1, rank=0, sequential_order=True)
@@ -84,7 +84,7 @@ def train_batches(shard, shuffle: bool) -> int:
 
 def bench_iterator(x: np.ndarray, y: np.ndarray, rounds: int) -> Dict[str, float]:
     """Records/s of NumPy slicing (views, copies) and of ``TrainBatches`` on the same arrays."""
-    from sparktf.batching import Shard
+    from sparktf.data.batching import Shard
 
     shard = Shard([x, y])
     return best_rates(
@@ -100,7 +100,7 @@ def bench_iterator(x: np.ndarray, y: np.ndarray, rounds: int) -> Dict[str, float
 
 def partition_batches(blocks) -> list:
     """``mapPartitions`` function: one training pass over a partition's blocks; ``[records delivered]``."""
-    from sparktf.batching import Shard
+    from sparktf.data.batching import Shard
 
     return [train_batches(Shard.from_blocks(blocks), shuffle=True)]
 

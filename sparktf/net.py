@@ -1,7 +1,7 @@
 """``TFNet``: a frozen TensorFlow graph as a Keras layer, and ``export_tf``.
 
 Every way of making a TFNet (SavedModel signature, frozen ``.pb``, export
-folder, ``tf.function``) ends in one :class:`~sparktf.frozen_graph.FrozenGraph`,
+folder, ``tf.function``) ends in one :class:`~sparktf.models.frozen_graph.FrozenGraph`,
 so calling, pickling, Keras serialization and distributed prediction share a
 single code path.
 """
@@ -17,10 +17,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sparktf import graph_io
-from sparktf.columnar import balanced_bounds, slice_block
+from sparktf.models import graph_io
+from sparktf.data.columnar import balanced_bounds, slice_block
 from sparktf.errors import DataError
-from sparktf.frozen_graph import FrozenGraph, normalize_tensor_name, one_or_list, predict_partition, record_blocks
+from sparktf.models.frozen_graph import FrozenGraph, normalize_tensor_name, one_or_list, predict_partition, record_blocks
 
 __all__ = ["TFNet", "export_tf"]
 
@@ -278,7 +278,7 @@ class TFNet(keras.layers.Layer):
             For the wrong number of inputs, a shape that does not fit the
             graph, or rank-0 inputs with ``distributed=True``; on Spark, a
             batch the graph rejects raises it (inside Spark's exception, see
-            :func:`sparktf.remote_errors.reraise_remote`) naming the
+            :func:`sparktf.spark.remote_errors.reraise_remote`) naming the
             partition and records.
         """
         is_int = isinstance(batch_per_thread, (int, np.integer)) and not isinstance(batch_per_thread, bool)
@@ -330,7 +330,7 @@ class TFNet(keras.layers.Layer):
         return self._run_blocks(rdd.mapPartitionsWithIndex(to_blocks), batch)
 
     def _predict_dataset(self, dataset, batch: int):
-        from sparktf.specs import flatten
+        from sparktf.data.specs import flatten
 
         num_features = len(flatten(dataset.feature_spec))
         if num_features != len(self.input_names):

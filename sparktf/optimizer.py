@@ -1,7 +1,7 @@
 """``TFOptimizer``: synchronous data-parallel training of a Keras model on Spark barrier tasks.
 
 The driver runs training in *segments*. A segment is one Spark barrier job of
-``num_workers`` tasks (``training_loop.run_segment``) that trains from the
+``num_workers`` tasks (``training.loop.run_segment``, started by ``training.segment_job``) that trains from the
 driver's current state until the first iteration where the end, checkpoint or
 validation trigger fires, then hands the state back. Between segments the
 driver writes summaries and checkpoints, validates, and decides whether to go
@@ -11,17 +11,12 @@ checkpoint or later) up to ``max_failures`` times. See ``docs/optimizer.md``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import secrets
-import time
-from functools import partial
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
-from sparktf import cluster
-from sparktf.block_serializer import cached
-from sparktf.collective import PeerDirectory
-from sparktf.checkpoint import (
+from sparktf.spark import cluster
+from sparktf.data.block_serializer import cached
+from sparktf.training.checkpoint import (
     ModelState,
     checkpoint_path,
     latest_checkpoint,
@@ -30,8 +25,9 @@ from sparktf.checkpoint import (
 )
 from sparktf.errors import DataError, SparkTFError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
-from sparktf.train_step import GradientClipping
-from sparktf.training_loop import SegmentResult, SegmentSpec, run_segment
+from sparktf.training.step import GradientClipping
+from sparktf.training.loop import SegmentResult, SegmentSpec
+from sparktf.training.segment_job import run_segment_job
 from sparktf.triggers import (
     EveryEpoch,
     MaxEpoch,
@@ -354,25 +350,9 @@ class TFOptimizer:
     def _launch_segment(
         self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger
     ) -> SegmentResult:
-        secret = secrets.token_bytes(32)
-        with _peer_directory(cluster.rendezvous_host(self.sc.getConf()), self.num_workers, secret) as directory:
-            return self._run_barrier_job(blocks, local_batch, progress, stop, secret, directory)
-
-    def _run_barrier_job(
-        self,
-        blocks: Any,
-        local_batch: int,
-        progress: TrainingProgress,
-        stop: Trigger,
-        secret: bytes,
-        directory: Optional[str],
-    ) -> SegmentResult:
-        from sparktf.spark_jobs import run_job
-
-        state = self.sc.broadcast(ModelState.capture(self.model, self.iteration))
         spec = SegmentSpec(
             payload=self._payload_broadcast(),
-            state=state,
+            state=None,
             element_structure=self.dataset.element_structure,
             local_batch=local_batch,
             start=progress,
@@ -381,26 +361,12 @@ class TFOptimizer:
             seed=self.dataset.seed,
             sequential_order=self.dataset.sequential_order,
             clipping=self.clipping,
-            secret=secret,
-            directory=directory,
+            secret=b"",
+            directory=None,
             collective_timeout=self.collective_timeout,
         )
-        started = time.perf_counter()
-        try:
-            results = run_job(
-                lambda: blocks.barrier().mapPartitions(partial(run_segment, spec)).collect(),
-                what=f"the training job after iteration {progress.iteration}",
-            )
-        finally:
-            state.destroy()
-        if len(results) != 1:
-            raise TrainingError(
-                f"the training job returned {len(results)} results instead of rank 0's one"
-            )
-        (result,) = results
-        worker_seconds = sum(result.timings.values())
-        result.timings["launch"] = time.perf_counter() - started - worker_seconds
-        return result
+        state = ModelState.capture(self.model, self.iteration)
+        return run_segment_job(self.sc, blocks, spec, state, self.num_workers)
 
     def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
         """Take the segment's state into the driver's model; log its iterations."""
@@ -475,7 +441,7 @@ class TFOptimizer:
         return self._evaluate_blocks(dataset, int(batch))
 
     def _evaluate_blocks(self, dataset: Any, batch: int) -> Dict[str, float]:
-        from sparktf.evaluation import evaluate_blocks
+        from sparktf.training.evaluation import evaluate_blocks
 
         state = self.sc.broadcast(ModelState.capture(self.model, self.iteration))
         try:
@@ -519,33 +485,8 @@ class TFOptimizer:
     def _payload_broadcast(self) -> Any:
         """The model's architecture and compile config, broadcast once per TFOptimizer."""
         if self._payload is None:
-            from sparktf.model_io import ModelPayload
+            from sparktf.models.payload import ModelPayload
 
             payload = ModelPayload.from_model(self.model, include_optimizer=True)
             self._payload = self.sc.broadcast(payload.to_bytes())
         return self._payload
-
-
-@contextlib.contextmanager
-def _peer_directory(host: Optional[str], num_workers: int, secret: bytes) -> Iterator[Optional[str]]:
-    """The address of a peer directory on ``host`` for one barrier job, or None to use ``allGather``.
-
-    None for one worker, for ``host=None`` (``spark.sparktf.rendezvous=barrier``)
-    and, with a warning, when ``host`` cannot be listened on (e.g. a
-    ``spark.driver.host`` that names a proxy or service address).
-    """
-    if num_workers == 1 or host is None:
-        yield None
-        return
-    try:
-        directory = PeerDirectory(num_workers, secret, host)
-    except OSError as error:
-        _LOG.warning(
-            "cannot listen on spark.driver.host=%s for the peer directory (%s); the workers "
-            "exchange addresses through BarrierTaskContext.allGather instead (~1 s per job)",
-            host, error,
-        )
-        yield None
-        return
-    with directory:
-        yield directory.address

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from sparktf.batching import Shard, TrainBatches, inference_batches
+from sparktf.data.batching import Shard, TrainBatches, inference_batches
 from sparktf.errors import DataError
 
 

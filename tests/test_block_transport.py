@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from sparktf import TFDataset
-from sparktf.block_serializer import BlockSerializer, block_rdd
-from sparktf.columnar import TARGET_BLOCK_BYTES
+from sparktf.data.block_serializer import BlockSerializer, block_rdd
+from sparktf.data.columnar import TARGET_BLOCK_BYTES
 
 
 def _assert_same_blocks(expected, actual):

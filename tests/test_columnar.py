@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sparktf import columnar
-from sparktf.columnar import BlockRouter, RecordFormat, block_size, sorted_blocks
+from sparktf.data import columnar
+from sparktf.data.columnar import BlockRouter, RecordFormat, block_size, sorted_blocks
 from sparktf.errors import DataError
 
 IMAGE_LABEL = RecordFormat.from_specs(tf.TensorSpec([2], tf.float32), tf.TensorSpec([], tf.int32))

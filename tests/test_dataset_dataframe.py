@@ -10,7 +10,8 @@ from pyspark.ml.linalg import Vectors, VectorUDT
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparktf import TFDataset, arrow_io
+from sparktf import TFDataset
+from sparktf.data import arrow_io
 from sparktf.errors import DataError
 
 SCHEMA = T.StructType(

@@ -87,8 +87,8 @@ def test_files_are_read_on_the_executors(record_dir, sc):
 
 
 def test_reader_caps_block_size_and_keeps_order(tmp_path):
-    from sparktf import tfrecord_io
-    from sparktf.columnar import RecordFormat
+    from sparktf.data import tfrecord_io
+    from sparktf.data.columnar import RecordFormat
 
     path = str(tmp_path / "many.tfrecord")
     with tf.io.TFRecordWriter(path) as writer:

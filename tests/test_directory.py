@@ -101,7 +101,7 @@ def test_bad_registrations_are_dropped():
 def test_rendezvous_setting_picks_the_driver_directory_or_allgather(sc):
     from pyspark import SparkConf
 
-    from sparktf.cluster import rendezvous_host
+    from sparktf.spark.cluster import rendezvous_host
     from sparktf.errors import SparkTFError
 
     assert rendezvous_host(sc.getConf()) == "127.0.0.1"  # the default: a directory on spark.driver.host
@@ -113,14 +113,14 @@ def test_rendezvous_setting_picks_the_driver_directory_or_allgather(sc):
 
 
 def test_training_falls_back_to_allgather_when_the_driver_host_cannot_be_listened_on(caplog):
-    from sparktf.optimizer import _peer_directory
+    from sparktf.training.segment_job import peer_directory
 
-    with _peer_directory("192.0.2.1", 2, SECRET) as directory:  # TEST-NET-1: never this machine's address
+    with peer_directory("192.0.2.1", 2, SECRET) as directory:  # TEST-NET-1: never this machine's address
         assert directory is None
     assert "BarrierTaskContext.allGather instead" in caplog.text
-    with _peer_directory("127.0.0.1", 2, SECRET) as directory:
+    with peer_directory("127.0.0.1", 2, SECRET) as directory:
         assert directory.startswith("127.0.0.1:")
     assert directory_threads() == []
     for host, workers in ((None, 2), ("127.0.0.1", 1)):
-        with _peer_directory(host, workers, SECRET) as directory:
+        with peer_directory(host, workers, SECRET) as directory:
             assert directory is None

@@ -115,19 +115,19 @@ def test_saved_model_inputs_and_outputs_select_and_order(two_heads_dir):
 
     default = TFNet.from_saved_model(two_heads_dir)  # sorted keys: inputs alpha, zeta; outputs prod, sum
     prod, total = default.forward([alpha, zeta])
-    np.testing.assert_allclose(prod, alpha * 2, rtol=1e-6)
-    np.testing.assert_allclose(total, zeta @ w + alpha, rtol=1e-5)
+    np.testing.assert_allclose(prod, alpha * 2, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(total, zeta @ w + alpha, rtol=1e-5, atol=1e-6)
 
     chosen = TFNet.from_saved_model(two_heads_dir, signature="other", inputs=["zeta", "alpha"], outputs=["sum"])
-    np.testing.assert_allclose(chosen.forward([zeta, alpha]), zeta @ w + alpha, rtol=1e-5)
-    np.testing.assert_allclose(chosen.forward({"zeta": zeta, "alpha": alpha}), zeta @ w + alpha, rtol=1e-5)
+    np.testing.assert_allclose(chosen.forward([zeta, alpha]), zeta @ w + alpha, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(chosen.forward({"zeta": zeta, "alpha": alpha}), zeta @ w + alpha, rtol=1e-5, atol=1e-6)
 
     inputs = [keras.Input((2,)), keras.Input((3,))]
     symbolic = default(inputs)
     assert [tuple(t.shape) for t in symbolic] == [(None, 2), (None, 2)]
     functional = keras.Model(inputs, symbolic)
     for got, want in zip(functional.predict([alpha, zeta], verbose=0), [prod, total]):
-        np.testing.assert_allclose(got, want, rtol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     with pytest.raises(DataError, match="takes 2 input.*got 1"):
         default(keras.Input((2,)))
 
@@ -226,7 +226,7 @@ def test_non_contiguous_input(model, export_dir):
     assert not view.flags.c_contiguous and not fortran.flags.c_contiguous
     np.testing.assert_allclose(net.forward(view), model(view.astype("float32")).numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(net.forward(fortran), net.forward(X))
-    np.testing.assert_allclose(net.predict(X[::-1], batch_per_thread=2), net.forward(X)[::-1], rtol=1e-6)
+    np.testing.assert_allclose(net.predict(X[::-1], batch_per_thread=2), net.forward(X)[::-1], rtol=1e-6, atol=1e-6)
 
 
 def test_cloudpickle_round_trip_locally_and_on_an_executor(export_dir, sc):
@@ -238,8 +238,8 @@ def test_cloudpickle_round_trip_locally_and_on_an_executor(export_dir, sc):
     np.testing.assert_array_equal(clone.forward(X), expected)
     remote = sc.parallelize([X, X[:3]], 2).map(lambda x: (os.getpid(), net.forward(x))).collect()
     assert os.getpid() not in [pid for pid, _ in remote]
-    np.testing.assert_allclose(remote[0][1], expected, rtol=1e-6)
-    np.testing.assert_allclose(remote[1][1], expected[:3], rtol=1e-6)
+    np.testing.assert_allclose(remote[0][1], expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(remote[1][1], expected[:3], rtol=1e-6, atol=1e-6)
 
 
 def test_frozen_layer_between_trainable_stem_and_head_trains_with_fit(model, export_dir, tmp_path):
@@ -267,7 +267,7 @@ def test_frozen_layer_between_trainable_stem_and_head_trains_with_fit(model, exp
     combined.save(path)
     restored = keras.models.load_model(path)
     assert isinstance(restored.layers[2], TFNet)
-    np.testing.assert_allclose(restored.predict(x, verbose=0), combined.predict(x, verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(restored.predict(x, verbose=0), combined.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
 
 
 def test_graph_of_unknown_rank_gets_shapes_from_its_keras_inputs():
@@ -286,7 +286,7 @@ def test_graph_of_unknown_rank_gets_shapes_from_its_keras_inputs():
 
 
 def test_get_config_round_trip_and_model_payload(export_dir):
-    from sparktf.model_io import ModelPayload
+    from sparktf.models.payload import ModelPayload
 
     net = TFNet.from_export_folder(export_dir)
     config = keras.saving.serialize_keras_object(net)
@@ -297,7 +297,7 @@ def test_get_config_round_trip_and_model_payload(export_dir):
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(1)(net(inputs)))
     rebuilt = ModelPayload.from_bytes(ModelPayload.from_model(model).to_bytes()).build()
-    np.testing.assert_allclose(rebuilt.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(rebuilt.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-6, atol=1e-6)
 
 
 def test_distributed_predict_over_uneven_partitions_keeps_order_and_count(export_dir, sc):
@@ -309,7 +309,7 @@ def test_distributed_predict_over_uneven_partitions_keeps_order_and_count(export
     assert [len(p) for p in partitions] == [1, 7, 7]
     rows = [row for partition in partitions for row in partition]
     assert len(rows) == 15 and all(r.shape == (2,) for r in rows)
-    np.testing.assert_allclose(np.stack(rows), net.forward(x[kept]), rtol=1e-6)
+    np.testing.assert_allclose(np.stack(rows), net.forward(x[kept]), rtol=1e-6, atol=1e-6)
 
 
 def test_distributed_arrays_give_an_rdd_of_records_in_order(export_dir, two_heads_dir, sc):
@@ -319,12 +319,12 @@ def test_distributed_arrays_give_an_rdd_of_records_in_order(export_dir, two_head
     assert rdd.getNumPartitions() == sc.defaultParallelism
     rows = rdd.collect()
     assert len(rows) == 7 and all(r.shape == (2,) for r in rows)
-    np.testing.assert_allclose(np.stack(rows), net.forward(x), rtol=1e-6)
+    np.testing.assert_allclose(np.stack(rows), net.forward(x), rtol=1e-6, atol=1e-6)
 
     two_heads = TFNet.from_saved_model(two_heads_dir, inputs=["zeta", "alpha"])
     zeta, alpha = RNG.normal(size=(5, 3)).astype("float32"), RNG.normal(size=(5, 2)).astype("float32")
     pairs = two_heads.predict([zeta, alpha], batch_per_thread=2, distributed=True).collect()
-    np.testing.assert_allclose(np.stack([p[1] for p in pairs]), two_heads.forward([zeta, alpha])[1], rtol=1e-6)
+    np.testing.assert_allclose(np.stack([p[1] for p in pairs]), two_heads.forward([zeta, alpha])[1], rtol=1e-6, atol=1e-6)
     with pytest.raises(DataError, match="rank-0 input"):
         net.predict(np.float32(1.0), distributed=True)
     with pytest.raises(DataError, match=r"takes 1 input\(s\).*got 2"):
@@ -332,7 +332,7 @@ def test_distributed_arrays_give_an_rdd_of_records_in_order(export_dir, two_head
 
 
 def test_distributed_batch_the_graph_rejects_names_partition_and_records(sc):
-    from sparktf.remote_errors import reraise_remote
+    from sparktf.spark.remote_errors import reraise_remote
 
     doubled_if_finite = tf.function(lambda x: tf.debugging.assert_all_finite(x, "not finite") * 2.0)
     finite = TFNet.from_function(doubled_if_finite, [tf.TensorSpec([None], tf.float32)])
@@ -353,8 +353,8 @@ def test_distributed_predict_multi_io_rdd_and_tfdataset(two_heads_dir, sc):
     prod, total = net.forward([zeta, alpha])
     rows = net.predict(sc.parallelize([[z, a] for z, a in zip(zeta, alpha)], 3), batch_per_thread=2).collect()
     assert len(rows) == 11
-    np.testing.assert_allclose(np.stack([r[0] for r in rows]), prod, rtol=1e-6)
-    np.testing.assert_allclose(np.stack([r[1] for r in rows]), total, rtol=1e-6)
+    np.testing.assert_allclose(np.stack([r[0] for r in rows]), prod, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.stack([r[1] for r in rows]), total, rtol=1e-6, atol=1e-6)
 
     row_sums = TFNet.from_function(
         tf.function(lambda x: tf.reduce_sum(x, axis=1)), [tf.TensorSpec([None, None], tf.int64)]
@@ -367,4 +367,4 @@ def test_distributed_predict_multi_io_rdd_and_tfdataset(two_heads_dir, sc):
         net.predict(dataset)
     dataset = TFDataset.from_ndarrays([zeta, alpha], batch_per_thread=4, shuffle=False)
     rows = net.predict(dataset).collect()
-    np.testing.assert_allclose(np.stack([r[1] for r in rows]), total, rtol=1e-6)
+    np.testing.assert_allclose(np.stack([r[1] for r in rows]), total, rtol=1e-6, atol=1e-6)

@@ -124,7 +124,7 @@ def test_worker_failure_is_recovered_and_equals_an_uninterrupted_run(sc, tmp_pat
         weights.append(model.get_weights())
     assert open(str(tmp_path / "failing")).read() == "failed once"
     for clean, recovered in zip(*weights):
-        np.testing.assert_allclose(recovered, clean, rtol=1e-6)
+        np.testing.assert_allclose(recovered, clean, rtol=1e-6, atol=1e-6)
 
 
 class AlwaysFails(PythonHook):

@@ -8,11 +8,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import save_module_with_two_signatures
-from sparktf import model_io
+from sparktf.models import cache as model_cache
 from sparktf.dataset import TFDataset
 from sparktf.errors import DataError
 from sparktf.predictor import TFPredictor
-from sparktf.remote_errors import reraise_remote
+from sparktf.spark.remote_errors import reraise_remote
 
 
 def _dense_model(inputs=4, units=3, seed=0):
@@ -61,7 +61,7 @@ def test_order_count_and_partitioning_with_uneven_partitions(sc):
     assert [len(p) for p in partitions] == dataset.partition_counts
     assert len(set(dataset.partition_counts)) > 1  # uneven
     got = np.stack([row for partition in partitions for row in partition])
-    np.testing.assert_allclose(got, model.predict(_features(ids), verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(got, model.predict(_features(ids), verbose=0), rtol=1e-5, atol=1e-6)
 
 
 def test_squaring_saved_model_sums_exactly_with_one_record_batches(sc, squares_dir):
@@ -101,11 +101,11 @@ def test_multi_input_list_and_dict_outputs(sc):
     expected = dict_model.predict([xa, xb], verbose=0)
 
     by_dict = TFPredictor.from_keras(dict_model, dataset).predict().collect()
-    np.testing.assert_allclose(np.stack([r["score"] for r in by_dict]), expected["score"], rtol=1e-5)
-    np.testing.assert_allclose(np.stack([r["embedding"] for r in by_dict]), expected["embedding"], rtol=1e-5)
+    np.testing.assert_allclose(np.stack([r["score"] for r in by_dict]), expected["score"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.stack([r["embedding"] for r in by_dict]), expected["embedding"], rtol=1e-5, atol=1e-6)
     by_list = TFPredictor.from_keras(list_model, dataset).predict().collect()
     assert all(isinstance(r, list) and len(r) == 2 for r in by_list)
-    np.testing.assert_allclose(np.stack([r[1] for r in by_list]), expected["embedding"], rtol=1e-5)
+    np.testing.assert_allclose(np.stack([r[1] for r in by_list]), expected["embedding"], rtol=1e-5, atol=1e-6)
 
 
 def test_dict_features_feed_inputs_by_name(sc):
@@ -135,12 +135,12 @@ def test_predict_dataframe_round_trip(spark):
     rows = out.collect()
     assert [r.id for r in rows] == [r.id for r in df.collect()]
     got = np.array([r.prediction for r in sorted(rows, key=lambda r: r.id)])
-    np.testing.assert_allclose(got, model.predict(x, verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(got, model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
     assert sorted(r.label for r in rows) == sorted(ids % 2)
 
     vectors = spark.createDataFrame([(int(i), Vectors.dense(x[i].tolist())) for i in ids], ["id", "v"])
     by_vector = {r.id: r.p for r in predictor.predict_dataframe(vectors, ["v"], output_col="p").collect()}
-    np.testing.assert_allclose(np.array([by_vector[i] for i in ids]), model.predict(x, verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(np.array([by_vector[i] for i in ids]), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
 
 
 def test_predict_dataframe_several_outputs_is_a_struct(spark, squares_dir):
@@ -205,7 +205,7 @@ def test_a_load_frees_cycles_that_earlier_frozen_loads_left_behind():
     import gc
     import weakref
 
-    from sparktf.worker_gc import frozen_after
+    from sparktf.spark.worker_gc import frozen_after
 
     class Node:
         pass
@@ -233,7 +233,7 @@ def test_model_is_loaded_once_per_worker_and_reused_across_jobs(sc):
     predictor = TFPredictor.from_keras(_dense_model(seed=3), dataset)
 
     def loads_after_predicting(records):
-        yield os.getpid(), sum(1 for _ in records), model_io.load_count()
+        yield os.getpid(), sum(1 for _ in records), model_cache.load_count()
 
     first = predictor.predict().mapPartitions(loads_after_predicting).collect()
     second = predictor.predict().mapPartitions(loads_after_predicting).collect()
@@ -297,11 +297,11 @@ def test_bad_record_and_rejected_batch_raise_data_error(sc):
 
 
 def test_keras_runner_traces_once_for_full_and_short_batches():
-    from sparktf.predictor import _KerasRunner
+    from sparktf.inference.runners import KerasRunner
 
     model = _dense_model()
-    runner = _KerasRunner(model)
+    runner = KerasRunner(model)
     x = _features(range(1, 9))
-    np.testing.assert_allclose(runner(x), model.predict(x, verbose=0), rtol=1e-5)
-    np.testing.assert_allclose(runner(x[:3]), model.predict(x[:3], verbose=0), rtol=1e-5)  # a short last batch
+    np.testing.assert_allclose(runner(x), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(runner(x[:3]), model.predict(x[:3], verbose=0), rtol=1e-5, atol=1e-6)  # a short last batch
     assert len(runner._calls) == 1

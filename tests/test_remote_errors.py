@@ -3,7 +3,7 @@
 import pytest
 
 from sparktf.errors import CollectiveError, DataError
-from sparktf.remote_errors import remote_sparktf_error, reraise_remote
+from sparktf.spark.remote_errors import remote_sparktf_error, reraise_remote
 
 SPARK_TEXT = (
     "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"

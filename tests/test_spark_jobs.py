@@ -3,7 +3,7 @@
 import pytest
 
 from sparktf.errors import DataError, SparkTFError
-from sparktf.spark_jobs import run_job, worker_traceback
+from sparktf.spark.jobs import run_job, worker_traceback
 
 
 def test_a_plain_worker_exception_carries_the_worker_traceback(sc):

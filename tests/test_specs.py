@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sparktf import specs
+from sparktf.data import specs
 from sparktf.errors import DataError
 
 

@@ -1,9 +1,11 @@
-"""Ring all-reduce among Spark barrier tasks (or plain processes).
+"""Ring all-reduce among Spark barrier tasks (or plain processes), over sparktf's own sockets.
 
 ``Communicator`` is the entry point; ``bind_listener`` pre-binds a listening
 socket for :meth:`Communicator.from_peers`; ``PeerDirectory`` is the
 driver-side rendezvous for :meth:`Communicator.from_barrier_context`.  See
 ``docs/collective.md``.
+
+May import: ``sparktf.errors`` only.
 """
 
 from sparktf.collective.communicator import SUPPORTED_DTYPES, Communicator

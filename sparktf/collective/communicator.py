@@ -28,6 +28,10 @@ __all__ = ["Communicator", "SUPPORTED_DTYPES"]
 SUPPORTED_DTYPES = tuple(np.dtype(name) for name in ("float32", "float64", "int32", "int64"))
 MAX_OBJECT_BYTES = 16 << 20
 _DIRECTORY_CONNECT_SECONDS = 30.0
+# Barrier tasks start together, but one task's Python worker may take seconds
+# longer to get going (fork, imports) on a loaded executor: registering with
+# the peer directory waits at least this long, whatever the collective timeout.
+_REGISTRATION_SECONDS = 30.0
 _ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER = 1, 2, 3, 4
 _T = TypeVar("_T")
 
@@ -146,7 +150,8 @@ class Communicator:
                 peers = barrier_task_peers(ctx, listener)
             else:
                 peers = directory_peers(directory, rank, len(infos), format_peer(listener), secret,
-                                        min(timeout, _DIRECTORY_CONNECT_SECONDS), timeout)
+                                        min(timeout, _DIRECTORY_CONNECT_SECONDS),
+                                        max(timeout, _REGISTRATION_SECONDS))
         except BaseException:
             listener.close()
             raise

@@ -1,4 +1,4 @@
-"""model_io: capturing a Keras model, rebuilding it exactly, and the per-process cache.
+"""models.payload and models.cache: capturing a Keras model, rebuilding it exactly, and the per-process cache.
 
 The custom layer, loss and Lambda function are defined in this test module,
 which executors cannot import: they must travel by value.
@@ -9,9 +9,10 @@ import keras
 import pytest
 import tensorflow as tf
 
-from sparktf import model_io
+from sparktf.models import cache as model_cache
+from sparktf.models.payload import payload_key
 from sparktf.errors import DataError
-from sparktf.model_io import ModelPayload
+from sparktf.models.payload import ModelPayload
 
 OFFSET = 0.25
 
@@ -166,7 +167,7 @@ def test_unserializable_subclassed_model_names_the_fix():
 def test_key_is_a_content_hash(trained):
     first = ModelPayload.from_model(trained)
     assert ModelPayload.from_bytes(first.to_bytes()).key == first.key
-    assert model_io.payload_key(first.to_bytes()) == first.key
+    assert payload_key(first.to_bytes()) == first.key
     other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     assert ModelPayload.from_model(other).key != first.key
 
@@ -182,14 +183,14 @@ def test_bad_and_corrupted_bytes_raise_data_error(trained):
 
 def test_load_cached_returns_one_object_per_content(trained):
     data = ModelPayload.from_model(trained).to_bytes()
-    before = model_io.load_count()
-    first = model_io.load_cached(data)
-    assert model_io.load_cached(data) is first
-    assert model_io.load_count() == before + 1
+    before = model_cache.load_count()
+    first = model_cache.load_cached(data)
+    assert model_cache.load_cached(data) is first
+    assert model_cache.load_count() == before + 1
 
 
 def test_model_cache_is_bounded_lru():
-    cache = model_io.ModelCache(max_entries=2)
+    cache = model_cache.ModelCache(max_entries=2)
     for key in ("a", "b", "a", "c", "a", "b"):
         cache.get_or_load(key, object)
     # "a" stayed recent, "b" was evicted by "c" and loaded again.
@@ -197,7 +198,7 @@ def test_model_cache_is_bounded_lru():
 
 
 def test_a_loader_may_load_another_entry():
-    cache = model_io.ModelCache()
+    cache = model_cache.ModelCache()
     outer = cache.get_or_load("outer", lambda: ("wraps", cache.get_or_load("inner", object)))
     assert outer[1] is cache.get_or_load("inner", object)
     assert cache.loads == 2
@@ -211,7 +212,7 @@ def test_rebuilt_on_executors_exactly_and_once_per_worker(sc, trained):
     def rebuild(partition):
         import os
 
-        from sparktf import model_io as mio
+        from sparktf.models import cache as mio
 
         model = mio.load_cached(broadcast)
         weights = [v.numpy() for v in model.weights]

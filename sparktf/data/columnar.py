@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from sparktf import specs
+from sparktf.data import specs
 from sparktf.errors import DataError
 
 __all__ = [
@@ -142,7 +142,7 @@ class RecordFormat:
     ----------
     element : tuple
         The element structure ``(features, labels)`` or ``(features,)`` with a
-        :class:`~sparktf.specs.LeafSpec` at every leaf.
+        :class:`~sparktf.data.specs.LeafSpec` at every leaf.
     has_labels : bool
         Whether a record is ``(features, labels)`` (else just ``features``).
     """
@@ -161,7 +161,7 @@ class RecordFormat:
 
     @property
     def leaves(self) -> List[specs.LeafSpec]:
-        """The :class:`~sparktf.specs.LeafSpec` of every leaf, features first."""
+        """The :class:`~sparktf.data.specs.LeafSpec` of every leaf, features first."""
         return specs.flatten(self.element)
 
     def as_element(self, record: Any) -> tuple:

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, List, Sequence
 
 import numpy as np
 
-from sparktf.columnar import Block, block_size, concat_blocks, slice_block
+from sparktf.data.columnar import Block, block_size, concat_blocks, slice_block
 from sparktf.errors import DataError
 
 __all__ = ["Shard", "TrainBatches", "inference_batches"]

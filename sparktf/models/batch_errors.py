@@ -1,6 +1,6 @@
 """The ``DataError`` for a batch that a model or a graph rejects on an executor.
 
-Shared by :mod:`sparktf.predictor` and :mod:`sparktf.frozen_graph`, so both
+Shared by :mod:`sparktf.predictor` and :mod:`sparktf.models.frozen_graph`, so both
 name the batch the same way: its partition, its records, what the model
 expects per record and what the records are. TensorFlow-free.
 """
@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from sparktf.errors import DataError
-from sparktf.specs import dtype_name
+from sparktf.data.specs import dtype_name
 
 __all__ = ["rejected_batch"]
 

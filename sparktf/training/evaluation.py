@@ -40,7 +40,7 @@ def evaluate_blocks(
     batch_size : int
         Records per batch in each partition.
     payload : pyspark.Broadcast
-        ``model_io`` payload bytes of the model.
+        ``ModelPayload`` bytes of the model.
     state : pyspark.Broadcast, optional
         ``checkpoint.ModelState`` to assign on the executors (default: the
         payload's own weights).
@@ -51,7 +51,7 @@ def evaluate_blocks(
         Metric name -> value, as ``model.evaluate(..., return_dict=True)``.
     """
     from sparktf.errors import DataError
-    from sparktf.spark_jobs import run_job
+    from sparktf.spark.jobs import run_job
 
     task = partial(_evaluate_partition, payload, state, element_structure, batch_size)
     per_partition = run_job(lambda: block_rdd.mapPartitions(task).collect(), what="the evaluation job")
@@ -74,16 +74,16 @@ def _evaluate_partition(
 ) -> Iterator[List[np.ndarray]]:
     from pyspark import TaskContext
 
-    from sparktf import model_io
-    from sparktf.batching import Shard
-    from sparktf.cluster import configure_task_threads
-    from sparktf.specs import pack
+    from sparktf.models.cache import load_cached
+    from sparktf.data.batching import Shard
+    from sparktf.spark.cluster import configure_task_threads
+    from sparktf.data.specs import pack
 
     configure_task_threads(TaskContext.get().cpus())
     shard = Shard.from_blocks(blocks)
     if shard.num_records == 0:
         return
-    model = model_io.load_cached(payload)
+    model = load_cached(payload)
     if state is not None:
         state.value.apply_to(model)
     element = pack(element_structure, shard.arrays)
@@ -98,7 +98,7 @@ def _metric_variables(model: Any) -> list:
 
 def _build_metrics(model: Any, element_structure: tuple) -> None:
     """Create the driver model's metric variables by evaluating one all-zero record."""
-    from sparktf.specs import flatten, pack
+    from sparktf.data.specs import flatten, pack
 
     leaves = [
         np.full((1, *spec.shape), b"", dtype=object)

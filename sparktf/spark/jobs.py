@@ -13,7 +13,7 @@ import re
 from typing import Callable, Optional, TypeVar
 
 from sparktf.errors import SparkTFError
-from sparktf.remote_errors import reraise_remote
+from sparktf.spark.remote_errors import reraise_remote
 
 __all__ = ["run_job", "worker_traceback"]
 

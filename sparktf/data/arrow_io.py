@@ -22,9 +22,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from sparktf import specs
-from sparktf.batching import inference_batches
-from sparktf.columnar import Block, records_per_block
+from sparktf.data import specs
+from sparktf.data.batching import inference_batches
+from sparktf.data.columnar import Block, records_per_block
 from sparktf.errors import DataError
 
 __all__ = [
@@ -176,7 +176,7 @@ class ArrowBlockDecoder:
 
     Each batch becomes NumPy columns without per-row Python objects; the
     columns are then cut or joined into Blocks of about
-    :data:`~sparktf.columnar.TARGET_BLOCK_BYTES`.
+    :data:`~sparktf.data.columnar.TARGET_BLOCK_BYTES`.
 
     Parameters
     ----------

@@ -8,7 +8,7 @@ each (see ``docs/optimizer.md``). In a segment every barrier task:
    and meanwhile:
 3. caches its partition as columnar NumPy arrays (``batching.Shard``);
 4. gets the model from the per-process cache (built once per Python worker
-   from the broadcast ``model_io`` payload), the first time traces and
+   from the broadcast ``ModelPayload``), the first time traces and
    compiles its step by running it once without all-reduce
    (``TrainStep.warm_up``), and assigns the segment's start state (weights,
    optimizer variables) from a second broadcast;
@@ -33,12 +33,13 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
-from sparktf import model_io
-from sparktf.checkpoint import ModelState
-from sparktf.cluster import configure_task_threads
-from sparktf.train_step import GradientClipping, TrainStep
+from sparktf.models.cache import cached, load_cached
+from sparktf.models.payload import payload_key
+from sparktf.training.checkpoint import ModelState
+from sparktf.spark.cluster import configure_task_threads
+from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.triggers import TrainingProgress, Trigger
-from sparktf.worker_gc import freeze_alive
+from sparktf.spark.worker_gc import freeze_alive
 
 __all__ = ["SegmentSpec", "SegmentResult", "run_segment"]
 
@@ -50,7 +51,7 @@ class SegmentSpec:
     Attributes
     ----------
     payload : pyspark.Broadcast
-        ``model_io`` payload bytes of the model (architecture, compile config).
+        ``ModelPayload`` bytes of the model (architecture, compile config).
     state : pyspark.Broadcast
         :class:`ModelState` to start from.
     element_structure : tuple
@@ -149,7 +150,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     """
     from pyspark import BarrierTaskContext
 
-    from sparktf.batching import Shard
+    from sparktf.data.batching import Shard
     from sparktf.collective import Communicator
 
     watch = _Stopwatch()
@@ -241,7 +242,7 @@ def _timed_allreduce(communicator: Any, watch: _Stopwatch) -> Callable[[np.ndarr
 
 def _batches(spec: SegmentSpec, shard: Any, rank: int) -> Iterator[List[np.ndarray]]:
     """The worker's deterministic stream of local batches, from the first one."""
-    from sparktf.batching import TrainBatches
+    from sparktf.data.batching import TrainBatches
 
     return TrainBatches(shard, spec.local_batch, spec.shuffle, spec.seed, rank, spec.sequential_order)
 
@@ -263,7 +264,7 @@ def _prepared_step(
 
 def _features_labels(spec: SegmentSpec, arrays: List[np.ndarray]) -> tuple:
     """``(features, labels)`` of one batch; labels are None for a model without targets."""
-    from sparktf.specs import pack
+    from sparktf.data.specs import pack
 
     element = pack(spec.element_structure, arrays)
     return element if len(element) == 2 else (element[0], None)
@@ -277,9 +278,9 @@ def _close_when_connected(connecting: Future) -> None:
 
 def _cached_step(payload: Any, clipping: GradientClipping) -> TrainStep:
     """The process's TrainStep (model + traced functions) for this payload and clipping."""
-    model = model_io.load_cached(payload)  # the key names the model object: a reloaded model gets a new step
-    key = f"{model_io.payload_key(payload.value)}/train-step/{clipping!r}/{id(model)}"
-    return model_io.cached(key, lambda: TrainStep(model, clipping))
+    model = load_cached(payload)  # the key names the model object: a reloaded model gets a new step
+    key = f"{payload_key(payload.value)}/train-step/{clipping!r}/{id(model)}"
+    return cached(key, lambda: TrainStep(model, clipping))
 
 
 def _skip(batches: Iterator[List[np.ndarray]], count: int) -> Iterator[List[np.ndarray]]:

@@ -6,7 +6,7 @@ into the same structure of ``tf.TensorSpec`` (the shape of ONE record).
 
 :func:`flatten` and :func:`pack` follow ``tf.nest`` order (lists and tuples in
 order, dicts by sorted key) but need no TensorFlow, so the executor-side data
-code that uses them (:mod:`sparktf.columnar`) never pays for importing it.
+code that uses them (:mod:`sparktf.data.columnar`) never pays for importing it.
 :class:`LeafSpec` is the TensorFlow-free description of one leaf that travels
 to the executors.
 """

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import cloudpickle
 import tensorflow as tf
 
-from sparktf import model_io, specs
-from sparktf.columnar import Block, RecordFormat, records_per_block, to_leaf_column
+from sparktf.data import specs
+from sparktf.data.block_serializer import block_rdd, cached
+from sparktf.data.columnar import Block, RecordFormat, records_per_block, to_leaf_column
 from sparktf.errors import DataError
+from sparktf.spark.user_code import pickle_by_value
 
-__all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader"]
+__all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader", "file_blocks"]
 
 #: Most records per block read from TFRecords: tf.data's ``batch`` slows down
 #: sharply with huge batch sizes (about 2 s for 2M, even on a 5-record file).
@@ -76,7 +78,7 @@ class TFRecordReader:
     """
 
     def __init__(self, parse_fn: Callable, record_format: RecordFormat):
-        self.parse_fn_bytes = model_io.pickle_by_value({"parse_fn": parse_fn})
+        self.parse_fn_bytes = pickle_by_value({"parse_fn": parse_fn})
         self.record_format = record_format
 
     def __call__(self, partition: int, paths: Iterable[str]) -> Iterator[Block]:
@@ -97,3 +99,8 @@ class TFRecordReader:
                     f"TFRecord file {path} (partition {partition}): reading or parsing failed after "
                     f"record {first}: {' '.join(exc.message.split())[:400]}"
                 ) from None
+
+
+def file_blocks(sc: Any, files: List[str], reader: "TFRecordReader", kind: str) -> Any:
+    """The cached Blocks of ``files`` read by ``reader``, one partition per file."""
+    return cached(block_rdd(sc.parallelize(files, len(files)).mapPartitionsWithIndex(reader)), kind)

@@ -31,7 +31,7 @@ def frozen_after(loader: Callable[[], T]) -> Callable[[], T]:
     ----------
     loader : callable
         Loads something long-lived (a model), e.g. the loader given to
-        :func:`sparktf.model_io.cached`.
+        :func:`sparktf.models.cache.cached`.
 
     Returns
     -------

@@ -237,8 +237,8 @@ def record_blocks(
     are the inputs' per-record shapes; unknown sizes (``None``) are taken
     from the partition's first record, so no Spark job is needed to find them.
     """
-    from sparktf.columnar import RecordFormat
-    from sparktf.specs import parse_spec
+    from sparktf.data.columnar import RecordFormat
+    from sparktf.data.specs import parse_spec
 
     records = iter(records)
     first = next(records, None)
@@ -271,7 +271,7 @@ def predict_partition(
         Broadcast of the :class:`FrozenGraph`.
     graph_key : str
         ``FrozenGraph.key``, for the per-process cache of
-        :func:`sparktf.model_io.cached` (a hit skips reading the broadcast).
+        :func:`sparktf.models.cache.cached` (a hit skips reading the broadcast).
     batch : int
         Records per graph run; the last batch may be shorter.
     num_inputs : int
@@ -289,10 +289,10 @@ def predict_partition(
         When the graph rejects a batch, naming the partition, the batch's
         records, the graph's inputs and the records' dtypes and shapes.
     """
-    from sparktf.batch_errors import rejected_batch
-    from sparktf.batching import inference_batches
-    from sparktf.model_io import cached
-    from sparktf.worker_gc import frozen_after
+    from sparktf.models.batch_errors import rejected_batch
+    from sparktf.data.batching import inference_batches
+    from sparktf.models.cache import cached
+    from sparktf.spark.worker_gc import frozen_after
 
     graph = cached(graph_key, frozen_after(lambda: graph_broadcast.value))
     start = 0

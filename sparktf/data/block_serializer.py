@@ -27,7 +27,7 @@ import numpy as np
 from pyspark import RDD, StorageLevel
 from pyspark.serializers import Serializer, SpecialLengths
 
-from sparktf.columnar import Block
+from sparktf.data.columnar import Block
 
 __all__ = ["BlockSerializer", "block_rdd", "cached"]
 

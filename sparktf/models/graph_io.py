@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from sparktf.errors import DataError
-from sparktf.frozen_graph import FrozenGraph, parse_graph_def
+from sparktf.models.frozen_graph import FrozenGraph, parse_graph_def
 
 __all__ = [
     "GRAPH_FILE",

@@ -1,4 +1,4 @@
-"""Shipping Keras models to Spark executors, and the per-process model cache.
+"""Shipping Keras models to Spark executors as bytes.
 
 A Keras 3 model does not survive a plain ``cloudpickle`` trip to an executor
 when it uses classes or functions defined in the user's script or notebook:
@@ -15,53 +15,34 @@ rebuild the model elsewhere:
 * every model variable (trainable and non-trainable) as a NumPy array;
 * the optimizer variables (iteration counter, slots), when built.
 
-``payload.to_bytes()`` is the wire format, sent once per job in a broadcast;
-:func:`load_cached` rebuilds a model at most once per Python worker process
-for the same content (a small LRU cache keyed by the payload's content hash).
+``payload.to_bytes()`` is the wire format, sent once per job;
+:func:`sparktf.models.cache.load_cached` rebuilds a model at most once per
+Python worker process for the same content.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
-import contextlib
 import hashlib
-import io
 import json
-import os
 import pickle
-import shutil
 import sys
-import sysconfig
-import tarfile
-import tempfile
-import threading
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, Sequence, Tuple, Union
 
 import cloudpickle
 import numpy as np
 
 from sparktf.errors import DataError
+from sparktf.spark.user_code import pickle_by_value
 
-__all__ = [
-    "ModelPayload",
-    "SavedModelArchive",
-    "ModelCache",
-    "load_cached",
-    "cached",
-    "load_count",
-    "payload_key",
-    "pickle_by_value",
-]
+__all__ = ["ModelPayload", "payload_key"]
 
 _MAGIC = b"SPARKTF-MODEL-1\n"
 _DIGEST_SIZE = hashlib.sha256().digest_size
 _FRAMEWORK_PACKAGES = frozenset({"builtins", "keras", "tensorflow", "tf_keras", "numpy", "jax", "torch"})
 _LAMBDA_ATTRIBUTES = ("function", "_output_shape", "mask")
 _LAMBDA_PREFIX = "sparktf_lambda_"
-DEFAULT_CACHE_ENTRIES = 4
 
 
 @dataclass(frozen=True)
@@ -345,54 +326,6 @@ def _canonical(node: Any) -> str:
 
 
 # --------------------------------------------------------------------------
-# Pickling user code by value
-
-
-def pickle_by_value(objects: Dict[str, Any]) -> bytes:
-    """cloudpickle the dict ``objects``, taking the user's own modules by value.
-
-    Classes and functions defined in ``__main__``, a notebook or a module the
-    executors cannot import (a test module, a script beside the driver) travel
-    as code, so executors need not have them installed.
-    """
-    modules = {sys.modules[obj.__module__] for obj in objects.values() if obj.__module__ in sys.modules}
-    with _registered_by_value(m for m in modules if _ships_by_value(m)):
-        return cloudpickle.dumps(objects)
-
-
-@contextlib.contextmanager
-def _registered_by_value(modules: Iterable[types.ModuleType]) -> Iterator[None]:
-    already = set(cloudpickle.list_registry_pickle_by_value())
-    added = [m for m in modules if m.__name__ not in already]
-    for module in added:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        yield
-    finally:
-        for module in added:
-            cloudpickle.unregister_pickle_by_value(module)
-
-
-def _ships_by_value(module: types.ModuleType) -> bool:
-    """True for the user's own code: not ``__main__`` (cloudpickle already
-    takes it by value), not sparktf (shipped to executors), not installed."""
-    name = module.__name__
-    if name == "__main__" or name.split(".", 1)[0] == "sparktf":
-        return False
-    path = getattr(module, "__file__", None)
-    if path is None:
-        return False
-    path = os.path.realpath(path)
-    return not any(path.startswith(root + os.sep) for root in _installed_roots())
-
-
-def _installed_roots() -> List[str]:
-    keys = ("stdlib", "platstdlib", "purelib", "platlib")
-    paths = sysconfig.get_paths()
-    return sorted({os.path.realpath(paths[k]) for k in keys if k in paths})
-
-
-# --------------------------------------------------------------------------
 # Restoring variables
 
 
@@ -412,142 +345,3 @@ def _assign(variables: Sequence[Any], values: Sequence[np.ndarray], what: str) -
                 "the payload from the current model."
             )
         variable.assign(value)
-
-
-# --------------------------------------------------------------------------
-# The per-process cache
-
-
-class ModelCache:
-    """A thread-safe LRU of loaded models keyed by content hash.
-
-    Parameters
-    ----------
-    max_entries : int
-        How many models a process keeps; the least recently used is dropped.
-    """
-
-    def __init__(self, max_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
-        self.max_entries = max_entries
-        self.loads = 0
-        self._entries: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
-        self._lock = threading.RLock()  # a loader may load another entry
-
-    def get_or_load(self, key: str, loader: Callable[[], Any]) -> Any:
-        """Return the cached object for ``key``, calling ``loader()`` on a miss."""
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return self._entries[key]
-            value = loader()
-            self.loads += 1
-            self._entries[key] = value
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-            return value
-
-
-_CACHE = ModelCache()
-
-
-def cached(key: str, loader: Callable[[], Any]) -> Any:
-    """Return this process's cached object for ``key``, loading it on a miss.
-
-    Shared by every model kind (Keras payloads, SavedModels) so that
-    :func:`load_count` counts them all.
-    """
-    return _CACHE.get_or_load(key, loader)
-
-
-def load_cached(source: Union["ModelPayload", bytes, Any], key: Optional[str] = None) -> Any:
-    """Return the model for ``source``, built at most once per process.
-
-    Parameters
-    ----------
-    source : ModelPayload, bytes or pyspark.Broadcast
-        A payload, its ``to_bytes()``, or a broadcast variable holding those
-        bytes.
-    key : str, optional
-        The payload's ``key`` when the caller knows it (e.g. passed along
-        with the broadcast); then a cache hit does not read the broadcast.
-
-    Returns
-    -------
-    keras.Model
-        The same object for the same content within this Python process
-        (while it stays among the cache's most recent entries).
-    """
-    if isinstance(source, ModelPayload):
-        return cached(source.key, source.build)
-
-    def data() -> bytes:
-        return source if isinstance(source, (bytes, bytearray, memoryview)) else source.value
-
-    return cached(key or payload_key(data()), lambda: ModelPayload.from_bytes(data()).build())
-
-
-@dataclass(frozen=True)
-class SavedModelArchive:
-    """A SavedModel directory packed as tar bytes, for broadcasting.
-
-    Attributes
-    ----------
-    data : bytes
-        An uncompressed tar of the directory's files (sorted, zero mtimes, so
-        equal directories give equal bytes).
-    key : str
-        Hex SHA-256 of ``data``.
-    """
-
-    data: bytes
-    key: str
-
-    @classmethod
-    def from_directory(cls, path: str) -> "SavedModelArchive":
-        """Pack the SavedModel directory ``path``.
-
-        Raises
-        ------
-        DataError
-            When ``path`` holds no ``saved_model.pb``.
-        """
-        if not os.path.isfile(os.path.join(path, "saved_model.pb")):
-            raise DataError(
-                f"{path!r} is not a SavedModel directory (no saved_model.pb in it). Pass the "
-                "directory written by tf.saved_model.save() or model.export()."
-            )
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-            for name in _sorted_files(path):
-                info = archive.gettarinfo(os.path.join(path, name), arcname=name)
-                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-                with open(os.path.join(path, name), "rb") as handle:
-                    archive.addfile(info, handle)
-        data = buffer.getvalue()
-        return cls(data=data, key=hashlib.sha256(data).hexdigest())
-
-    def extract(self) -> str:
-        """Unpack into a new temporary directory (removed at process exit); return its path."""
-        target = tempfile.mkdtemp(prefix=f"sparktf-savedmodel-{self.key[:12]}-")
-        atexit.register(shutil.rmtree, target, ignore_errors=True)
-        with tarfile.open(fileobj=io.BytesIO(self.data), mode="r") as archive:
-            archive.extractall(target, filter="data")
-        return target
-
-    def load(self) -> Any:
-        """``tf.saved_model.load`` of the unpacked directory."""
-        import tensorflow as tf
-
-        return tf.saved_model.load(self.extract())
-
-
-def _sorted_files(root: str) -> List[str]:
-    names = []
-    for directory, _, files in os.walk(root):
-        names.extend(os.path.relpath(os.path.join(directory, f), root) for f in files)
-    return sorted(names)
-
-
-def load_count() -> int:
-    """How many models this process has loaded (cache misses) so far."""
-    return _CACHE.loads

@@ -12,7 +12,7 @@ running such a task fetches every partition's broadcast, as PySpark hands a
 task all broadcasts its function refers to; its Python worker loads only its
 own. That happens when the cache is filled or rebuilt, not on later jobs.)
 
-The cached Blocks hold about :data:`~sparktf.columnar.TARGET_BLOCK_BYTES`
+The cached Blocks hold about :data:`~sparktf.data.columnar.TARGET_BLOCK_BYTES`
 each: they stream from the JVM into Python 2-3x faster than one 128 MB Block
 per partition (0.2-0.3 s against 0.35-0.8 s per 128 MB per task here), and
 the first batch starts before the whole partition has arrived.
@@ -26,9 +26,9 @@ import numpy as np
 from pyspark import RDD, SparkContext
 from pyspark.broadcast import Broadcast
 
-from sparktf.block_serializer import block_rdd, cached
-from sparktf.columnar import Block, balanced_bounds, records_per_block, slice_block
-from sparktf.specs import LeafSpec
+from sparktf.data.block_serializer import block_rdd, cached
+from sparktf.data.columnar import Block, balanced_bounds, records_per_block, slice_block
+from sparktf.data.specs import LeafSpec
 
 __all__ = ["cached_driver_blocks"]
 

@@ -1,0 +1,288 @@
+"""``BlockDataset``: records as cached columnar Blocks, with the batching rules of training and inference.
+
+The state and the batching plumbing behind :class:`sparktf.dataset.TFDataset`
+(whose factories build the block RDDs): specs, batch options, per-partition
+record counts, per-worker batch sizes and the balanced training RDD with one
+partition per worker.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from operator import itemgetter
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+from pyspark import RDD
+
+from sparktf.data import specs
+from sparktf.data.block_serializer import block_rdd
+from sparktf.data.columnar import BlockRouter, RecordFormat, count_records, sorted_blocks
+from sparktf.errors import DataError
+from sparktf.spark.remote_errors import reraise_remote
+
+__all__ = ["BlockDataset", "UNSET"]
+
+#: A batch option that was not given.
+UNSET = -1
+
+
+class BlockDataset:
+    """A distributed set of records as Blocks, each ``(features, labels)`` or ``features``.
+
+    Users create the subclass :class:`~sparktf.dataset.TFDataset` with its factories.
+
+    Parameters
+    ----------
+    block_rdd : pyspark.RDD
+        RDD of Blocks in the format of ``feature_spec`` / ``label_spec``.
+    feature_spec, label_spec : structure of tf.TensorSpec
+        Parsed specs (see :func:`sparktf.data.specs.parse_spec`); ``label_spec``
+        is ``None`` for a dataset without labels.
+    batch_size : int
+        Global training batch, or -1 when unset.
+    batch_per_thread : int
+        Per-partition batch for prediction and evaluation, or -1 when unset.
+    val_dataset : BlockDataset, optional
+        Validation data.
+    shuffle : bool
+        Reshuffle each worker's records for every pass while training.
+    sequential_order : bool
+        Without ``shuffle``, training starts each worker at its first record
+        (instead of a random one).
+    seed : int, optional
+        Seed of the training order; a random one when ``None``.
+    partition_counts : list of int, optional
+        Records per partition of ``block_rdd`` when already known.
+
+    Raises
+    ------
+    DataError
+        If both batch sizes are set, or one is neither positive nor -1.
+    """
+
+    def __init__(
+        self,
+        block_rdd: RDD,
+        feature_spec,
+        label_spec=None,
+        *,
+        batch_size: int = UNSET,
+        batch_per_thread: int = UNSET,
+        val_dataset: Optional["BlockDataset"] = None,
+        shuffle: bool = True,
+        sequential_order: bool = False,
+        seed: Optional[int] = None,
+        partition_counts: Optional[Sequence[int]] = None,
+    ):
+        check_batch_options(batch_size, batch_per_thread)
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise DataError(f"seed must be a non-negative integer or None, got {seed!r}")
+        self._block_rdd = block_rdd
+        self._feature_spec = feature_spec
+        self._label_spec = label_spec
+        self._format = RecordFormat.from_specs(feature_spec, label_spec)
+        self._batch_size = int(batch_size)
+        self._batch_per_thread = int(batch_per_thread)
+        self._val_dataset = val_dataset
+        self._shuffle = bool(shuffle)
+        self._sequential_order = bool(sequential_order)
+        self._seed = int(seed) if seed is not None else secrets.randbits(31)
+        self._partition_counts = list(partition_counts) if partition_counts is not None else None
+        self._training_rdds: Dict[int, RDD] = {}
+
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def feature_spec(self):
+        """The features' structure, a ``tf.TensorSpec`` (one record's shape) at each leaf."""
+        return self._feature_spec
+
+    @property
+    def label_spec(self):
+        """The labels' structure of ``tf.TensorSpec``, or ``None`` without labels."""
+        return self._label_spec
+
+    @property
+    def element_structure(self) -> tuple:
+        """``(feature_spec, label_spec)``, or ``(feature_spec,)`` without labels."""
+        return specs.element_structure(self._feature_spec, self._label_spec)
+
+    @property
+    def has_labels(self) -> bool:
+        """Whether records are ``(features, labels)``."""
+        return self._label_spec is not None
+
+    @property
+    def record_format(self) -> RecordFormat:
+        """The TensorFlow-free description of the Blocks, for executor-side code."""
+        return self._format
+
+    @property
+    def batch_size(self) -> int:
+        """The global training batch, or -1 when unset."""
+        return self._batch_size
+
+    @property
+    def batch_per_thread(self) -> int:
+        """The per-partition prediction / evaluation batch, or -1 when unset."""
+        return self._batch_per_thread
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether training reshuffles each worker's records for every pass."""
+        return self._shuffle
+
+    @property
+    def sequential_order(self) -> bool:
+        """Whether training without shuffle starts at each worker's first record."""
+        return self._sequential_order
+
+    @property
+    def seed(self) -> int:
+        """The seed of the training order."""
+        return self._seed
+
+    @property
+    def val_dataset(self) -> Optional["BlockDataset"]:
+        """The validation dataset, or ``None``."""
+        return self._val_dataset
+
+    @property
+    def block_rdd(self) -> RDD:
+        """The RDD of Blocks (a few per partition)."""
+        return self._block_rdd
+
+    @property
+    def rdd(self) -> RDD:
+        """The records: ``(features, labels)`` or ``features``, leaves as NumPy values."""
+        return self._block_rdd.flatMap(self._format.to_records)
+
+    @property
+    def partition_counts(self) -> List[int]:
+        """Records in each partition (one Spark job the first time).
+
+        Raises
+        ------
+        DataError
+            If a record is bad (raised by the executors while reading).
+        """
+        if self._partition_counts is None:
+            with reraise_remote():
+                self._partition_counts = self._block_rdd.mapPartitions(count_records).collect()
+        return self._partition_counts
+
+    @property
+    def num_records(self) -> int:
+        """The number of records (counted by a Spark job the first time)."""
+        return sum(self.partition_counts)
+
+    # ------------------------------------------------------------------ batching
+
+    def local_batch_size(self, num_workers: int) -> int:
+        """Records per training worker per iteration: ``batch_size // num_workers``.
+
+        Raises
+        ------
+        DataError
+            If ``batch_size`` is unset, or not a multiple of ``num_workers``
+            (the message gives both numbers).
+        """
+        if self._batch_size == UNSET:
+            raise DataError(
+                "training needs batch_size: create the TFDataset with batch_size=<global batch>, "
+                f"a multiple of the number of training workers ({num_workers}); batch_per_thread "
+                "is only for prediction and evaluation"
+            )
+        if self._batch_size % num_workers:
+            lower = max(num_workers, self._batch_size - self._batch_size % num_workers)
+            raise DataError(
+                f"batch_size {self._batch_size} is not a multiple of the number of training workers "
+                f"{num_workers}: every worker takes the same share of a batch. Use e.g. batch_size="
+                f"{lower} or {lower + num_workers}, or another number of workers"
+            )
+        return self._batch_size // num_workers
+
+    def inference_batch_size(self, num_workers: int) -> int:
+        """Records per partition per prediction / evaluation batch.
+
+        ``batch_per_thread``, else ``batch_size // num_workers`` (at least 1).
+
+        Raises
+        ------
+        DataError
+            If neither is set, saying to set ``batch_per_thread``.
+        """
+        if self._batch_per_thread != UNSET:
+            return self._batch_per_thread
+        if self._batch_size != UNSET:
+            return max(1, self._batch_size // num_workers)
+        raise DataError(
+            "prediction and evaluation need batch_per_thread: create the TFDataset with "
+            "batch_per_thread=<records per batch in each partition> (or batch_size)"
+        )
+
+    def iterations_per_epoch(self, num_workers: Optional[int] = None) -> int:
+        """Training iterations in one epoch: ``ceil(num_records / batch_size)``.
+
+        Parameters
+        ----------
+        num_workers : int, optional
+            Training workers (default ``sc.defaultParallelism``); checked
+            against ``batch_size`` as in :meth:`local_batch_size`.
+        """
+        self.local_batch_size(self._default_workers(num_workers))
+        return math.ceil(self.num_records / self._batch_size)
+
+    def training_block_rdd(self, num_workers: int) -> RDD:
+        """The Blocks in exactly ``num_workers`` balanced partitions, for barrier training.
+
+        Worker ``w`` gets the contiguous records ``[w * n // W, (w + 1) * n //
+        W)``; the data is shuffled through Spark only when the partitions are
+        not already like that.
+
+        Raises
+        ------
+        DataError
+            If the dataset has fewer records than ``num_workers``.
+        """
+        counts = self.partition_counts
+        total = sum(counts)
+        if total < num_workers:
+            raise DataError(
+                f"the training dataset has {total} records, fewer than the {num_workers} training "
+                "workers; use more data or fewer workers"
+            )
+        if len(counts) == num_workers and max(counts) - min(counts) <= 1:
+            return self._block_rdd
+        if num_workers not in self._training_rdds:
+            self._training_rdds[num_workers] = block_rdd(
+                self._block_rdd.mapPartitionsWithIndex(BlockRouter(counts, num_workers))
+                .partitionBy(num_workers, itemgetter(0))
+                .mapPartitions(sorted_blocks)
+            )
+        return self._training_rdds[num_workers]
+
+    def _default_workers(self, num_workers: Optional[int]) -> int:
+        return self._block_rdd.context.defaultParallelism if num_workers is None else num_workers
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(feature_spec={self._feature_spec}, label_spec={self._label_spec}, "
+            f"batch_size={self._batch_size}, batch_per_thread={self._batch_per_thread}, "
+            f"partitions={self._block_rdd.getNumPartitions()})"
+        )
+
+
+
+def check_batch_options(batch_size: Any, batch_per_thread: Any) -> None:
+    for name, value in (("batch_size", batch_size), ("batch_per_thread", batch_per_thread)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (value < 1 and value != UNSET):
+            raise DataError(f"{name} must be a positive integer (or -1 for unset), got {value!r}")
+    if batch_size != UNSET and batch_per_thread != UNSET:
+        raise DataError(
+            f"set either batch_size (global training batch, got {batch_size}) or batch_per_thread "
+            f"(per-partition prediction/evaluation batch, got {batch_per_thread}), not both"
+        )

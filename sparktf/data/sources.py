@@ -1,0 +1,99 @@
+"""The block RDDs behind ``TFDataset``'s factories: RDD records, driver arrays, DataFrame columns.
+
+Each function checks its input and builds a cached RDD of columnar Blocks
+(see :mod:`sparktf.data.columnar`) in a :class:`~sparktf.data.columnar.RecordFormat`;
+:class:`sparktf.dataset.TFDataset` adds the specs and batching options.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Union
+
+import numpy as np
+from pyspark import RDD, SparkContext
+from pyspark.sql import DataFrame
+
+from sparktf.data import arrow_io, specs
+from sparktf.data.block_serializer import block_rdd, cached
+from sparktf.data.columnar import RecordFormat, to_leaf_column
+from sparktf.data.driver_blocks import cached_driver_blocks
+from sparktf.errors import DataError
+
+__all__ = [
+    "check_is_rdd",
+    "rdd_blocks",
+    "tensors_element",
+    "tf_dtype_of",
+    "ndarray_blocks",
+    "column_names",
+    "one_or_list",
+    "dataframe_blocks",
+]
+
+
+def rdd_blocks(rdd: RDD, record_format: RecordFormat, kind: str) -> RDD:
+    """The cached Blocks of an RDD of records (``kind`` names the cache: "training", "validation")."""
+    return cached(block_rdd(rdd.mapPartitionsWithIndex(record_format.to_blocks)), kind)
+
+
+def check_is_rdd(value: Any, name: str) -> None:
+    if not isinstance(value, RDD):
+        hint = " (use TFDataset.from_dataframe for a DataFrame)" if isinstance(value, DataFrame) else ""
+        raise DataError(f"{name} must be a pyspark RDD, got {type(value).__name__}{hint}")
+
+
+def tensors_element(tensors: Any, name: str) -> tuple:
+    """``(features, labels)`` or ``(features,)`` of ``from_ndarrays`` input."""
+    if isinstance(tensors, tuple) and not hasattr(tensors, "_fields"):
+        if len(tensors) in (1, 2):
+            return tensors
+        raise DataError(
+            f"{name} is a tuple of {len(tensors)}; give x, (x,) or (x, y), and put several "
+            "feature arrays in a list: ([x1, x2], y)"
+        )
+    return (tensors,)
+
+
+def tf_dtype_of(array: Any) -> str:
+    """The spec dtype for an array: float64 -> float32, text -> string, others unchanged."""
+    dtype = np.asarray(array).dtype
+    if dtype.kind in "USO":
+        return "string"
+    return "float32" if dtype == np.float64 else dtype.name
+
+
+def ndarray_blocks(sc: SparkContext, record_format: RecordFormat, element, name: str, partitions: int):
+    """The cached block RDD of contiguous ranges of the arrays of ``element``, and its partition counts."""
+    leaves = record_format.leaves
+    try:
+        values = specs.flatten_like(record_format.element, element, name)
+        columns = tuple(to_leaf_column(value, leaf) for value, leaf in zip(values, leaves))
+    except DataError as exc:
+        raise DataError(f"{name}: {exc}") from None
+    lengths = {leaf.path: len(column) for leaf, column in zip(leaves, columns)}
+    if len(set(lengths.values())) > 1:
+        raise DataError(f"{name}: the arrays have different numbers of records {lengths}; they must be equal")
+    return cached_driver_blocks(sc, columns, leaves, partitions, name)
+
+
+def column_names(cols: Union[str, Sequence[str]], name: str) -> List[str]:
+    names = [cols] if isinstance(cols, str) else list(cols)
+    if not names or not all(isinstance(col, str) for col in names):
+        raise DataError(f"{name} must be a column name or a non-empty list of them, got {cols!r}")
+    return names
+
+
+def one_or_list(column_specs: list):
+    return column_specs[0] if len(column_specs) == 1 else column_specs
+
+
+def dataframe_blocks(df: DataFrame, columns: List[str], record_format: RecordFormat, kind: str) -> RDD:
+    """Blocks of ``columns`` of ``df``: the JVM's Arrow record batches, cached in the JVM, decoded when read.
+
+    The batches stay in the JVM's cache (no round trip through Python); each
+    read decodes them without per-row work (zero-copy for columns that are
+    already of their leaf's dtype).
+    """
+    ready = arrow_io.arrow_ready(df, columns)
+    decoder = arrow_io.ArrowBlockDecoder(arrow_io.arrow_schema(ready), record_format.leaves, columns)
+    return block_rdd(cached(arrow_io.arrow_batch_rdd(ready), f"{kind} Arrow").mapPartitionsWithIndex(decoder))

@@ -1,0 +1,64 @@
+"""User code pickled by value, so executors need not have it installed.
+
+Classes and functions defined in ``__main__``, a notebook, or a module the
+executors cannot import (a test module, a script beside the driver) travel as
+code inside the pickle (cloudpickle's by-value mode) instead of as a reference
+to a module the executor lacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import sysconfig
+import types
+from typing import Any, Dict, Iterable, Iterator, List
+
+import cloudpickle
+
+__all__ = ["pickle_by_value"]
+
+
+def pickle_by_value(objects: Dict[str, Any]) -> bytes:
+    """cloudpickle the dict ``objects``, taking the user's own modules by value.
+
+    Classes and functions defined in ``__main__``, a notebook or a module the
+    executors cannot import (a test module, a script beside the driver) travel
+    as code, so executors need not have them installed.
+    """
+    modules = {sys.modules[obj.__module__] for obj in objects.values() if obj.__module__ in sys.modules}
+    with _registered_by_value(m for m in modules if _ships_by_value(m)):
+        return cloudpickle.dumps(objects)
+
+
+@contextlib.contextmanager
+def _registered_by_value(modules: Iterable[types.ModuleType]) -> Iterator[None]:
+    already = set(cloudpickle.list_registry_pickle_by_value())
+    added = [m for m in modules if m.__name__ not in already]
+    for module in added:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        for module in added:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _ships_by_value(module: types.ModuleType) -> bool:
+    """True for the user's own code: not ``__main__`` (cloudpickle already
+    takes it by value), not sparktf (shipped to executors), not installed."""
+    name = module.__name__
+    if name == "__main__" or name.split(".", 1)[0] == "sparktf":
+        return False
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return False
+    path = os.path.realpath(path)
+    return not any(path.startswith(root + os.sep) for root in _installed_roots())
+
+
+def _installed_roots() -> List[str]:
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    paths = sysconfig.get_paths()
+    return sorted({os.path.realpath(paths[k]) for k in keys if k in paths})

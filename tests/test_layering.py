@@ -1,0 +1,107 @@
+"""The package's layers: a module imports only from lower layers (or its own subpackage).
+
+The map is the one in docs/internals.md. A new module or subpackage must be
+placed in it, so the test also fails for a module it does not know.
+"""
+
+import ast
+import pathlib
+
+import sparktf
+
+ROOT = pathlib.Path(sparktf.__file__).parent
+
+# Lower numbers are lower layers. Units in one layer do not import each other,
+# except the public modules (the top layer), which build on one another.
+LAYERS = {
+    "sparktf.errors": 0,
+    "sparktf.triggers": 0,
+    "sparktf.context": 0,
+    "sparktf.spark": 1,
+    "sparktf.collective": 1,
+    "sparktf.data": 2,
+    "sparktf.models": 3,
+    "sparktf.training": 4,
+    "sparktf.inference": 4,
+    "sparktf.launch": 4,
+    "sparktf": 5,
+    "sparktf.dataset": 5,
+    "sparktf.optimizer": 5,
+    "sparktf.predictor": 5,
+    "sparktf.net": 5,
+    "sparktf.summary": 5,
+}
+PUBLIC_LAYER = 5
+
+
+def unit_of(module: str) -> str:
+    """The entry of LAYERS a module belongs to: its subpackage, or itself."""
+    parts = module.split(".")
+    for size in range(len(parts), 0, -1):
+        name = ".".join(parts[:size])
+        if name in LAYERS:
+            return name
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS and docs/internals.md")
+
+
+def module_name(path: pathlib.Path) -> str:
+    relative = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(relative.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sparktf_imports(source: str, importer: str, is_package: bool):
+    """(line, imported module) for every import of a sparktf module in ``source``, nested ones included."""
+    package = importer if is_package else importer.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parents = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parents + ([base] if base else []))
+            # `from sparktf.data import specs` imports the module sparktf.data.specs
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in ALL_MODULES else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name == "sparktf" or name.startswith("sparktf."):
+                yield node.lineno, name
+
+
+def violations(source: str, importer: str, is_package: bool = False):
+    """The imports in ``source`` (the text of module ``importer``) that go up or sideways."""
+    found = []
+    source_unit = unit_of(importer)
+    for line, imported in sparktf_imports(source, importer, is_package):
+        target_unit = unit_of(imported)
+        source_layer, target_layer = LAYERS[source_unit], LAYERS[target_unit]
+        if target_unit == source_unit or target_layer < source_layer or source_layer == target_layer == PUBLIC_LAYER:
+            continue
+        found.append(f"line {line}: {importer} (layer {source_layer}) imports {imported} (layer {target_layer})")
+    return found
+
+
+ALL_MODULES = {module_name(p) for p in ROOT.rglob("*.py")}
+
+
+def test_every_module_has_a_layer():
+    for module in sorted(ALL_MODULES):
+        unit_of(module)
+
+
+def test_imports_only_go_down():
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        found += violations(path.read_text(), module_name(path), path.name == "__init__.py")
+    assert not found, "imports that go up or sideways:\n" + "\n".join(found)
+
+
+def test_the_checker_flags_upward_and_sideways_imports():
+    source = "from sparktf.training.loop import run_segment\n\ndef f():\n    from sparktf.collective import Communicator\n"
+    assert [v.split(":")[0] for v in violations(source, "sparktf.data.batching")] == ["line 1"]
+    assert len(violations("from sparktf.inference import feeds\n", "sparktf.training.loop")) == 1
+    assert violations("from sparktf.data import specs\nfrom . import step\n", "sparktf.training.loop") == []
+    assert violations("from sparktf.dataset import TFDataset\n", "sparktf.net") == []
+    assert len(violations("from ..optimizer import TFOptimizer\n", "sparktf.training.loop")) == 1
