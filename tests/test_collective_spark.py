@@ -6,7 +6,7 @@ import secrets
 import numpy as np
 import pytest
 
-from sparktf.collective import PeerDirectory
+from sparktf.collective import JobChannel
 
 
 @pytest.mark.parametrize("rendezvous", ["directory", "allGather"])
@@ -15,7 +15,7 @@ def test_allreduce_inside_spark_barrier_tasks(sc, rendezvous):
     with contextlib.ExitStack() as stack:
         directory = None
         if rendezvous == "directory":
-            directory = stack.enter_context(PeerDirectory(2, secret, "127.0.0.1")).address
+            directory = stack.enter_context(JobChannel(2, secret, "127.0.0.1")).address
         results = sorted(run_barrier_allreduce(sc, secret, directory))
     assert results == [(0, 2, True, 21, [0, 1]), (1, 2, True, 21, [0, 1])]
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from sparktf.collective.auth import check_secret
 from sparktf.collective.link import RingLink
-from sparktf.collective.directory import directory_peers
+from sparktf.collective.channel_client import directory_peers
 from sparktf.collective.rendezvous import barrier_task_peers, bind_listener, connect_ring, format_peer, parse_peer
 from sparktf.collective.ring import SEGMENT_BYTES, ring_allgather_bytes, ring_allreduce, ring_broadcast
 from sparktf.errors import CollectiveError
@@ -118,7 +118,7 @@ class Communicator:
 
         Each task listens on its executor's own address (the host Spark lists
         for it in ``ctx.getTaskInfos()``), publishes ``host:port`` (to the
-        driver's :class:`~sparktf.collective.directory.PeerDirectory` at
+        driver's :class:`~sparktf.collective.JobChannel` at
         ``directory``, else with ``ctx.allGather``, which costs ~1 s) and
         connects to its ring neighbours.
 

@@ -107,7 +107,7 @@ def rendezvous_host(conf: SparkConf) -> str | None:
     """Where a barrier job's ranks exchange their addresses.
 
     ``spark.sparktf.rendezvous`` is ``driver`` (the default: a
-    :class:`~sparktf.collective.PeerDirectory` on ``spark.driver.host``) or
+    :class:`~sparktf.collective.JobChannel` on ``spark.driver.host``) or
     ``barrier`` (``BarrierTaskContext.allGather``, ~1 s per job, for clusters
     whose executors cannot open connections to the driver).
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -46,6 +46,21 @@ class ModelState:
         optimizer = getattr(model, "optimizer", None)
         optimizer_values = [] if optimizer is None else [np.array(v) for v in optimizer.variables]
         return cls([np.array(v) for v in model.weights], optimizer_values, int(iteration))
+
+    def to_wire(self) -> Tuple[Dict[str, Any], List[np.ndarray]]:
+        """``(meta, arrays)`` for the job channel: the arrays are the state's own, not copies."""
+        return {"iteration": self.iteration, "weights": len(self.weights)}, self.weights + self.optimizer_variables
+
+    @classmethod
+    def from_wire(cls, meta: Dict[str, Any], arrays: List[np.ndarray]) -> "ModelState":
+        """The state :meth:`to_wire` described."""
+        count = int(meta["weights"])
+        return cls(arrays[:count], arrays[count:], int(meta["iteration"]))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all the arrays."""
+        return sum(a.nbytes for a in self.weights) + sum(a.nbytes for a in self.optimizer_variables)
 
     def apply_to(self, model) -> None:
         """Assign the weights and optimizer variables to ``model`` (same architecture)."""

@@ -11,14 +11,19 @@ each (see ``docs/optimizer.md``). In a segment every barrier task:
    from the broadcast ``ModelPayload``), the first time traces and
    compiles its step by running it once without all-reduce
    (``TrainStep.warm_up``), and assigns the segment's start state (weights,
-   optimizer variables) from a second broadcast;
+   optimizer variables), streamed from the driver's job channel (or, without
+   one, read from a broadcast);
 5. loops, one graph call per iteration (``TrainStep.run``): local batch ->
    fused gradients + loss -> all-reduce (mean, called from the graph) ->
    global-gradient clipping and ``optimizer.apply``, until the segment's stop
    trigger fires on the (identical) progress every worker sees;
 6. averages the non-trainable float variables (BatchNorm statistics) across
-   workers, and rank 0 returns the state, the per-iteration records and
-   where the time went.
+   workers; rank 0 uploads the state to the job channel and returns the
+   per-iteration records and where the time went.
+
+Throughout, a heartbeat reports the rank's phase and iteration to the
+driver's watchdog, and ends this worker process if the driver gives up on the
+job while the task is stuck (see ``collective.channel_client.Heartbeat``).
 
 This module runs on executors: it never imports driver-only modules.
 """
@@ -33,6 +38,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
+from sparktf.collective.channel_client import ChannelClient, Heartbeat
 from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
@@ -52,8 +58,8 @@ class SegmentSpec:
     ----------
     payload : pyspark.Broadcast
         ``ModelPayload`` bytes of the model (architecture, compile config).
-    state : pyspark.Broadcast
-        :class:`ModelState` to start from.
+    state : pyspark.Broadcast, optional
+        :class:`ModelState` to start from, when there is no job channel.
     element_structure : tuple
         ``(feature_spec, label_spec)`` or ``(feature_spec,)``.
     local_batch : int
@@ -69,8 +75,9 @@ class SegmentSpec:
     secret : bytes
         Shared secret authenticating the collective's connections.
     directory : str, optional
-        ``"host:port"`` of the driver's peer directory, None to exchange
-        addresses with ``BarrierTaskContext.allGather``.
+        ``"host:port"`` of the driver's job channel (peer directory, start
+        and final state, heartbeats); None to exchange addresses with
+        ``BarrierTaskContext.allGather`` and take the state from ``state``.
     collective_timeout : float
         Seconds a worker waits for its peers in a collective operation.
     """
@@ -109,7 +116,7 @@ class SegmentResult:
         used, time the iteration ended, its duration.
     timings : dict
         Seconds spent in each phase (``threads``, ``data_cache``,
-        ``model_load``, ``connect``, ``batches``, ``compute``, ``allreduce``,
+        ``model_load``, ``warm_up``, ``state_fetch``, ``connect``, ``batches``, ``compute``, ``allreduce``,
         ``apply``, ``finish``) on rank 0.
     """
 
@@ -156,33 +163,43 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     watch = _Stopwatch()
     context = BarrierTaskContext.get()
     rank = context.partitionId()
-    configure_task_threads(context.cpus())
-    watch.lap("threads")
-    with ThreadPoolExecutor(1) as pool:  # connect while the model loads and compiles
-        connecting = pool.submit(
-            Communicator.from_barrier_context,
-            context,
-            spec.secret,
-            spec.collective_timeout,
-            spec.directory,
-        )
-        try:
-            shard = Shard.from_blocks(blocks)
-            watch.lap("data_cache")
-            step = _prepared_step(spec, lambda: _batches(spec, shard, rank), watch)
-        except BaseException:
-            _close_when_connected(connecting)
-            raise
-        communicator = connecting.result()
-    watch.lap("connect")
+    world_size = len(context.getTaskInfos())
+    heartbeat = _start_heartbeat(spec, rank, world_size)
     try:
-        batches = _skip(_batches(spec, shard, rank), spec.start.iteration)
-        result = _train(spec, step, batches, communicator, watch)
-        _average_non_trainable(step.model, communicator)
-        result.state = ModelState.capture(step.model, result.iteration)
-        watch.lap("finish")
+        configure_task_threads(context.cpus())
+        watch.lap("threads")
+        with ThreadPoolExecutor(1) as pool:  # connect while the model loads and compiles
+            connecting = pool.submit(
+                Communicator.from_barrier_context,
+                context,
+                spec.secret,
+                spec.collective_timeout,
+                spec.directory,
+            )
+            try:
+                heartbeat.phase = "data_cache"
+                shard = Shard.from_blocks(blocks)
+                watch.lap("data_cache")
+                step = _prepared_step(spec, lambda: _batches(spec, shard, rank), watch, heartbeat, rank, world_size)
+                heartbeat.phase = "connect"
+            except BaseException:
+                _close_when_connected(connecting)
+                raise
+            communicator = connecting.result()
+        watch.lap("connect")
+        try:
+            heartbeat.phase = "train"
+            batches = _skip(_batches(spec, shard, rank), spec.start.iteration)
+            result = _train(spec, step, batches, communicator, watch, heartbeat)
+            heartbeat.phase = "finish"
+            _average_non_trainable(step.model, communicator)
+            if rank == 0:
+                result.state = _hand_back(spec, ModelState.capture(step.model, result.iteration), world_size)
+            watch.lap("finish")
+        finally:
+            communicator.close()
     finally:
-        communicator.close()
+        heartbeat.stop()
     if rank == 0:
         result.timings = watch.seconds
         yield result
@@ -194,6 +211,7 @@ def _train(
     batches: Iterator[List[np.ndarray]],
     communicator: Any,
     watch: _Stopwatch,
+    heartbeat: Any,
 ) -> SegmentResult:
     losses, learning_rates, wall_times, step_seconds = [], [], [], []
     progress = spec.start
@@ -206,6 +224,7 @@ def _train(
         outcome = step.run(features, labels, allreduce)
         ended = watch.lap("apply")
         iteration = progress.iteration + 1
+        heartbeat.iteration = iteration
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
             non_finite_iteration = iteration
             break
@@ -248,18 +267,63 @@ def _batches(spec: SegmentSpec, shard: Any, rank: int) -> Iterator[List[np.ndarr
 
 
 def _prepared_step(
-    spec: SegmentSpec, batches: Callable[[], Iterator[List[np.ndarray]]], watch: _Stopwatch
+    spec: SegmentSpec,
+    batches: Callable[[], Iterator[List[np.ndarray]]],
+    watch: _Stopwatch,
+    heartbeat: Any,
+    rank: int,
+    world_size: int,
 ) -> TrainStep:
     """The process's TrainStep, traced and compiled, holding the segment's start state."""
+    heartbeat.phase = "model_load"
     step = _cached_step(spec.payload, spec.clipping)
     watch.lap("model_load")
     if not step.warmed_up:
+        heartbeat.phase = "warm_up"
         step.warm_up(*_features_labels(spec, next(batches())))
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
-    spec.state.value.apply_to(step.model)  # also undoes the warm-up's update
-    watch.lap("model_load")
+    heartbeat.phase = "state_fetch"
+    _start_state(spec, rank, world_size).apply_to(step.model)  # also undoes the warm-up's update
+    watch.lap("state_fetch")
     return step
+
+
+class _NoHeartbeat:
+    """Stands in for the heartbeat when there is no job channel."""
+
+    phase = "start"
+    iteration = 0
+
+    def stop(self) -> None:
+        pass
+
+
+def _start_heartbeat(spec: SegmentSpec, rank: int, world_size: int) -> Any:
+    if spec.directory is None:
+        return _NoHeartbeat()
+    client = ChannelClient(spec.directory, rank, world_size, spec.secret, spec.collective_timeout)
+    return Heartbeat(client)
+
+
+def _start_state(spec: SegmentSpec, rank: int, world_size: int) -> ModelState:
+    """The segment's start state: streamed from the job channel, or the broadcast's."""
+    if spec.directory is None:
+        return spec.state.value
+    with ChannelClient(spec.directory, rank, world_size, spec.secret, spec.collective_timeout) as client:
+        meta, arrays = client.request({"op": "get_state"}, spec.collective_timeout, what="fetching the start state")
+    return ModelState.from_wire(meta, arrays)
+
+
+def _hand_back(spec: SegmentSpec, state: ModelState, world_size: int) -> Optional[ModelState]:
+    """Rank 0's final state: uploaded to the job channel (None returned), or returned in the task result."""
+    if spec.directory is None:
+        return state
+    meta, arrays = state.to_wire()
+    with ChannelClient(spec.directory, 0, world_size, spec.secret, spec.collective_timeout) as client:
+        client.request({"op": "put_state", "meta": meta}, spec.collective_timeout, arrays,
+                       what="uploading the final state")
+    return None
 
 
 def _features_labels(spec: SegmentSpec, arrays: List[np.ndarray]) -> tuple:

@@ -1,10 +1,19 @@
-"""Driver side of one training segment: the barrier job, its secret and its peer directory.
+"""Driver side of one training segment: the barrier job, its secret, its job channel and its watchdog.
 
 A segment is one Spark barrier job of ``num_workers`` tasks, each running
-:func:`sparktf.training.loop.run_segment`. This module starts it: a fresh
-secret for the collective, the driver's peer directory on
-``spark.driver.host`` (or ``BarrierTaskContext.allGather`` without one), the
-start state broadcast for the job's lifetime, and rank 0's result.
+:func:`sparktf.training.loop.run_segment`. This module starts it with a fresh
+secret and, on ``spark.driver.host``, a :class:`~sparktf.collective.JobChannel`
+through which the ranks find each other, fetch the start state, report
+their progress (watched by :class:`~sparktf.training.watchdog.JobWatchdog`)
+and rank 0 uploads the final state: model state never rides in a Spark
+broadcast or task result, so it never fills the driver JVM's heap.
+
+With ``spark.sparktf.rendezvous=barrier`` (executors cannot reach the
+driver), or when ``spark.driver.host`` cannot be listened on, there is no
+channel: the ranks exchange addresses with ``BarrierTaskContext.allGather``,
+the start state travels in a broadcast and the final state in rank 0's task
+result, both through the JVM, and there is no watchdog beyond the
+collective's own timeouts.
 """
 
 from __future__ import annotations
@@ -17,20 +26,21 @@ import time
 from functools import partial
 from typing import Any, Iterator, Optional
 
-from sparktf.collective import PeerDirectory
+from sparktf.collective import JobChannel
 from sparktf.errors import TrainingError
 from sparktf.spark.cluster import rendezvous_host
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment
+from sparktf.training.watchdog import STALL_SLACK_SECONDS, JobWatchdog
 
-__all__ = ["run_segment_job", "peer_directory"]
+__all__ = ["run_segment_job", "job_channel"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
 
 
 def run_segment_job(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, num_workers: int) -> SegmentResult:
-    """Run one segment on ``num_workers`` barrier tasks; return rank 0's result.
+    """Run one segment on ``num_workers`` barrier tasks; return rank 0's result with its final state.
 
     Parameters
     ----------
@@ -46,49 +56,71 @@ def run_segment_job(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, 
 
     Raises
     ------
+    TrainingError
+        The watchdog cancelled the job, or rank 0 sent no state.
     SparkTFError
         What the job's tasks raised (see :func:`sparktf.spark.jobs.run_job`).
     """
     secret = secrets.token_bytes(32)
-    with peer_directory(rendezvous_host(sc.getConf()), num_workers, secret) as directory:
-        state_broadcast = sc.broadcast(state)
-        job_spec = dataclasses.replace(spec, state=state_broadcast, secret=secret, directory=directory)
-        started = time.perf_counter()
-        try:
-            results = run_job(
-                lambda: blocks.barrier().mapPartitions(partial(run_segment, job_spec)).collect(),
-                what=f"the training job after iteration {spec.start.iteration}",
-            )
-        finally:
-            state_broadcast.destroy()
-    if len(results) != 1:
-        raise TrainingError(f"the training job returned {len(results)} results instead of rank 0's one")
-    (result,) = results
+    what = f"the training job after iteration {spec.start.iteration}"
+    started = time.perf_counter()
+    with job_channel(rendezvous_host(sc.getConf()), num_workers, secret) as channel:
+        if channel is None:
+            result = _run_with_broadcast(sc, blocks, dataclasses.replace(spec, secret=secret), state, what)
+        else:
+            channel.serve_state(*state.to_wire())
+            job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
+            watchdog = JobWatchdog(sc, channel, num_workers, spec.collective_timeout + STALL_SLACK_SECONDS)
+            result = _only_result(watchdog.run(partial(_collect, blocks, job_spec), what))
+            uploaded = channel.take_uploaded()
+            if uploaded is None:
+                raise TrainingError(f"{what} ended but rank 0 sent no model state to the driver")
+            result.state = ModelState.from_wire(*uploaded)
     worker_seconds = sum(result.timings.values())
     result.timings["launch"] = time.perf_counter() - started - worker_seconds
     return result
 
 
-@contextlib.contextmanager
-def peer_directory(host: Optional[str], num_workers: int, secret: bytes) -> Iterator[Optional[str]]:
-    """The address of a peer directory on ``host`` for one barrier job, or None to use ``allGather``.
+def _collect(blocks: Any, spec: SegmentSpec) -> list:
+    return blocks.barrier().mapPartitions(partial(run_segment, spec)).collect()
 
-    None for one worker, for ``host=None`` (``spark.sparktf.rendezvous=barrier``)
-    and, with a warning, when ``host`` cannot be listened on (e.g. a
-    ``spark.driver.host`` that names a proxy or service address).
+
+def _run_with_broadcast(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, what: str) -> SegmentResult:
+    """The segment without a job channel: state in a broadcast and in rank 0's task result."""
+    state_broadcast = sc.broadcast(state)
+    try:
+        return _only_result(run_job(partial(_collect, blocks, dataclasses.replace(spec, state=state_broadcast)), what))
+    finally:
+        state_broadcast.destroy()
+
+
+def _only_result(results: list) -> SegmentResult:
+    if len(results) != 1:
+        raise TrainingError(f"the training job returned {len(results)} results instead of rank 0's one")
+    return results[0]
+
+
+@contextlib.contextmanager
+def job_channel(host: Optional[str], num_workers: int, secret: bytes) -> Iterator[Optional[JobChannel]]:
+    """A job channel on ``host`` for one barrier job, or None to go through Spark instead.
+
+    None for ``host=None`` (``spark.sparktf.rendezvous=barrier``) and, with a
+    warning, when ``host`` cannot be listened on (e.g. a ``spark.driver.host``
+    that names a proxy or service address).
     """
-    if num_workers == 1 or host is None:
+    if host is None:
         yield None
         return
     try:
-        directory = PeerDirectory(num_workers, secret, host)
+        channel = JobChannel(num_workers, secret, host)
     except OSError as error:
         _LOG.warning(
-            "cannot listen on spark.driver.host=%s for the peer directory (%s); the workers "
-            "exchange addresses through BarrierTaskContext.allGather instead (~1 s per job)",
+            "cannot listen on spark.driver.host=%s for the job channel (%s); the workers exchange "
+            "addresses through BarrierTaskContext.allGather and the model state travels through "
+            "the JVM instead",
             host, error,
         )
         yield None
         return
-    with directory:
-        yield directory.address
+    with channel:
+        yield channel

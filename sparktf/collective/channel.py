@@ -1,0 +1,257 @@
+"""The job channel: the driver's authenticated server for one barrier job.
+
+Every rank of a training segment talks to the driver through it:
+
+* **peer directory** (``register``): each rank sends its ring address; once
+  all ``world_size`` ranks have registered, each gets the full list (a rank
+  that registers again, e.g. a relaunched task, replaces its entry);
+* **model state** (``get_state`` / ``put_state``): the start weights and
+  optimizer variables stream to the workers, and rank 0's final state streams
+  back, as raw arrays (:mod:`sparktf.collective.channel_wire`), never through
+  the JVM;
+* **reports** (``report``): each rank's heartbeat with its phase and
+  iteration, which the driver's watchdog reads.
+
+Every connection is handled on a thread of its own, so a silent or slow
+client costs the others nothing: it must authenticate (the ring's HMAC
+handshake, the channel taking the pseudo-rank ``world_size``) within
+``HANDSHAKE_SECONDS``, at most ``MAX_UNAUTHENTICATED`` connections may be
+authenticating at once (more are closed at once), and nothing is read from a
+connection before it has proved it holds the job's secret. A rejected
+connection is logged once with its address. :meth:`JobChannel.close` shuts
+every connection, which tells the workers the job is over.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sparktf.collective.auth import HandshakeError, server_handshake
+from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_message
+from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, POLL_SECONDS, bind_listener, format_peer, parse_peer
+
+__all__ = ["JobChannel", "RankReport", "MAX_UNAUTHENTICATED"]
+
+logger = logging.getLogger(__name__)
+
+MAX_UNAUTHENTICATED = 16
+_MAX_PEER_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """The last report of one rank.
+
+    Attributes
+    ----------
+    phase : str
+        What the rank is doing (``"data_cache"``, ``"warm_up"``, ``"train"``, ...).
+    iteration : int
+        Its absolute iteration counter.
+    changed_at : float
+        ``time.monotonic()`` when ``(phase, iteration)`` last changed.
+    """
+
+    phase: str
+    iteration: int
+    changed_at: float
+
+
+class JobChannel:
+    """The driver's server for the ranks of one barrier job.
+
+    Parameters
+    ----------
+    world_size : int
+        Number of ranks.
+    secret : bytes
+        The job secret the ranks authenticate with.
+    host : str
+        The address to listen on: the driver's own (``spark.driver.host``).
+
+    Attributes
+    ----------
+    address : str
+        ``"host:port"`` the ranks connect to.
+    """
+
+    def __init__(self, world_size: int, secret: bytes, host: str):
+        self._world_size = world_size
+        self._secret = secret
+        self._listener = bind_listener(host)
+        self.address = format_peer(self._listener)
+        self._lock = threading.Lock()
+        self._registered: Dict[int, Tuple[socket.socket, str]] = {}
+        self._state: Optional[Tuple[Dict[str, Any], List[np.ndarray]]] = None
+        self._state_bytes = 0
+        self._uploaded: Optional[Tuple[Dict[str, Any], List[np.ndarray]]] = None
+        self._reports: Dict[int, RankReport] = {}
+        self._connections: set = set()
+        self._authenticating = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
+        self._closing = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self._thread = threading.Thread(target=self._accept_loop, name="sparktf-job-channel", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ driver API
+
+    def serve_state(self, meta: Dict[str, Any], arrays: Sequence[np.ndarray]) -> None:
+        """Make ``(meta, arrays)`` what ``get_state`` answers (the arrays are sent as they are)."""
+        with self._lock:
+            self._state = (dict(meta), list(arrays))
+            self._state_bytes = sum(np.asarray(a).nbytes for a in arrays)
+
+    def take_uploaded(self) -> Optional[Tuple[Dict[str, Any], List[np.ndarray]]]:
+        """Rank 0's uploaded state, handed over once (None if it sent none)."""
+        with self._lock:
+            uploaded, self._uploaded = self._uploaded, None
+            return uploaded
+
+    def reports(self) -> Dict[int, RankReport]:
+        """The last report of every rank that reported, by rank."""
+        with self._lock:
+            return dict(self._reports)
+
+    def close(self) -> None:
+        """Stop serving and shut every connection (the workers see the job is over)."""
+        self._closing.set()
+        self._thread.join()
+        self._listener.close()
+        with self._lock:
+            connections = list(self._connections)
+            self._registered.clear()
+            self._state = self._uploaded = None
+        for sock in connections:
+            _shut(sock)
+        for thread in self._threads:
+            thread.join(timeout=HANDSHAKE_SECONDS)
+
+    def __enter__(self) -> "JobChannel":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ serving
+
+    def _accept_loop(self) -> None:
+        self._listener.settimeout(POLL_SECONDS)
+        while not self._closing.is_set():
+            try:
+                sock, address = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # the listener was closed under us
+                return
+            if not self._authenticating.acquire(blocking=False):
+                logger.warning("the job channel refused a connection from %s: %d others are still "
+                               "authenticating", address, MAX_UNAUTHENTICATED)
+                sock.close()
+                continue
+            with self._lock:
+                self._connections.add(sock)
+            thread = threading.Thread(target=self._handle, args=(sock, address), daemon=True,
+                                      name="sparktf-job-channel-connection")
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            thread.start()
+
+    def _handle(self, sock: socket.socket, address: Any) -> None:
+        try:
+            rank = self._authenticate(sock, address)
+            if rank is not None:
+                self._serve(sock, rank, address)
+        finally:
+            with self._lock:
+                self._connections.discard(sock)
+                for registered_rank, (registered, _) in list(self._registered.items()):
+                    if registered is sock:
+                        del self._registered[registered_rank]
+            sock.close()
+
+    def _authenticate(self, sock: socket.socket, address: Any) -> Optional[int]:
+        try:
+            sock.settimeout(HANDSHAKE_SECONDS)
+            return server_handshake(sock, self._secret, self._world_size, None, self._world_size)
+        except (HandshakeError, OSError) as exc:
+            if not self._closing.is_set():
+                logger.warning("the job channel dropped a connection from %s: %s", address, exc)
+            return None
+        finally:
+            self._authenticating.release()
+
+    def _serve(self, sock: socket.socket, rank: int, address: Any) -> None:
+        sock.settimeout(None)  # authenticated: close() ends a blocked read
+        while not self._closing.is_set():
+            try:
+                header, arrays = recv_message(sock, max_array_bytes=self._upload_limit(rank))
+                self._dispatch(sock, rank, header, arrays)
+            except ChannelClosed:
+                return
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                if not self._closing.is_set():
+                    logger.warning("the job channel dropped rank %d at %s: %s", rank, address, exc)
+                return
+
+    def _upload_limit(self, rank: int) -> int:
+        """Only rank 0 uploads, at most a little more than the state it was served."""
+        return 2 * self._state_bytes + (64 << 20) if rank == 0 else 0
+
+    def _dispatch(self, sock: socket.socket, rank: int, header: Dict[str, Any], arrays: List[np.ndarray]) -> None:
+        op = header.get("op")
+        if op == "report":
+            self._record_report(rank, str(header["phase"])[:64], int(header["iteration"]))
+        elif op == "register":
+            self._register(sock, rank, str(header["peer"]))
+        elif op == "get_state":
+            with self._lock:
+                state = self._state
+            if state is None:
+                send_message(sock, {"error": "the driver has no state for this job"})
+            else:
+                send_message(sock, state[0], state[1])
+        elif op == "put_state":
+            with self._lock:
+                self._uploaded = (header.get("meta", {}), arrays)
+            send_message(sock, {"ok": True})
+        else:
+            raise ValueError(f"unknown operation {op!r}")
+
+    def _record_report(self, rank: int, phase: str, iteration: int) -> None:
+        with self._lock:
+            last = self._reports.get(rank)
+            if last is None or (last.phase, last.iteration) != (phase, iteration):
+                self._reports[rank] = RankReport(phase, iteration, time.monotonic())
+
+    def _register(self, sock: socket.socket, rank: int, peer: str) -> None:
+        if len(peer) > _MAX_PEER_CHARS:
+            raise ValueError(f"a peer address of {len(peer)} characters")
+        parse_peer(peer)
+        with self._lock:
+            previous = self._registered.pop(rank, None)
+            if previous is not None and previous[0] is not sock:
+                _shut(previous[0])
+            self._registered[rank] = (sock, peer)
+            if len(self._registered) < self._world_size:
+                return
+            registered, self._registered = self._registered, {}
+        peers = [registered[r][1] for r in range(self._world_size)]
+        for waiting, _ in registered.values():
+            try:
+                send_message(waiting, {"peers": peers})
+            except OSError as exc:  # that rank is gone: it fails on its own, the others find out in the ring
+                logger.warning("the job channel could not answer a rank: %s", exc)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Shut ``sock`` down both ways, which wakes a thread blocked reading it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

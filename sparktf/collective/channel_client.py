@@ -1,0 +1,165 @@
+"""A rank's side of the job channel: registering its ring address, moving state, and its heartbeat.
+
+The :class:`Heartbeat` also guards the task: when the driver shuts the
+channel (the job failed, was cancelled, or the driver is gone) while this
+task is still running, the task is garbage. Spark cancels barrier tasks
+without interrupting them, and a Python worker stuck in a TensorFlow op or a
+sleep would keep its executor slot, so a later job waits for it forever. The
+heartbeat ends such a worker process ``GUARD_GRACE_SECONDS`` after the
+channel closed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from sparktf.collective.auth import HandshakeError, client_handshake
+from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_message
+from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, connect_before, parse_peer
+from sparktf.errors import CollectiveError
+
+__all__ = ["ChannelClient", "directory_peers", "Heartbeat", "HEARTBEAT_SECONDS", "GUARD_GRACE_SECONDS"]
+
+HEARTBEAT_SECONDS = 2.0
+GUARD_GRACE_SECONDS = 10.0
+
+
+class ChannelClient:
+    """An authenticated connection from ``rank`` to the job channel at ``address``.
+
+    Raises
+    ------
+    CollectiveError
+        The channel could not be reached within ``connect_timeout`` or did
+        not authenticate.
+    """
+
+    def __init__(self, address: str, rank: int, world_size: int, secret: bytes, connect_timeout: float):
+        self.address = address
+        self.rank = rank
+        try:
+            self.sock = connect_before(parse_peer(address), time.monotonic() + connect_timeout)
+        except OSError as exc:
+            raise CollectiveError(
+                f"could not reach sparktf's job channel (peer directory) on the driver at {address} ({exc}); "
+                "executors must be able to open TCP connections to spark.driver.host, or set "
+                "spark.sparktf.rendezvous=barrier to exchange addresses through Spark "
+                "(about 1 s slower per training job)") from None
+        try:
+            self.sock.settimeout(HANDSHAKE_SECONDS)
+            client_handshake(self.sock, secret, rank, world_size, world_size)
+        except (HandshakeError, OSError) as exc:
+            self.sock.close()
+            raise CollectiveError(
+                f"rank {rank} could not authenticate with the peer directory at {address}: {exc}") from None
+
+    def request(self, header: Dict[str, Any], timeout: float, arrays: Sequence[np.ndarray] = (),
+                what: str = "the job channel") -> Tuple[Dict[str, Any], List[np.ndarray]]:
+        """Send a message and wait at most ``timeout`` seconds between bytes of the answer."""
+        self.sock.settimeout(timeout)
+        try:
+            send_message(self.sock, header, arrays)
+            answer, answer_arrays = recv_message(self.sock)
+        except TimeoutError:
+            raise CollectiveError(f"rank {self.rank}: {what} at {self.address} did not answer within "
+                                  f"{timeout:g} s") from None
+        except (OSError, ValueError) as exc:
+            raise CollectiveError(f"rank {self.rank}: {what} at {self.address} failed: {exc}") from None
+        if "error" in answer:
+            raise CollectiveError(f"rank {self.rank}: {what} at {self.address} refused: {answer['error']}")
+        return answer, answer_arrays
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "ChannelClient":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def directory_peers(directory: str, rank: int, world_size: int, peer: str, secret: bytes,
+                    connect_timeout: float, timeout: float) -> List[str]:
+    """Register ``peer`` (this rank's ring address) with the job channel; return every rank's, by rank.
+
+    Raises
+    ------
+    CollectiveError
+        The channel could not be reached or did not authenticate, or the
+        other ranks did not register within ``timeout``.
+    """
+    with ChannelClient(directory, rank, world_size, secret, connect_timeout) as client:
+        client.sock.settimeout(timeout)
+        try:
+            send_message(client.sock, {"op": "register", "peer": peer})
+            answer, _ = recv_message(client.sock)
+        except TimeoutError:
+            raise CollectiveError(
+                f"rank {rank}: not every one of the {world_size} ranks registered with the peer directory "
+                f"within {timeout:g} s; check that every task started") from None
+        except (OSError, ValueError) as exc:
+            raise CollectiveError(f"rank {rank}: the peer directory at {directory} failed: {exc}") from None
+    peers = answer.get("peers")
+    if not isinstance(peers, list) or len(peers) != world_size:
+        raise CollectiveError(f"rank {rank}: the peer directory at {directory} sent a malformed answer")
+    return [str(entry) for entry in peers]
+
+
+class Heartbeat:
+    """Reports this rank's phase and iteration to the driver every ``HEARTBEAT_SECONDS``, and guards the task.
+
+    Parameters
+    ----------
+    client : ChannelClient
+        A connection of its own (reports are one-way).
+    exit_when_orphaned : bool
+        End this process when the channel closes and :meth:`stop` is not
+        called within ``GUARD_GRACE_SECONDS`` (True in a Spark task).
+    """
+
+    def __init__(self, client: ChannelClient, exit_when_orphaned: bool = True):
+        self._client = client
+        self._exit_when_orphaned = exit_when_orphaned
+        self.phase = "start"
+        self.iteration = 0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparktf-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """The task is done with the channel: stop reporting and close the connection."""
+        self._stopped.set()
+        self._thread.join(timeout=HEARTBEAT_SECONDS + HANDSHAKE_SECONDS)
+        self._client.close()
+
+    def _run(self) -> None:
+        sock = self._client.sock
+        sock.settimeout(HANDSHAKE_SECONDS)
+        while not self._stopped.is_set():
+            try:
+                send_message(sock, {"op": "report", "phase": self.phase, "iteration": int(self.iteration)})
+                readable, _, _ = select.select([sock], [], [], HEARTBEAT_SECONDS)
+                if readable and not sock.recv(1):  # the driver sends nothing here: readable means closed
+                    raise ChannelClosed("the driver closed the job channel")
+            except (OSError, ValueError):
+                self._orphaned()
+                return
+
+    def _orphaned(self) -> None:
+        """The driver is done with this job: if the task does not end soon, end its process."""
+        if self._stopped.wait(GUARD_GRACE_SECONDS) or not self._exit_when_orphaned:
+            return
+        sys.stderr.write(
+            f"sparktf: rank {self._client.rank}'s job is over on the driver but this task is still in phase "
+            f"{self.phase!r} (iteration {self.iteration}) after {GUARD_GRACE_SECONDS:g} s; ending its Python "
+            "worker so that the executor's task slot is freed\n")
+        sys.stderr.flush()
+        os._exit(70)

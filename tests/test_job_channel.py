@@ -1,0 +1,199 @@
+"""The job channel: the driver's server for a barrier job's ranks (real sockets on loopback).
+
+The peer directory, model state both ways, reports, and listeners that a silent
+or hostile local process cannot block.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from sparktf.collective import JobChannel
+from sparktf.collective.auth import HandshakeError, client_handshake
+from sparktf.collective.channel_client import ChannelClient, Heartbeat, directory_peers
+from sparktf.collective.channel_wire import send_message
+from sparktf.collective.rendezvous import parse_peer
+from sparktf.errors import CollectiveError
+
+SECRET = secrets.token_bytes(32)
+WAIT = 30.0
+
+
+def register_all(directory: JobChannel, world_size: int, secret: bytes = SECRET) -> list:
+    """Every rank registers ``127.0.0.1:<1000 + rank>`` at once; their answers, by rank."""
+    with ThreadPoolExecutor(world_size) as pool:
+        answers = [
+            pool.submit(directory_peers, directory.address, rank, world_size, f"127.0.0.1:{1000 + rank}",
+                        secret, WAIT, WAIT)
+            for rank in range(world_size)
+        ]
+        return [answer.result() for answer in answers]
+
+
+def answer_of(sock: socket.socket) -> bytes:
+    """What the other end sent before closing (a reset, with our bytes unread, counts as nothing)."""
+    try:
+        return sock.recv(1)
+    except ConnectionResetError:
+        return b""
+
+
+def directory_threads() -> list:
+    return [t for t in threading.enumerate() if t.name.startswith("sparktf-job-channel") and t.is_alive()]
+
+
+def test_every_rank_gets_every_address_in_rank_order():
+    expected = [f"127.0.0.1:{1000 + rank}" for rank in range(3)]
+    with JobChannel(3, SECRET, "127.0.0.1") as directory:
+        assert register_all(directory, 3) == [expected] * 3
+        assert register_all(directory, 3) == [expected] * 3  # a second round (a relaunched job)
+    assert directory_threads() == []
+
+
+def test_intruders_are_dropped_while_the_ranks_complete():
+    with JobChannel(2, SECRET, "127.0.0.1") as directory:
+        address = parse_peer(directory.address)
+        with socket.create_connection(address, timeout=WAIT) as garbage:
+            garbage.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"x" * 100)
+            assert answer_of(garbage) == b""  # closed without an answer
+        with socket.create_connection(address, timeout=WAIT) as wrong:
+            with pytest.raises(HandshakeError, match="did not prove it knows the job secret"):
+                client_handshake(wrong, secrets.token_bytes(32), 0, 2, 2)
+        with pytest.raises(CollectiveError, match="could not authenticate with the peer directory"):
+            directory_peers(directory.address, 0, 2, "127.0.0.1:1", secrets.token_bytes(32), WAIT, WAIT)
+        assert register_all(directory, 2) == [["127.0.0.1:1000", "127.0.0.1:1001"]] * 2
+
+
+def test_a_rank_that_registers_again_replaces_its_entry():
+    with JobChannel(2, SECRET, "127.0.0.1") as directory, ThreadPoolExecutor(1) as pool:
+        with socket.create_connection(parse_peer(directory.address), timeout=WAIT) as first:
+            client_handshake(first, SECRET, 0, 2, 2)
+            send_message(first, {"op": "register", "peer": "127.0.0.1:7"})
+            # rank 0 is relaunched: its new registration replaces (and closes) the first one
+            again = pool.submit(directory_peers, directory.address, 0, 2, "127.0.0.1:8", SECRET, WAIT, WAIT)
+            assert answer_of(first) == b""
+        other = directory_peers(directory.address, 1, 2, "127.0.0.1:9", SECRET, WAIT, WAIT)
+        assert other == again.result() == ["127.0.0.1:8", "127.0.0.1:9"]
+
+
+def test_missing_rank_times_out_with_a_clear_error():
+    with JobChannel(2, SECRET, "127.0.0.1") as directory:
+        with pytest.raises(CollectiveError, match="not every one of the 2 ranks registered .* within 0.5 s"):
+            directory_peers(directory.address, 0, 2, "127.0.0.1:1", SECRET, WAIT, 0.5)
+
+
+def test_unreachable_directory_names_the_way_out():
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = "127.0.0.1:%d" % unused.getsockname()[1]
+    with pytest.raises(CollectiveError, match="spark.sparktf.rendezvous=barrier"):
+        directory_peers(address, 0, 2, "127.0.0.1:1", SECRET, 0.3, WAIT)
+
+
+def test_bad_registrations_are_dropped():
+    with JobChannel(1, SECRET, "127.0.0.1") as directory:
+        with pytest.raises(CollectiveError, match="peer directory"):
+            directory_peers(directory.address, 0, 1, "no port here", SECRET, WAIT, WAIT)
+        assert directory_peers(directory.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT) == ["127.0.0.1:5"]
+
+
+def test_rendezvous_setting_picks_the_driver_directory_or_allgather(sc):
+    from pyspark import SparkConf
+
+    from sparktf.spark.cluster import rendezvous_host
+    from sparktf.errors import SparkTFError
+
+    assert rendezvous_host(sc.getConf()) == "127.0.0.1"  # the default: a directory on spark.driver.host
+    conf = SparkConf(loadDefaults=False).set("spark.driver.host", "10.1.2.3")
+    assert rendezvous_host(conf) == "10.1.2.3"
+    assert rendezvous_host(conf.set("spark.sparktf.rendezvous", "barrier")) is None
+    with pytest.raises(SparkTFError, match="'driver' or 'barrier', got 'ring'"):
+        rendezvous_host(conf.set("spark.sparktf.rendezvous", "ring"))
+
+
+def test_training_falls_back_to_allgather_when_the_driver_host_cannot_be_listened_on(caplog):
+    from sparktf.training.segment_job import job_channel
+
+    with job_channel("192.0.2.1", 2, SECRET) as channel:  # TEST-NET-1: never this machine's address
+        assert channel is None
+    assert "BarrierTaskContext.allGather" in caplog.text
+    for workers in (1, 2):
+        with job_channel("127.0.0.1", workers, SECRET) as channel:
+            assert channel.address.startswith("127.0.0.1:")
+    assert directory_threads() == []
+    with job_channel(None, 2, SECRET) as channel:
+        assert channel is None
+
+
+def test_state_streams_to_every_rank_and_back_from_rank_0():
+    rng = np.random.default_rng(0)
+    state = [rng.normal(size=(300, 1000)).astype(np.float32), np.arange(7, dtype=np.int64), np.array(True)]
+    with JobChannel(2, SECRET, "127.0.0.1") as channel:
+        channel.serve_state({"iteration": 3}, state)
+        for rank in range(2):
+            with ChannelClient(channel.address, rank, 2, SECRET, WAIT) as client:
+                meta, arrays = client.request({"op": "get_state"}, WAIT)
+            assert meta == {"iteration": 3}
+            assert [a.dtype for a in arrays] == [a.dtype for a in state]
+            assert all(np.array_equal(got, sent) for got, sent in zip(arrays, state))
+        with ChannelClient(channel.address, 0, 2, SECRET, WAIT) as client:
+            client.request({"op": "put_state", "meta": {"iteration": 4}}, WAIT, [a + 1 for a in state[:2]])
+        meta, arrays = channel.take_uploaded()
+        assert meta == {"iteration": 4} and np.array_equal(arrays[0], state[0] + 1)
+        assert channel.take_uploaded() is None  # handed over once
+        with ChannelClient(channel.address, 1, 2, SECRET, WAIT) as client:  # only rank 0 uploads
+            with pytest.raises(CollectiveError, match="failed"):
+                client.request({"op": "put_state", "meta": {}}, WAIT, state[:1])
+
+
+def test_reports_record_when_progress_last_changed():
+    with JobChannel(2, SECRET, "127.0.0.1") as channel:
+        heartbeat = Heartbeat(ChannelClient(channel.address, 1, 2, SECRET, WAIT), exit_when_orphaned=False)
+        heartbeat.phase, heartbeat.iteration = "train", 5
+        deadline = time.monotonic() + WAIT
+        while channel.reports().get(1, None) is None or channel.reports()[1].iteration != 5:
+            assert time.monotonic() < deadline, "no report arrived"
+            time.sleep(0.05)
+        first = channel.reports()[1]
+        assert first.phase == "train" and 0 not in channel.reports()
+        heartbeat.stop()
+
+
+def test_a_silent_connection_does_not_block_the_ranks():
+    with JobChannel(2, SECRET, "127.0.0.1") as channel:
+        address = parse_peer(channel.address)
+        silent = [socket.create_connection(address, timeout=WAIT) for _ in range(3)]
+        started = time.monotonic()
+        assert register_all(channel, 2) == [["127.0.0.1:1000", "127.0.0.1:1001"]] * 2
+        assert time.monotonic() - started < 5  # the handshake deadline of the silent ones is 10 s
+        for sock in silent:
+            sock.close()
+
+
+def test_unauthenticated_connections_are_capped(caplog):
+    from sparktf.collective.channel import MAX_UNAUTHENTICATED
+
+    with JobChannel(1, SECRET, "127.0.0.1") as channel:
+        address = parse_peer(channel.address)
+        silent = [socket.create_connection(address, timeout=WAIT) for _ in range(MAX_UNAUTHENTICATED + 4)]
+        refused = 0
+        for sock in silent[MAX_UNAUTHENTICATED:]:
+            refused += answer_of(sock) == b""  # closed at once, not held for the handshake deadline
+        assert refused == 4
+        assert "others are still authenticating" in caplog.text
+        for sock in silent:
+            sock.close()
+        deadline = time.monotonic() + WAIT
+        while True:  # the slots come back as the silent ones are dropped
+            try:
+                assert directory_peers(channel.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT) == ["127.0.0.1:5"]
+                break
+            except CollectiveError:
+                assert time.monotonic() < deadline
