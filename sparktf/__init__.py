@@ -23,6 +23,7 @@ _EXPORTS = {
     "DataError": "sparktf.errors",
     "TrainingError": "sparktf.errors",
     "CollectiveError": "sparktf.errors",
+    "DriverJVMGone": "sparktf.errors",
     "TFDataset": "sparktf.dataset",
     "TFOptimizer": "sparktf.optimizer",
     "TFPredictor": "sparktf.predictor",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -14,6 +15,7 @@ from pyspark.sql import SparkSession
 __all__ = ["init_spark", "ship_package"]
 
 _SHIPPED_ATTR = "_sparktf_shipped_zip"
+_LOG = logging.getLogger("sparktf")
 
 
 def init_spark(
@@ -46,6 +48,12 @@ def init_spark(
     fresh virtualenv fails on the executors with "No module named
     tensorflow"). The ``sparktf`` package itself is zipped and added to the
     executors' path, so they need not have it installed.
+
+    When this call starts the driver JVM itself (no session yet, not under
+    ``spark-submit``) and neither ``conf`` nor ``SPARK_DRIVER_MEMORY`` sets
+    ``spark.driver.memory``, it is set to a quarter of the machine's memory,
+    between 2g and 8g, instead of Spark's 1g (logged once on the ``sparktf``
+    logger). Under ``spark-submit`` pass ``--driver-memory`` yourself.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -57,11 +65,38 @@ def init_spark(
     else:
         builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
         builder = builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        memory = _default_driver_memory(conf or {})
+        if memory is not None:
+            builder = builder.config("spark.driver.memory", memory)
         for key, value in (conf or {}).items():
             builder = builder.config(key, str(value))
         session = builder.getOrCreate()
     ship_package(session.sparkContext)
     return session
+
+
+def _default_driver_memory(conf: Mapping[str, str]) -> Optional[str]:
+    """The ``spark.driver.memory`` to give a JVM this process starts, or None to leave Spark's choice.
+
+    None when a JVM is running already (a session, or ``spark-submit``'s
+    gateway) or the user chose a value.
+    """
+    if SparkContext._active_spark_context is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    if "spark.driver.memory" in conf or os.environ.get("SPARK_DRIVER_MEMORY"):
+        return None
+    if "spark.driver.memory" in os.environ.get("PYSPARK_SUBMIT_ARGS", "") or "--driver-memory" in os.environ.get(
+        "PYSPARK_SUBMIT_ARGS", ""
+    ):
+        return None
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: keep Spark's default
+        return None
+    megabytes = min(max(physical // 4 >> 20, 2048), 8192)
+    _LOG.info("sparktf starts the driver JVM with spark.driver.memory=%dm (a quarter of this machine's "
+              "memory, 2g-8g; set spark.driver.memory to choose)", megabytes)
+    return f"{megabytes}m"
 
 
 def ship_package(sc: SparkContext) -> str:

@@ -4,7 +4,7 @@ Every message names the offending thing (partition, record index, expected vs
 actual shape or dtype, worker rank) and says what to do about it.
 """
 
-__all__ = ["SparkTFError", "DataError", "TrainingError", "CollectiveError"]
+__all__ = ["SparkTFError", "DataError", "TrainingError", "CollectiveError", "DriverJVMGone"]
 
 
 class SparkTFError(Exception):
@@ -21,3 +21,7 @@ class TrainingError(SparkTFError, RuntimeError):
 
 class CollectiveError(TrainingError):
     """A failure of the all-reduce collective: a dead, silent or unauthenticated peer."""
+
+
+class DriverJVMGone(SparkTFError):
+    """The Spark driver's JVM died (or was killed) while sparktf was using it; start a new session."""

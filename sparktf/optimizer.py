@@ -15,6 +15,7 @@ import logging
 from typing import Any, Dict, List, Optional
 
 from sparktf.spark import cluster
+from sparktf.spark.jobs import jvm_gone
 from sparktf.data.block_serializer import cached
 from sparktf.training.checkpoint import (
     ModelState,
@@ -23,7 +24,7 @@ from sparktf.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from sparktf.errors import DataError, SparkTFError, TrainingError
+from sparktf.errors import DataError, DriverJVMGone, SparkTFError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.training.step import GradientClipping
 from sparktf.training.loop import SegmentResult, SegmentSpec
@@ -308,7 +309,7 @@ class TFOptimizer:
                     progress = self._validate(validation, progress, history)
         finally:
             if persisted_here:
-                blocks.unpersist()
+                _unpersist(blocks)
         history["iterations"] = self.iteration
         history["epochs"] = progress.epoch
         return history
@@ -331,7 +332,7 @@ class TFOptimizer:
         while True:
             try:
                 return self._launch_segment(blocks, local_batch, progress, stop)
-            except DataError:
+            except (DataError, DriverJVMGone):
                 raise
             except Exception as error:  # a worker failed: relaunch from the last good state
                 self._failures += 1
@@ -490,3 +491,12 @@ class TFOptimizer:
             payload = ModelPayload.from_model(self.model, include_optimizer=True)
             self._payload = self.sc.broadcast(payload.to_bytes())
         return self._payload
+
+
+def _unpersist(blocks: Any) -> None:
+    """Drop the training cache; a dead JVM (whose error is already on its way) has nothing to drop."""
+    try:
+        blocks.unpersist()
+    except Exception as error:
+        if not jvm_gone(error):
+            raise

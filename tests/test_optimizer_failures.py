@@ -166,3 +166,56 @@ def test_max_score_without_validation_data_is_refused(sc):
     optimizer = TFOptimizer.from_keras(compiled_model(), TFDataset.from_ndarrays(data(), batch_size=8))
     with pytest.raises(DataError, match="MaxScore.*validation data"):
         optimizer.optimize(end_trigger=MaxScore(0.9))
+
+
+class SleepOnce(PythonHook):
+    """Blocks inside a graph op (a ``tf.py_function`` that sleeps) on ``rank``, once (while ``marker`` is absent)."""
+
+    def __init__(self, marker, rank, **kwargs):
+        super().__init__(**kwargs)
+        self.marker = marker
+        self.rank = rank
+
+    def hook(self):
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == self.rank and not os.path.exists(self.marker):
+            with open(self.marker, "w") as handle:
+                handle.write(str(os.getpid()))
+            time.sleep(600)  # far beyond every bound: only sparktf can end this worker
+
+    def get_config(self):
+        return {**super().get_config(), "marker": self.marker, "rank": self.rank}
+
+
+def sleep_once_model(marker, rank):
+    model = keras.Sequential([keras.Input((3,)), SleepOnce(marker, rank), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def test_a_rank_blocked_inside_a_graph_op_is_ended_and_training_completes(sc, tmp_path):
+    marker = str(tmp_path / "slept")
+    dataset = TFDataset.from_ndarrays(data(64), batch_size=16)
+    optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=1), dataset, collective_timeout=5)
+    started = time.monotonic()
+    history = optimizer.optimize(MaxIteration(4))
+    assert history["iterations"] == 4 and len(history["loss"]) == 4
+    assert time.monotonic() - started < 5 + 60
+    stuck_pid = int(open(marker).read())
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{stuck_pid}") and "zombie" not in open(f"/proc/{stuck_pid}/status").read():
+        assert time.monotonic() < deadline, f"the stuck Python worker {stuck_pid} is still alive"
+        time.sleep(0.2)
+
+
+def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_path, caplog):
+    marker = str(tmp_path / "slept")
+    dataset = TFDataset.from_ndarrays(data(64), batch_size=16)
+    optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=0), dataset, num_workers=1,
+                                       collective_timeout=2)
+    started = time.monotonic()
+    history = optimizer.optimize(MaxIteration(3))
+    assert history["iterations"] == 3
+    assert time.monotonic() - started < 2 + 30 + 60
+    assert "watchdog" in caplog.text and "rank 0 made no progress" in caplog.text

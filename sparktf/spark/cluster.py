@@ -15,6 +15,7 @@ from sparktf.errors import SparkTFError
 
 __all__ = [
     "total_task_slots",
+    "busy_task_slots",
     "free_task_slots",
     "wait_for_free_slots",
     "configure_task_threads",
@@ -33,14 +34,24 @@ def total_task_slots(sc: SparkContext) -> int:
     return int(scala_context.maxNumConcurrentTasks(profile))
 
 
+def busy_task_slots(sc: SparkContext) -> dict:
+    """Running tasks per executor, from the executors' own counts.
+
+    Unlike the active stages' counts, this includes a task whose stage is
+    over but whose Python worker is still running (a cancelled barrier task
+    stuck in TensorFlow), which keeps its slot.
+    """
+    infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+    busy = {}
+    for info in infos:
+        if info.numRunningTasks() > 0:
+            busy[f"{info.host()}:{info.port()}"] = int(info.numRunningTasks())
+    return busy
+
+
 def free_task_slots(sc: SparkContext) -> int:
     """Task slots not taken by the tasks running right now."""
-    tracker = sc.statusTracker()
-    busy = 0
-    for stage_id in tracker.getActiveStageIds():
-        info = tracker.getStageInfo(stage_id)
-        busy += info.numActiveTasks if info is not None else 0
-    return total_task_slots(sc) - busy
+    return total_task_slots(sc) - sum(busy_task_slots(sc).values())
 
 
 def wait_for_free_slots(sc: SparkContext, num_workers: int, timeout: float = 0.0) -> None:
@@ -65,11 +76,13 @@ def wait_for_free_slots(sc: SparkContext, num_workers: int, timeout: float = 0.0
             break
         time.sleep(0.2)
     total = total_task_slots(sc)
+    busy = ", ".join(f"{executor} runs {count}" for executor, count in sorted(busy_task_slots(sc).items()))
     raise SparkTFError(
         f"num_workers={num_workers} training workers need {num_workers} free task slots, "
         f"but the cluster has only {free} free (of {total} in total, at "
-        f"spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each). "
-        f"Use num_workers <= {free}, or add executors / cores."
+        f"spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each"
+        + (f"; busy: {busy}" if busy else "") + "). "
+        f"Use num_workers <= {free}, add executors / cores, or wait for the running tasks to end."
     )
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional, TypeVar
 
-from sparktf.errors import SparkTFError
+from sparktf.errors import DriverJVMGone, SparkTFError
 from sparktf.spark.remote_errors import reraise_remote
 
-__all__ = ["run_job", "worker_traceback"]
+__all__ = ["run_job", "worker_traceback", "jvm_gone"]
 
 T = TypeVar("T")
 
@@ -34,6 +34,13 @@ def worker_traceback(error: BaseException) -> Optional[str]:
     return (tail[: java.start()] if java else tail).rstrip()
 
 
+def jvm_gone(error: BaseException) -> bool:
+    """Whether ``error`` says Py4J lost its connection to the driver JVM."""
+    from py4j.protocol import Py4JNetworkError
+
+    return isinstance(error, (Py4JNetworkError, ConnectionRefusedError, ConnectionResetError, BrokenPipeError))
+
+
 def run_job(action: Callable[[], T], what: str = "a Spark job") -> T:
     """Run ``action`` (a function that starts Spark jobs) and return its result.
 
@@ -49,6 +56,8 @@ def run_job(action: Callable[[], T], what: str = "a Spark job") -> T:
     SparkTFError
         The sparktf error an executor raised (as its own class), or, for any
         other task failure, a ``SparkTFError`` holding the worker's traceback.
+    DriverJVMGone
+        The driver JVM died while the job ran.
     """
     with reraise_remote():
         try:
@@ -56,6 +65,12 @@ def run_job(action: Callable[[], T], what: str = "a Spark job") -> T:
         except SparkTFError:
             raise
         except Exception as error:
+            if jvm_gone(error):
+                raise DriverJVMGone(
+                    f"the Spark driver JVM died while {what} ran (Py4J: {error}). It most likely ran out "
+                    "of memory (raise spark.driver.memory: data collected to or broadcast from the driver "
+                    "lives in its heap) or was killed; start a new session with sparktf.init_spark()"
+                ) from None
             trace = worker_traceback(error)
             if trace is None or "sparktf.errors." in trace:
                 raise

@@ -47,7 +47,7 @@ from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.triggers import TrainingProgress, Trigger
 from sparktf.spark.worker_gc import freeze_alive
 
-__all__ = ["SegmentSpec", "SegmentResult", "run_segment"]
+__all__ = ["SegmentSpec", "SegmentResult", "run_segment", "state_checksums"]
 
 
 @dataclass
@@ -320,6 +320,7 @@ def _hand_back(spec: SegmentSpec, state: ModelState, world_size: int) -> Optiona
     if spec.directory is None:
         return state
     meta, arrays = state.to_wire()
+    meta["checksums"] = state_checksums(arrays)
     with ChannelClient(spec.directory, 0, world_size, spec.secret, spec.collective_timeout) as client:
         client.request({"op": "put_state", "meta": meta}, spec.collective_timeout, arrays,
                        what="uploading the final state")
@@ -332,6 +333,11 @@ def _features_labels(spec: SegmentSpec, arrays: List[np.ndarray]) -> tuple:
 
     element = pack(spec.element_structure, arrays)
     return element if len(element) == 2 else (element[0], None)
+
+
+def state_checksums(arrays: List[np.ndarray]) -> List[float]:
+    """One float64 sum per array: the driver checks the state it received against rank 0's."""
+    return [float(np.sum(a, dtype=np.float64)) for a in arrays]
 
 
 def _close_when_connected(connecting: Future) -> None:

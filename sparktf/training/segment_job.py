@@ -31,7 +31,7 @@ from sparktf.errors import TrainingError
 from sparktf.spark.cluster import rendezvous_host
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
-from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment
+from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment, state_checksums
 from sparktf.training.watchdog import STALL_SLACK_SECONDS, JobWatchdog
 
 __all__ = ["run_segment_job", "job_channel"]
@@ -72,13 +72,21 @@ def run_segment_job(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, 
             job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
             watchdog = JobWatchdog(sc, channel, num_workers, spec.collective_timeout + STALL_SLACK_SECONDS)
             result = _only_result(watchdog.run(partial(_collect, blocks, job_spec), what))
-            uploaded = channel.take_uploaded()
-            if uploaded is None:
-                raise TrainingError(f"{what} ended but rank 0 sent no model state to the driver")
-            result.state = ModelState.from_wire(*uploaded)
+            result.state = _uploaded_state(channel, what)
     worker_seconds = sum(result.timings.values())
     result.timings["launch"] = time.perf_counter() - started - worker_seconds
     return result
+
+
+def _uploaded_state(channel: JobChannel, what: str) -> ModelState:
+    """Rank 0's final state, checked against the checksums rank 0 computed."""
+    uploaded = channel.take_uploaded()
+    if uploaded is None:
+        raise TrainingError(f"{what} ended but rank 0 sent no model state to the driver")
+    meta, arrays = uploaded
+    if meta.get("checksums") != state_checksums(arrays):
+        raise TrainingError(f"the model state rank 0 sent after {what} arrived corrupted (checksums differ)")
+    return ModelState.from_wire(meta, arrays)
 
 
 def _collect(blocks: Any, spec: SegmentSpec) -> list:

@@ -21,7 +21,7 @@ import uuid
 from typing import Any, Callable, Optional, TypeVar
 
 from sparktf.errors import TrainingError
-from sparktf.spark.jobs import run_job
+from sparktf.spark.jobs import jvm_gone, run_job
 
 __all__ = ["JobWatchdog", "STALL_SLACK_SECONDS"]
 
@@ -78,7 +78,11 @@ class JobWatchdog:
         finally:
             self._done.set()
             watcher.join()
-            self._sc.removeJobTag(self._tag)
+            try:
+                self._sc.removeJobTag(self._tag)
+            except Exception as error:
+                if not jvm_gone(error):  # a dead JVM's error is already on its way
+                    raise
 
     def _watch(self, started: float) -> None:
         while not self._done.wait(_CHECK_SECONDS):
