@@ -1,0 +1,84 @@
+"""Programs the seed-scale tests run in a fresh Python process with a Spark session of their own.
+
+``python seed_scale.py resnet101`` trains ResNet-101 on Spark's default 1g driver heap;
+``python seed_scale.py kill_jvm`` kills the driver JVM under a running ``optimize``;
+``python seed_scale.py driver_memory`` prints the memory init_spark picks.
+Each prints one ``RESULT ...`` line.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.default.parallelism": "2",
+}
+
+
+def resnet101() -> None:
+    import keras
+
+    import sparktf
+    from sparktf import MaxIteration, SeveralIteration, TFDataset, TFOptimizer
+
+    sparktf.init_spark("local[2]", conf=dict(CONF, **{"spark.driver.memory": "1g"}))
+    model = keras.applications.ResNet101(weights=None, input_shape=(32, 32, 3), classes=10)
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 10, size=32).astype("int32")
+    before = [np.array(v) for v in model.weights]
+    optimizer = TFOptimizer.from_keras(model, TFDataset.from_ndarrays((x, y), batch_size=8),
+                                       model_dir=sys.argv[2])
+    history = optimizer.optimize(MaxIteration(2), checkpoint_trigger=SeveralIteration(1))
+    changed = sum(not np.array_equal(a, np.array(v)) for a, v in zip(before, model.weights))
+    state_mb = sum(np.array(v).nbytes for v in model.weights + model.optimizer.variables) / 2**20
+    print(f"RESULT iterations={history['iterations']} changed={changed} state_mb={state_mb:.0f}", flush=True)
+
+
+def kill_jvm() -> None:
+    import keras
+
+    import sparktf
+    from sparktf import DriverJVMGone, MaxIteration, TFDataset, TFOptimizer
+
+    spark = sparktf.init_spark("local[2]", conf=CONF)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+    optimizer = TFOptimizer.from_keras(model, TFDataset.from_ndarrays((x, x[:, :1]), batch_size=16))
+    jvm = spark.sparkContext._gateway.proc
+    tracker = spark.sparkContext.statusTracker()
+    killed_at = []
+
+    def kill_when_training() -> None:
+        deadline = time.monotonic() + 120
+        while not tracker.getActiveStageIds() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed_at.append(time.monotonic())
+        os.kill(jvm.pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_when_training, daemon=True).start()
+    try:
+        optimizer.optimize(MaxIteration(10**7))
+        print("RESULT error=none", flush=True)
+    except DriverJVMGone as error:
+        print(f"RESULT error=DriverJVMGone seconds={time.monotonic() - killed_at[0]:.1f} message={error}", flush=True)
+
+
+def driver_memory() -> None:
+    from sparktf.context import _default_driver_memory
+
+    print(f"RESULT default={_default_driver_memory({})} chosen={_default_driver_memory({'spark.driver.memory': '3g'})}")
+
+
+if __name__ == "__main__":
+    {"resnet101": resnet101, "kill_jvm": kill_jvm, "driver_memory": driver_memory}[sys.argv[1]]()
