@@ -444,18 +444,15 @@ class TFOptimizer:
     def _evaluate_blocks(self, dataset: Any, batch: int) -> Dict[str, float]:
         from sparktf.training.evaluation import evaluate_blocks
 
-        state = self.sc.broadcast(ModelState.capture(self.model, self.iteration))
-        try:
-            return evaluate_blocks(
-                self.model,
-                dataset.block_rdd,
-                dataset.element_structure,
-                batch,
-                self._payload_broadcast(),
-                state,
-            )
-        finally:
-            state.destroy()
+        return evaluate_blocks(
+            self.model,
+            dataset.block_rdd,
+            dataset.element_structure,
+            batch,
+            self._payload_broadcast(),
+            ModelState.capture(self.model, self.iteration, include_optimizer=False),
+            self.collective_timeout,
+        )
 
     def load_checkpoint(self, path: Optional[str] = None, version: Optional[int] = None) -> None:
         """Restore weights, optimizer state and the iteration counter from a checkpoint.
@@ -484,11 +481,16 @@ class TFOptimizer:
         self.last_score = None
 
     def _payload_broadcast(self) -> Any:
-        """The model's architecture and compile config, broadcast once per TFOptimizer."""
+        """The model's architecture and compile config (no weights: a few KB), broadcast once per TFOptimizer.
+
+        Its key does not depend on the weights, so a later TFOptimizer on a
+        model of the same architecture finds the executors' loaded model and
+        traced step in their cache.
+        """
         if self._payload is None:
             from sparktf.models.payload import ModelPayload
 
-            payload = ModelPayload.from_model(self.model, include_optimizer=True)
+            payload = ModelPayload.from_model(self.model, include_weights=False)
             self._payload = self.sc.broadcast(payload.to_bytes())
         return self._payload
 

@@ -5,7 +5,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "seed_scale.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -74,7 +74,7 @@ class ModelPayload:
     key: str
 
     @classmethod
-    def from_model(cls, model: Any, include_optimizer: bool = True) -> "ModelPayload":
+    def from_model(cls, model: Any, include_optimizer: bool = True, include_weights: bool = True) -> "ModelPayload":
         """Capture ``model`` (a ``keras.Model``) for shipping.
 
         Parameters
@@ -89,6 +89,13 @@ class ModelPayload:
             so that ``build()`` resumes training exactly where it stopped.
             The compile config (loss, metrics, optimizer hyper-parameters) is
             always kept.
+        include_weights : bool
+            Capture the weights (and, with ``include_optimizer``, the optimizer
+            variables). Without them the payload is the architecture and
+            compile config only: small, its ``key`` the same for every state
+            of the model, and ``build()`` returns freshly initialised
+            variables for the caller to assign (what training does with the
+            state it streams separately).
 
         Returns
         -------
@@ -117,10 +124,10 @@ class ModelPayload:
                 "functional API."
             ) from exc
         custom_objects.update(_replace_lambdas(model, config))
-        weights = tuple(v.numpy() for v in model.weights)
+        weights = tuple(v.numpy() for v in model.weights) if include_weights else ()
         optimizer = getattr(model, "optimizer", None)
         optimizer_variables: Tuple[np.ndarray, ...] = ()
-        if include_optimizer and optimizer is not None and optimizer.built:
+        if include_weights and include_optimizer and optimizer is not None and optimizer.built:
             optimizer_variables = tuple(v.numpy() for v in optimizer.variables)
         return cls._with_key(
             config=json.dumps(config, sort_keys=True),
@@ -167,7 +174,8 @@ class ModelPayload:
         -------
         keras.Model
             A new model whose weights and optimizer variables equal the
-            captured ones exactly.
+            captured ones exactly (freshly initialised when the payload has
+            none).
 
         Raises
         ------
@@ -191,7 +199,8 @@ class ModelPayload:
                 "must be importable on the executors (e.g. decorated with "
                 "keras.saving.register_keras_serializable in an installed module)."
             ) from exc
-        _assign(model.weights, self.weights, "model weight")
+        if self.weights:
+            _assign(model.weights, self.weights, "model weight")
         if self.optimizer_variables:
             optimizer = model.optimizer
             if not optimizer.built:

@@ -41,9 +41,9 @@ class ModelState:
     iteration: int = 0
 
     @classmethod
-    def capture(cls, model, iteration: int = 0) -> "ModelState":
-        """Copy the weights and the (built) optimizer's variables of ``model``."""
-        optimizer = getattr(model, "optimizer", None)
+    def capture(cls, model, iteration: int = 0, include_optimizer: bool = True) -> "ModelState":
+        """Copy the weights and (with ``include_optimizer``) the built optimizer's variables of ``model``."""
+        optimizer = getattr(model, "optimizer", None) if include_optimizer else None
         optimizer_values = [] if optimizer is None else [np.array(v) for v in optimizer.variables]
         return cls([np.array(v) for v in model.weights], optimizer_values, int(iteration))
 

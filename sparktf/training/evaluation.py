@@ -7,14 +7,20 @@ The driver sums them over partitions, loads the sums into its own model's
 metric objects and asks them for ``result()``. The loss tracker weights each
 batch's mean loss by its number of records, so the numbers equal a local
 ``model.evaluate`` over all records, however unevenly they are partitioned.
+
+The weights to evaluate stream to the tasks from a job channel on the driver
+(:mod:`sparktf.training.state_source`), not through the JVM.
 """
 
 from __future__ import annotations
 
+import secrets
 from functools import partial
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
+
+from sparktf.training.state_source import StateSource
 
 __all__ = ["evaluate_blocks"]
 
@@ -26,6 +32,7 @@ def evaluate_blocks(
     batch_size: int,
     payload: Any,
     state: Optional[Any] = None,
+    timeout: float = 300.0,
 ) -> Dict[str, float]:
     """Evaluate ``model``'s compiled loss and metrics over every record of ``block_rdd``.
 
@@ -41,9 +48,11 @@ def evaluate_blocks(
         Records per batch in each partition.
     payload : pyspark.Broadcast
         ``ModelPayload`` bytes of the model.
-    state : pyspark.Broadcast, optional
-        ``checkpoint.ModelState`` to assign on the executors (default: the
-        payload's own weights).
+    state : ModelState, optional
+        The weights to evaluate (default: the payload's own); optimizer
+        variables in it are not needed.
+    timeout : float
+        Seconds a task waits for the driver's job channel.
 
     Returns
     -------
@@ -51,10 +60,27 @@ def evaluate_blocks(
         Metric name -> value, as ``model.evaluate(..., return_dict=True)``.
     """
     from sparktf.errors import DataError
+    from sparktf.spark.cluster import rendezvous_host
     from sparktf.spark.jobs import run_job
+    from sparktf.training.segment_job import job_channel
 
-    task = partial(_evaluate_partition, payload, state, element_structure, batch_size)
-    per_partition = run_job(lambda: block_rdd.mapPartitions(task).collect(), what="the evaluation job")
+    secret = secrets.token_bytes(32)
+    partitions = block_rdd.getNumPartitions()
+    host = rendezvous_host(block_rdd.context.getConf()) if state is not None else None
+    with job_channel(host, partitions, secret) as channel:
+        broadcast = None
+        if channel is not None:
+            channel.serve_state(*state.to_wire())
+        elif state is not None:
+            broadcast = block_rdd.context.broadcast(state)
+        source = StateSource(channel and channel.address, secret, partitions, timeout, broadcast)
+        task = partial(_evaluate_partition, payload, source if state is not None else None, element_structure,
+                       batch_size)
+        try:
+            per_partition = run_job(lambda: block_rdd.mapPartitions(task).collect(), what="the evaluation job")
+        finally:
+            if broadcast is not None:
+                broadcast.destroy()
     if not per_partition:
         raise DataError("cannot evaluate: the dataset has no records")
     totals = [np.sum(values, axis=0) for values in zip(*per_partition)]
@@ -67,7 +93,7 @@ def evaluate_blocks(
 
 def _evaluate_partition(
     payload: Any,
-    state: Optional[Any],
+    state: Optional[StateSource],
     element_structure: tuple,
     batch_size: int,
     blocks: Iterable[tuple],
@@ -85,7 +111,7 @@ def _evaluate_partition(
         return
     model = load_cached(payload)
     if state is not None:
-        state.value.apply_to(model)
+        state.fetch(TaskContext.get().partitionId()).apply_to(model)
     element = pack(element_structure, shard.arrays)
     labels = element[1] if len(element) == 2 else None
     model.evaluate(element[0], labels, batch_size=batch_size, verbose=0)

@@ -43,6 +43,7 @@ from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
 from sparktf.spark.cluster import configure_task_threads
+from sparktf.training.state_source import StateSource
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.triggers import TrainingProgress, Trigger
 from sparktf.spark.worker_gc import freeze_alive
@@ -308,11 +309,8 @@ def _start_heartbeat(spec: SegmentSpec, rank: int, world_size: int) -> Any:
 
 def _start_state(spec: SegmentSpec, rank: int, world_size: int) -> ModelState:
     """The segment's start state: streamed from the job channel, or the broadcast's."""
-    if spec.directory is None:
-        return spec.state.value
-    with ChannelClient(spec.directory, rank, world_size, spec.secret, spec.collective_timeout) as client:
-        meta, arrays = client.request({"op": "get_state"}, spec.collective_timeout, what="fetching the start state")
-    return ModelState.from_wire(meta, arrays)
+    source = StateSource(spec.directory, spec.secret, world_size, spec.collective_timeout, spec.state)
+    return source.fetch(rank)
 
 
 def _hand_back(spec: SegmentSpec, state: ModelState, world_size: int) -> Optional[ModelState]:
