@@ -281,7 +281,7 @@ class TFOptimizer:
             validation_trigger if validation_trigger is not None else checkpoint_trigger,
             "validation_trigger",
         )
-        cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=0)
+        cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=_SLOT_WAIT_SECONDS)
         local_batch = self.dataset.local_batch_size(self.num_workers)
         validation = self.dataset.val_dataset
         if validation is None and uses_score(end_trigger):

@@ -202,11 +202,7 @@ def test_a_rank_blocked_inside_a_graph_op_is_ended_and_training_completes(sc, tm
     history = optimizer.optimize(MaxIteration(4))
     assert history["iterations"] == 4 and len(history["loss"]) == 4
     assert time.monotonic() - started < 5 + 60
-    stuck_pid = int(open(marker).read())
-    deadline = time.monotonic() + 30
-    while os.path.exists(f"/proc/{stuck_pid}") and "zombie" not in open(f"/proc/{stuck_pid}/status").read():
-        assert time.monotonic() < deadline, f"the stuck Python worker {stuck_pid} is still alive"
-        time.sleep(0.2)
+    assert_process_ends(int(open(marker).read()))
 
 
 def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_path, caplog):
@@ -219,3 +215,12 @@ def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_
     assert history["iterations"] == 3
     assert time.monotonic() - started < 2 + 30 + 60
     assert "watchdog" in caplog.text and "rank 0 made no progress" in caplog.text
+    assert_process_ends(int(open(marker).read()))
+
+
+def assert_process_ends(pid, within=30):
+    """The stuck Python worker ``pid`` is gone (or a zombie) within ``within`` seconds (polled)."""
+    deadline = time.monotonic() + within
+    while os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read():
+        assert time.monotonic() < deadline, f"the stuck Python worker {pid} is still alive"
+        time.sleep(0.2)
