@@ -221,6 +221,12 @@ def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_
 def assert_process_ends(pid, within=30):
     """The stuck Python worker ``pid`` is gone (or a zombie) within ``within`` seconds (polled)."""
     deadline = time.monotonic() + within
-    while os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read():
+    while True:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                if "zombie" in status.read():
+                    return
+        except FileNotFoundError:
+            return
         assert time.monotonic() < deadline, f"the stuck Python worker {pid} is still alive"
         time.sleep(0.2)
