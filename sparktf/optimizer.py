@@ -23,8 +23,10 @@ from sparktf.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from sparktf.errors import DataError, SparkTFError, TrainingError
+from sparktf.errors import DataError, ModelError, SparkTFError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
+from sparktf.inference.feeds import feature_leaves, keras_feed
+from sparktf.training.preflight import check_labels, check_settings, resolve_optimizer
 from sparktf.training.step import GradientClipping
 from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.segment_job import run_segment_job
@@ -80,15 +82,13 @@ class TFOptimizer:
 
         from sparktf.context import init_spark
 
+        check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir)
+        _check_data_fits(model, dataset)
         self.sc = SparkContext._active_spark_context or init_spark().sparkContext
         self.model = model
         self.dataset = dataset
         self.model_dir = model_dir
         self.num_workers = int(num_workers or self.sc.defaultParallelism)
-        if self.num_workers < 1:
-            raise ValueError(f"num_workers must be positive, got {num_workers}")
-        if max_failures < 0:
-            raise ValueError(f"max_failures must be >= 0, got {max_failures}")
         self.max_failures = int(max_failures)
         self.collective_timeout = float(collective_timeout)
         self.clipping = GradientClipping()
@@ -154,7 +154,7 @@ class TFOptimizer:
         if optimizer is not None or metrics is not None:
             settings = dict(keras_model._compile_config.config) if compiled else {}
             if optimizer is not None:
-                settings["optimizer"] = optimizer
+                settings["optimizer"] = resolve_optimizer(optimizer, "optimizer")
             if metrics is not None:
                 settings["metrics"] = metrics
             keras_model.compile(**settings)
@@ -200,7 +200,7 @@ class TFOptimizer:
         """
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable(y_true, y_pred), got {loss_fn!r}")
-        model.compile(optimizer=optim_method, loss=loss_fn, metrics=metrics)
+        model.compile(optimizer=resolve_optimizer(optim_method, "optim_method"), loss=loss_fn, metrics=metrics)
         return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout)
 
     # ------------------------------------------------------------------ settings
@@ -331,7 +331,7 @@ class TFOptimizer:
         while True:
             try:
                 return self._launch_segment(blocks, local_batch, progress, stop)
-            except DataError:
+            except (DataError, ModelError):  # the data or the model: it would fail again
                 raise
             except Exception as error:  # a worker failed: relaunch from the last good state
                 self._failures += 1
@@ -490,3 +490,14 @@ class TFOptimizer:
             payload = ModelPayload.from_model(self.model, include_optimizer=True)
             self._payload = self.sc.broadcast(payload.to_bytes())
         return self._payload
+
+
+def _check_data_fits(model: Any, dataset: Any) -> None:
+    """Refuse, before any job, features that do not fit the model's inputs and labels its output."""
+    from sparktf.data.specs import leaf_specs
+
+    for data in (dataset, dataset.val_dataset):
+        if data is not None:
+            keras_feed(model, *feature_leaves(data.feature_spec))
+            if data.has_labels:
+                check_labels(model, leaf_specs(data.label_spec, "labels"))

@@ -36,6 +36,7 @@ import numpy as np
 from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
+from sparktf.training.failures import classified_failures
 from sparktf.spark.cluster import configure_task_threads
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.triggers import TrainingProgress, Trigger
@@ -169,7 +170,8 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         try:
             shard = Shard.from_blocks(blocks)
             watch.lap("data_cache")
-            step = _prepared_step(spec, lambda: _batches(spec, shard, rank), watch)
+            with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
+                step = _prepared_step(spec, lambda: _batches(spec, shard, rank), watch)
         except BaseException:
             _close_when_connected(connecting)
             raise
@@ -177,7 +179,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     watch.lap("connect")
     try:
         batches = _skip(_batches(spec, shard, rank), spec.start.iteration)
-        result = _train(spec, step, batches, communicator, watch)
+        result = _train(spec, rank, step, batches, communicator, watch)
         _average_non_trainable(step.model, communicator)
         result.state = ModelState.capture(step.model, result.iteration)
         watch.lap("finish")
@@ -190,6 +192,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
 
 def _train(
     spec: SegmentSpec,
+    rank: int,
     step: TrainStep,
     batches: Iterator[List[np.ndarray]],
     communicator: Any,
@@ -203,9 +206,10 @@ def _train(
         started = time.perf_counter()
         features, labels = _features_labels(spec, next(batches))
         watch.lap("batches")
-        outcome = step.run(features, labels, allreduce)
-        ended = watch.lap("apply")
         iteration = progress.iteration + 1
+        with classified_failures(rank, iteration, warm_up=False):
+            outcome = step.run(features, labels, allreduce)
+        ended = watch.lap("apply")
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
             non_finite_iteration = iteration
             break
