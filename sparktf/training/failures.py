@@ -15,14 +15,14 @@ This module runs on executors: it never imports driver-only modules.
 from __future__ import annotations
 
 import contextlib
-import re
 from typing import Iterator, Optional
 
 import tensorflow as tf
 
 from sparktf.errors import DataError, ModelError, SparkTFError
+from sparktf.models.batch_errors import essential_line
 
-__all__ = ["classified_failures", "deterministic_failure", "essential_line"]
+__all__ = ["classified_failures", "deterministic_failure"]
 
 # What a batch that does not fit the model raises, at trace time or at run time.
 _BATCH_ERRORS = (
@@ -43,28 +43,6 @@ _INFRASTRUCTURE_ERRORS = (
     tf.errors.DeadlineExceededError,
     tf.errors.InternalError,
 )
-_NOISE = ("Graph execution error", "Detected at node", "in user code:", "[[", "File ")
-_MAX_LINE = 400
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def essential_line(error: BaseException) -> str:
-    """TensorFlow's own message in ``error``, one line, without graph and traceback noise.
-
-    For a graph execution error this is the line after the "Detected at
-    node" trace; for a trace-time error ("in user code:") the last line.
-    """
-    text = _ANSI.sub("", getattr(error, "message", None) or str(error))
-    text = text.split("Arguments received by")[0]  # Keras' notes on a failed layer call
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if ("in user code:" in text or "Exception encountered when calling" in text) and lines:
-        line = lines[-1]
-    else:
-        kept = [line for line in text.splitlines() if line.strip() and not line[0].isspace()]
-        kept = [line for line in kept if not line.startswith(_NOISE)]
-        line = kept[0] if kept else (lines[0] if lines else type(error).__name__)
-    line = " ".join(line.split())
-    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 3] + "..."
 
 
 def deterministic_failure(
