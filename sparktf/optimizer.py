@@ -24,8 +24,10 @@ from sparktf.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from sparktf.errors import DataError, DriverJVMGone, SparkTFError, TrainingError
+from sparktf.errors import DataError, DriverJVMGone, ModelError, SparkTFError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
+from sparktf.inference.feeds import feature_leaves, keras_feed
+from sparktf.training.preflight import check_labels, check_settings, resolve_optimizer
 from sparktf.training.step import GradientClipping
 from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.segment_job import run_segment_job
@@ -81,15 +83,13 @@ class TFOptimizer:
 
         from sparktf.context import init_spark
 
+        check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir)
+        _check_data_fits(model, dataset)
         self.sc = SparkContext._active_spark_context or init_spark().sparkContext
         self.model = model
         self.dataset = dataset
         self.model_dir = model_dir
         self.num_workers = int(num_workers or self.sc.defaultParallelism)
-        if self.num_workers < 1:
-            raise ValueError(f"num_workers must be positive, got {num_workers}")
-        if max_failures < 0:
-            raise ValueError(f"max_failures must be >= 0, got {max_failures}")
         self.max_failures = int(max_failures)
         self.collective_timeout = float(collective_timeout)
         self.clipping = GradientClipping()
@@ -155,7 +155,7 @@ class TFOptimizer:
         if optimizer is not None or metrics is not None:
             settings = dict(keras_model._compile_config.config) if compiled else {}
             if optimizer is not None:
-                settings["optimizer"] = optimizer
+                settings["optimizer"] = resolve_optimizer(optimizer, "optimizer")
             if metrics is not None:
                 settings["metrics"] = metrics
             keras_model.compile(**settings)
@@ -201,7 +201,7 @@ class TFOptimizer:
         """
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable(y_true, y_pred), got {loss_fn!r}")
-        model.compile(optimizer=optim_method, loss=loss_fn, metrics=metrics)
+        model.compile(optimizer=resolve_optimizer(optim_method, "optim_method"), loss=loss_fn, metrics=metrics)
         return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout)
 
     # ------------------------------------------------------------------ settings
@@ -332,7 +332,7 @@ class TFOptimizer:
         while True:
             try:
                 return self._launch_segment(blocks, local_batch, progress, stop)
-            except (DataError, DriverJVMGone):
+            except (DataError, ModelError, DriverJVMGone):  # the data or the model would fail again; no JVM
                 raise
             except Exception as error:  # a worker failed: relaunch from the last good state
                 self._failures += 1
@@ -502,3 +502,14 @@ def _unpersist(blocks: Any) -> None:
     except Exception as error:
         if not jvm_gone(error):
             raise
+
+
+def _check_data_fits(model: Any, dataset: Any) -> None:
+    """Refuse, before any job, features that do not fit the model's inputs and labels its output."""
+    from sparktf.data.specs import leaf_specs
+
+    for data in (dataset, dataset.val_dataset):
+        if data is not None:
+            keras_feed(model, *feature_leaves(data.feature_spec))
+            if data.has_labels:
+                check_labels(model, leaf_specs(data.label_spec, "labels"))

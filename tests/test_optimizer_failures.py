@@ -128,8 +128,10 @@ def test_worker_failure_is_recovered_and_equals_an_uninterrupted_run(sc, tmp_pat
 
 
 class AlwaysFails(PythonHook):
+    """Fails every step with an error that looks like an infrastructure failure (relaunched)."""
+
     def hook(self):
-        raise ValueError("the layer always fails")
+        raise RuntimeError("the layer always fails")
 
 
 def test_persistent_failure_raises_training_error_with_worker_message(sc):
