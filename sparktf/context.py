@@ -68,6 +68,8 @@ def init_spark(
     else:
         builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
         builder = builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        if "spark.ui.showConsoleProgress" not in (conf or {}):  # sparktf shows its own progress
+            builder = builder.config("spark.ui.showConsoleProgress", "false")
         memory = _default_driver_memory(conf or {})
         if memory is not None:
             builder = builder.config("spark.driver.memory", memory)

@@ -237,6 +237,7 @@ def _train(
             break
         learning_rates.append(outcome.learning_rate)
         losses.append(outcome.loss)
+        heartbeat.loss = float(outcome.loss)
         wall_times.append(time.time())
         step_seconds.append(ended - started)
         progress = TrainingProgress(
@@ -301,6 +302,7 @@ class _NoHeartbeat:
 
     phase = "start"
     iteration = 0
+    loss = None
 
     def stop(self) -> None:
         pass
