@@ -118,8 +118,9 @@ class SegmentResult:
         used, time the iteration ended, its duration.
     timings : dict
         Seconds spent in each phase (``threads``, ``data_cache``,
-        ``model_load``, ``warm_up``, ``state_fetch``, ``connect``, ``batches``, ``compute``, ``allreduce``,
-        ``apply``, ``finish``) on rank 0.
+        ``model_load``, ``warm_up``, ``state_fetch``, ``connect``,
+        ``batches``, ``compute``, ``allreduce``, ``apply``, ``finish``,
+        ``state_upload``) on rank 0.
     """
 
     iteration: int
@@ -198,9 +199,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             result = _train(spec, rank, step, batches, communicator, watch, heartbeat)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
-            if rank == 0:
-                result.state = _hand_back(spec, ModelState.capture(step.model, result.iteration), world_size)
             watch.lap("finish")
+            if rank == 0:
+                heartbeat.phase = "state_upload"
+                result.state = _hand_back(spec, ModelState.capture(step.model, result.iteration), world_size)
+                watch.lap("state_upload")
         finally:
             communicator.close()
     finally:
