@@ -178,13 +178,13 @@ def test_a_silent_connection_does_not_block_the_ranks():
 
 
 def test_unauthenticated_connections_are_capped(caplog):
-    from sparktf.collective.channel import MAX_UNAUTHENTICATED
+    from sparktf.collective.rendezvous import MAX_AUTHENTICATING
 
     with JobChannel(1, SECRET, "127.0.0.1") as channel:
         address = parse_peer(channel.address)
-        silent = [socket.create_connection(address, timeout=WAIT) for _ in range(MAX_UNAUTHENTICATED + 4)]
+        silent = [socket.create_connection(address, timeout=WAIT) for _ in range(MAX_AUTHENTICATING + 4)]
         refused = 0
-        for sock in silent[MAX_UNAUTHENTICATED:]:
+        for sock in silent[MAX_AUTHENTICATING:]:
             refused += answer_of(sock) == b""  # closed at once, not held for the handshake deadline
         assert refused == 4
         assert "others are still authenticating" in caplog.text

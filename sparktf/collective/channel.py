@@ -15,7 +15,7 @@ Every rank of a training segment talks to the driver through it:
 Every connection is handled on a thread of its own, so a silent or slow
 client costs the others nothing: it must authenticate (the ring's HMAC
 handshake, the channel taking the pseudo-rank ``world_size``) within
-``HANDSHAKE_SECONDS``, at most ``MAX_UNAUTHENTICATED`` connections may be
+``HANDSHAKE_SECONDS``, at most ``MAX_AUTHENTICATING`` connections may be
 authenticating at once (more are closed at once), and nothing is read from a
 connection before it has proved it holds the job's secret. A rejected
 connection is logged once with its address. :meth:`JobChannel.close` shuts
@@ -35,13 +35,20 @@ import numpy as np
 
 from sparktf.collective.auth import HandshakeError, server_handshake
 from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_message
-from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, POLL_SECONDS, bind_listener, format_peer, parse_peer
+from sparktf.collective.rendezvous import (
+    HANDSHAKE_SECONDS,
+    MAX_AUTHENTICATING,
+    POLL_SECONDS,
+    bind_listener,
+    format_peer,
+    parse_peer,
+)
 
-__all__ = ["JobChannel", "RankReport", "MAX_UNAUTHENTICATED"]
+__all__ = ["JobChannel", "RankReport"]
 
 logger = logging.getLogger(__name__)
 
-MAX_UNAUTHENTICATED = 16
+
 _MAX_PEER_CHARS = 1024
 
 
@@ -97,7 +104,7 @@ class JobChannel:
         self._uploaded: Optional[Tuple[Dict[str, Any], List[np.ndarray]]] = None
         self._reports: Dict[int, RankReport] = {}
         self._connections: set = set()
-        self._authenticating = threading.BoundedSemaphore(MAX_UNAUTHENTICATED)
+        self._authenticating = threading.BoundedSemaphore(MAX_AUTHENTICATING)
         self._closing = threading.Event()
         self._threads: List[threading.Thread] = []
         self._thread = threading.Thread(target=self._accept_loop, name="sparktf-job-channel", daemon=True)
@@ -155,7 +162,7 @@ class JobChannel:
                 return
             if not self._authenticating.acquire(blocking=False):
                 logger.warning("the job channel refused a connection from %s: %d others are still "
-                               "authenticating", address, MAX_UNAUTHENTICATED)
+                               "authenticating", address, MAX_AUTHENTICATING)
                 sock.close()
                 continue
             with self._lock:

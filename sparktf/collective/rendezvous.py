@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 HANDSHAKE_SECONDS = 10.0  # the most one accepted connection may take to authenticate
 POLL_SECONDS = 0.2
+MAX_AUTHENTICATING = 16  # connections a listener lets authenticate at once
 _RETRY_SECONDS = 0.05
 
 
@@ -151,7 +152,13 @@ def _connect_right(rank: int, peers: list[str], secret: bytes, deadline: float, 
 
 
 class _LeftAcceptor:
-    """Accepts connections until the left neighbour authenticates, on a thread of its own."""
+    """Accepts connections until the left neighbour authenticates, on a thread of its own.
+
+    Each accepted connection authenticates on a thread of its own, with its
+    own handshake deadline, so a silent or bad local client costs the real
+    neighbour nothing; at most ``MAX_AUTHENTICATING`` may be authenticating
+    at once (more are closed at once).
+    """
 
     def __init__(self, rank: int, world_size: int, listener: socket.socket, secret: bytes, deadline: float):
         self._rank = rank
@@ -161,6 +168,9 @@ class _LeftAcceptor:
         self._secret = secret
         self._deadline = deadline
         self._cancelled = threading.Event()
+        self._found = threading.Event()
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_AUTHENTICATING)
         self._left: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name=f"sparktf-collective-accept-rank{rank}", daemon=True)
 
@@ -170,15 +180,18 @@ class _LeftAcceptor:
     def cancel(self) -> None:
         self._cancelled.set()
         self._thread.join()
-        if self._left is not None:
-            self._left.close()
+        with self._lock:
+            left, self._left = self._left, None
+        if left is not None:
+            left.close()
 
     def result(self) -> socket.socket | None:
         self._thread.join()
-        return self._left
+        with self._lock:
+            return self._left
 
     def _run(self) -> None:
-        while not self._cancelled.is_set():
+        while not self._cancelled.is_set() and not self._found.is_set():
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -187,17 +200,28 @@ class _LeftAcceptor:
                 sock, address = self._listener.accept()
             except TimeoutError:
                 continue
-            if self._authenticate(sock, address, remaining):
-                self._left = sock
-                return
+            if not self._slots.acquire(blocking=False):
+                logger.warning("rank %d refused a connection from %s: %d others are still authenticating",
+                               self._rank, address, MAX_AUTHENTICATING)
+                sock.close()
+                continue
+            threading.Thread(target=self._authenticate, args=(sock, address, remaining), daemon=True,
+                             name=f"sparktf-collective-handshake-rank{self._rank}").start()
 
-    def _authenticate(self, sock: socket.socket, address, remaining: float) -> bool:
-        sock.settimeout(min(remaining, HANDSHAKE_SECONDS))
+    def _authenticate(self, sock: socket.socket, address, remaining: float) -> None:
         try:
+            sock.settimeout(min(remaining, HANDSHAKE_SECONDS))
             server_handshake(sock, self._secret, self._rank, self._left_rank, self._world_size)
         except (HandshakeError, OSError) as exc:
             logger.warning("rank %d dropped a connection from %s that claimed to be rank %d: %s",
                            self._rank, address, self._left_rank, exc)
             sock.close()
-            return False
-        return True
+            return
+        finally:
+            self._slots.release()
+        with self._lock:
+            if self._left is None and not self._cancelled.is_set():
+                self._left = sock
+                self._found.set()
+                return
+        sock.close()
