@@ -28,7 +28,7 @@ from sparktf.inference.dataframe_output import DataFramePredict, spark_output_ty
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, feature_leaves, keras_feed, plan_feed
 from sparktf.inference.runners import ModelHandle, partition_id, records, run_batches
 from sparktf.models.payload import ModelPayload
-from sparktf.models.saved_model_archive import SavedModelArchive
+from sparktf.models.saved_model_archive import SavedModelArchive, load_saved_model
 
 __all__ = ["TFPredictor", "TensorInfo"]
 
@@ -70,11 +70,10 @@ class _SavedModel:
     """A SavedModel signature on the driver: its inputs, chosen outputs and broadcast handle."""
 
     def __init__(self, path: str, signature: str, outputs: Union[str, Sequence[str], None]):
-        import tensorflow as tf
         from pyspark import SparkContext
 
         archive = SavedModelArchive.from_directory(path)
-        function = _signature(tf.saved_model.load(path), signature, path)
+        function = _signature(load_saved_model(path), signature, path)
         _, input_specs = function.structured_input_signature
         self.inputs = [TensorInfo.from_tensor(name, spec) for name, spec in input_specs.items()]
         available = function.structured_outputs

@@ -49,10 +49,21 @@ def trace_parse_fn(parse_fn: Callable) -> Tuple[object, Optional[object]]:
     Raises
     ------
     DataError
-        If an output is not a dense tensor of a fully known shape.
+        If ``parse_fn`` fails while traced, or an output is not a dense
+        tensor of a fully known shape.
     """
     serialized = tf.data.Dataset.from_tensors(tf.constant(b"", dtype=tf.string))
-    element = serialized.map(parse_fn).element_spec
+    try:
+        element = serialized.map(parse_fn).element_spec
+    except Exception as exc:  # anything the user's function raises while TensorFlow traces it
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        name = getattr(parse_fn, "__qualname__", repr(parse_fn))
+        raise DataError(
+            f"parse_fn {name} failed while sparktf traced it to learn the record specs: "
+            f"{type(exc).__name__}: {(lines[-1] if lines else '')[:300]}. It is called as "
+            "parse_fn(serialized) on one scalar tf.string tensor inside tf.data; make it work there "
+            "(tf.io.parse_single_example, TensorFlow ops only)"
+        ) from exc
     for path, leaf in specs.flatten_with_paths(element, "output"):
         if not isinstance(leaf, tf.TensorSpec):
             raise DataError(

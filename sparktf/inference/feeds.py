@@ -8,6 +8,7 @@ nesting.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -64,12 +65,15 @@ class Feed:
     """How leaf arrays become the model's input: which leaf goes to which input.
 
     ``order[i]`` is the index of the leaf that feeds ``inputs[i]``;
-    ``structure`` is the model's input nesting (``SINGLE``, ``LIST`` or ``DICT``).
+    ``structure`` is the model's input nesting (``SINGLE``, ``LIST`` or ``DICT``);
+    ``declared`` is False when the inputs are the data's own (a subclassed
+    model declares none).
     """
 
     inputs: Tuple[TensorInfo, ...]
     structure: str
     order: Tuple[int, ...]
+    declared: bool = True
 
     def pack(self, leaves: Sequence[np.ndarray]) -> Any:
         """The model's input for a batch of leaf arrays (numbers cast to the inputs' dtypes)."""
@@ -84,6 +88,8 @@ class Feed:
         return values
 
     def expected(self) -> str:
+        if not self.declared:
+            return "the inputs its call() takes (a subclassed model declares none; see its own message)"
         return "[" + ", ".join(info.describe() for info in self.inputs) + "]"
 
 
@@ -139,7 +145,7 @@ def keras_feed(model: Any, leaves: Sequence[specs.LeafSpec], names: Optional[Seq
     if declared is None:
         inputs = [TensorInfo(name, leaf.dtype, leaf.shape) for name, leaf in zip(names or [leaf.path for leaf in leaves], leaves)]
         structure = SINGLE if len(leaves) == 1 else DICT if names is not None else LIST
-        return plan_feed(inputs, structure, leaves, names)
+        return dataclasses.replace(plan_feed(inputs, structure, leaves, names), declared=False)
     return plan_feed(declared[0], declared[1], leaves, names)
 
 

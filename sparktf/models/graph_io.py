@@ -19,6 +19,7 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 
 from sparktf.errors import DataError
 from sparktf.models.frozen_graph import FrozenGraph, parse_graph_def
+from sparktf.models.saved_model_archive import load_saved_model
 
 __all__ = [
     "GRAPH_FILE",
@@ -139,7 +140,7 @@ def freeze_saved_model(
     """
     if not tf.saved_model.contains_saved_model(path):
         raise DataError(f"No SavedModel found at {path!r} (expected a saved_model.pb in it). Check the path.")
-    loaded = tf.saved_model.load(path)
+    loaded = load_saved_model(path)
     signatures = dict(loaded.signatures)
     if signature not in signatures:
         raise DataError(

@@ -14,7 +14,7 @@ from typing import Any, List
 
 from sparktf.errors import DataError
 
-__all__ = ["SavedModelArchive"]
+__all__ = ["SavedModelArchive", "load_saved_model"]
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,28 @@ class SavedModelArchive:
 
     def load(self) -> Any:
         """``tf.saved_model.load`` of the unpacked directory."""
-        import tensorflow as tf
+        return load_saved_model(self.extract())
 
-        return tf.saved_model.load(self.extract())
+
+def load_saved_model(path: str) -> Any:
+    """``tf.saved_model.load(path)``, with a ``DataError`` naming the file when it cannot be read.
+
+    Raises
+    ------
+    DataError
+        When ``saved_model.pb`` (or the variables) is corrupt or unreadable.
+    """
+    import tensorflow as tf
+
+    try:
+        return tf.saved_model.load(path)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(
+            f"cannot load the SavedModel in {path!r}: {first[:300]}. The directory (its saved_model.pb "
+            "or variables/) is corrupt or incomplete: write it again with tf.saved_model.save() or "
+            "model.export()."
+        ) from exc
 
 
 def _sorted_files(root: str) -> List[str]:
