@@ -50,8 +50,18 @@ UNSUPPORTED_CALLBACKS = {
 
 def default_verbose() -> int:
     """1 (a progress bar) in a terminal or notebook, else 2 (one line per epoch)."""
-    interactive = "ipykernel" in sys.modules or (hasattr(sys.stdout, "isatty") and sys.stdout.isatty())
-    return 1 if interactive else 2
+    terminal = hasattr(sys.stdout, "isatty") and sys.stdout.isatty()
+    return 1 if terminal or _in_notebook() else 2
+
+
+def _in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (IPython's ZMQ shell), not just with IPython imported."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+    except Exception:  # an IPython too old or half-imported: not a notebook
+        return False
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 class DriverCallbacks:
