@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence
 
 import keras
 import numpy as np
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 import sparktf
@@ -42,14 +43,18 @@ def start_spark(args: argparse.Namespace, app_name: str) -> SparkSession:
     """The session the example runs in (``sparktf.init_spark``), with this folder's helpers on the executors."""
     spark = sparktf.init_spark(master=args.master, app_name=app_name,
                                conf={"spark.ui.showConsoleProgress": "false"})
-    sc = spark.sparkContext
-    sc.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("ERROR")
+    ship_helpers(spark.sparkContext)
+    return spark
+
+
+def ship_helpers(sc: SparkContext) -> None:
+    """Add this folder's helper modules to the executors' Python path (once per SparkContext)."""
     here = os.path.dirname(os.path.abspath(__file__))
     shipped = {os.path.basename(path) for path in sc.listFiles}
     for name in HELPER_MODULES:
         if name not in shipped:
             sc.addPyFile(os.path.join(here, name))
-    return spark
 
 
 def global_batch(requested: int, num_workers: int) -> int:
