@@ -40,11 +40,15 @@ def example_parser(description: str) -> argparse.ArgumentParser:
 
 
 def start_spark(args: argparse.Namespace, app_name: str) -> SparkSession:
-    """The session the example runs in (``sparktf.init_spark``), with this folder's helpers on the executors."""
+    """The session the example runs in (``sparktf.init_spark``), with this folder's helpers on the executors.
+
+    An unset ``args.num_workers`` becomes Spark's default parallelism.
+    """
     spark = sparktf.init_spark(master=args.master, app_name=app_name,
                                conf={"spark.ui.showConsoleProgress": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     ship_helpers(spark.sparkContext)
+    args.num_workers = args.num_workers or spark.sparkContext.defaultParallelism
     return spark
 
 
@@ -62,23 +66,28 @@ def global_batch(requested: int, num_workers: int) -> int:
     return max(requested - requested % num_workers, num_workers)
 
 
-def step_decay_schedule(base_rate: float, decay_epochs: Sequence[int], standard_epochs: int, train_epochs: int,
-                        iterations_per_epoch: int) -> keras.optimizers.schedules.LearningRateSchedule:
-    """A piecewise-constant rate: ``base_rate``, divided by 10 at each of ``decay_epochs``.
+def add_training_flags(parser: argparse.ArgumentParser, standard_epochs: int) -> None:
+    """``--train_epochs`` (default: the recipe's ``standard_epochs``) and ``--model_dir``."""
+    parser.add_argument("--train_epochs", type=int, default=standard_epochs)
+    parser.add_argument("--model_dir", default=None,
+                        help="checkpoints and TensorBoard logs; resumes from its latest checkpoint")
 
-    ``decay_epochs`` are epochs of the recipe's ``standard_epochs``-epoch run,
-    scaled to ``train_epochs`` (a 2-epoch run of the 182-epoch CIFAR recipe
-    decays at the same fractions of training).
+
+def compile_with_step_decay(model: keras.Model, base_rate: float, decay_epochs: Sequence[int],
+                            standard_epochs: int, train_epochs: int, iterations_per_epoch: int) -> None:
+    """Compile for classification with SGD (momentum 0.9) on a step-decay learning rate.
+
+    The rate is ``base_rate``, divided by 10 at each of ``decay_epochs``:
+    epochs of the recipe's ``standard_epochs``-epoch run, scaled to
+    ``train_epochs`` (a 2-epoch run of the 182-epoch CIFAR recipe decays at
+    the same fractions of training).
     """
     boundaries = [max(1, round(epoch / standard_epochs * train_epochs * iterations_per_epoch))
                   for epoch in decay_epochs]
     rates = [base_rate / 10 ** step for step in range(len(boundaries) + 1)]
-    return keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, rates)
-
-
-def default_model_dir(name: str) -> str:
-    """A fresh temporary directory for a run that was given no ``--model_dir``."""
-    return tempfile.mkdtemp(prefix=f"sparktf-{name}-")
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, rates)
+    model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
 
 def has_checkpoint(model_dir: str) -> bool:
@@ -89,7 +98,7 @@ def has_checkpoint(model_dir: str) -> bool:
 def train_and_validate(
     model: keras.Model,
     dataset: TFDataset,
-    model_dir: str,
+    model_dir: Optional[str],
     app_name: str,
     train_epochs: int,
     num_workers: Optional[int] = None,
@@ -106,8 +115,9 @@ def train_and_validate(
         A compiled model whose first metric is ``accuracy``.
     dataset : TFDataset
         Training data with a global ``batch_size`` and validation data.
-    model_dir : str
-        Checkpoints go here; TensorBoard logs go to ``model_dir/logs``.
+    model_dir : str or None
+        Checkpoints go here; TensorBoard logs go to ``model_dir/logs``
+        (``None``: a fresh temporary directory).
     app_name : str
         The summaries' application name.
     train_epochs : int
@@ -121,6 +131,7 @@ def train_and_validate(
         ``accuracy``, ``images_per_sec``, ``iterations``, ``epochs``,
         ``resumed_from`` (the iteration of the checkpoint loaded, 0 if none).
     """
+    model_dir = model_dir or tempfile.mkdtemp(prefix=f"sparktf-{app_name}-")
     optimizer = TFOptimizer.from_keras(model, dataset, model_dir=model_dir, num_workers=num_workers)
     log_dir = os.path.join(model_dir, "logs")
     train_summary = TrainSummary(log_dir, app_name)

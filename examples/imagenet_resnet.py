@@ -26,14 +26,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 
 import imagenet_records
-from example_support import (
-    default_model_dir,
-    example_parser,
-    global_batch,
-    start_spark,
-    step_decay_schedule,
-    train_and_validate,
-)
+from example_support import add_training_flags, compile_with_step_decay, example_parser, global_batch
+from example_support import start_spark, train_and_validate
 from image_augmentation import RandomCropFlip
 from make_synthetic_imagenet import write_dataset
 from sparktf import TFDataset
@@ -66,9 +60,7 @@ def parse_args(argv: Optional[Sequence[str]]):
                         default=32, help="global batch (all workers)")
     parser.add_argument("--image_size", type=int, default=224, help="side of the crop the network sees")
     parser.add_argument("--num_classes", type=int, default=1000)
-    parser.add_argument("--train_epochs", type=int, default=STANDARD_EPOCHS)
-    parser.add_argument("--model_dir", default=None,
-                        help="checkpoints and TensorBoard logs; resumes from its latest checkpoint")
+    add_training_flags(parser, STANDARD_EPOCHS)
     args = parser.parse_args(argv)
     if args.smoke:
         args.image_size, args.num_classes, args.train_epochs = 32, 4, 1
@@ -81,14 +73,13 @@ def parse_args(argv: Optional[Sequence[str]]):
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     """Train and validate; returns ``train_and_validate``'s results."""
     args = parse_args(argv)
-    spark = start_spark(args, "sparktf-imagenet-resnet")
-    num_workers = args.num_workers or spark.sparkContext.defaultParallelism
+    start_spark(args, "sparktf-imagenet-resnet")
     data_dir = args.data_dir
     if data_dir is None:
         data_dir = write_dataset(tempfile.mkdtemp(prefix="sparktf-imagenet-"), train_records=8,
                                  validation_records=4, num_classes=args.num_classes, image_size=40)
     stored_size = args.image_size * 256 // 224
-    batch_size = global_batch(args.train_batch_size, num_workers)
+    batch_size = global_batch(args.train_batch_size, args.num_workers)
     dataset = TFDataset.from_tfrecord_file(
         os.path.join(data_dir, imagenet_records.TRAIN_PATTERN),
         lambda serialized: imagenet_records.decode_and_resize(serialized, stored_size),
@@ -97,15 +88,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
         seed=0,
     )
     model = build_model(args.resnet_size, args.image_size, stored_size, args.num_classes)
-    schedule = step_decay_schedule(0.1 * batch_size / 256, DECAY_EPOCHS, STANDARD_EPOCHS, args.train_epochs,
-                                   dataset.iterations_per_epoch(num_workers))
-    model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    compile_with_step_decay(model, 0.1 * batch_size / 256, DECAY_EPOCHS, STANDARD_EPOCHS, args.train_epochs,
+                            dataset.iterations_per_epoch(args.num_workers))
     print(f"ResNet-{args.resnet_size} at {args.image_size}x{args.image_size} on {dataset.num_records} images, "
-          f"{num_workers} workers, global batch {batch_size}")
-    model_dir = args.model_dir or default_model_dir("imagenet-resnet")
-    results = train_and_validate(model, dataset, model_dir, "imagenet_resnet", args.train_epochs, num_workers)
-    print(f"| imagenet-resnet-{args.resnet_size} | {num_workers} Spark workers | {results['images_per_sec']:.1f} |")
+          f"{args.num_workers} workers, global batch {batch_size}")
+    results = train_and_validate(model, dataset, args.model_dir, "imagenet_resnet", args.train_epochs, args.num_workers)
+    table_row = f"| imagenet-resnet-{args.resnet_size} | {args.num_workers} Spark workers |"
+    print(f"{table_row} {results['images_per_sec']:.1f} |")
     return results
 
 

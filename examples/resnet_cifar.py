@@ -24,14 +24,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 
 import cifar10_data
-from example_support import (
-    default_model_dir,
-    example_parser,
-    global_batch,
-    start_spark,
-    step_decay_schedule,
-    train_and_validate,
-)
+from example_support import add_training_flags, compile_with_step_decay, example_parser, global_batch
+from example_support import start_spark, train_and_validate
 from image_augmentation import RandomCropFlip
 from sparktf import TFDataset
 
@@ -90,10 +84,8 @@ def parse_args(argv: Optional[Sequence[str]]):
     parser.add_argument("--synthetic", action="store_true",
                         help="generated records in the CIFAR-10 format instead of --data_dir")
     parser.add_argument("--resnet_size", type=int, default=20, choices=(20, 32, 44, 56, 110))
-    parser.add_argument("--train_epochs", type=int, default=STANDARD_EPOCHS)
     parser.add_argument("--batch_size", type=int, default=128, help="global batch (all workers)")
-    parser.add_argument("--model_dir", default=None,
-                        help="checkpoints and TensorBoard logs; resumes from its latest checkpoint")
+    add_training_flags(parser, STANDARD_EPOCHS)
     args = parser.parse_args(argv)
     if args.smoke:
         args.synthetic, args.resnet_size, args.train_epochs = True, 20, 1
@@ -108,14 +100,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     args = parse_args(argv)
     spark = start_spark(args, "sparktf-resnet-cifar")
     sc = spark.sparkContext
-    num_workers = args.num_workers or sc.defaultParallelism
     data_dir = args.data_dir
     if args.synthetic:
         records_per_file = 16 if args.smoke else 2000
         data_dir = cifar10_data.write_synthetic_dir(tempfile.mkdtemp(prefix="sparktf-cifar-"), records_per_file)
-    batch_size = global_batch(args.batch_size, num_workers)
+    batch_size = global_batch(args.batch_size, args.num_workers)
     dataset = TFDataset.from_rdd(
-        cifar10_data.read_rdd(sc, data_dir, train=True).repartition(num_workers),
+        cifar10_data.read_rdd(sc, data_dir, train=True).repartition(args.num_workers),
         features=("uint8", [cifar10_data.HEIGHT, cifar10_data.WIDTH, cifar10_data.CHANNELS]),
         labels=("int32", []),
         batch_size=batch_size,
@@ -123,14 +114,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
         seed=0,
     )
     model = build_resnet(args.resnet_size)
-    schedule = step_decay_schedule(0.1 * batch_size / 128, DECAY_EPOCHS, STANDARD_EPOCHS, args.train_epochs,
-                                   dataset.iterations_per_epoch(num_workers))
-    model.compile(optimizer=keras.optimizers.SGD(schedule, momentum=0.9),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    print(f"ResNet-{args.resnet_size} on {dataset.num_records} images, {num_workers} workers, "
+    compile_with_step_decay(model, 0.1 * batch_size / 128, DECAY_EPOCHS, STANDARD_EPOCHS, args.train_epochs,
+                            dataset.iterations_per_epoch(args.num_workers))
+    print(f"ResNet-{args.resnet_size} on {dataset.num_records} images, {args.num_workers} workers, "
           f"global batch {batch_size}, {args.train_epochs} epochs")
-    model_dir = args.model_dir or default_model_dir("resnet-cifar")
-    return train_and_validate(model, dataset, model_dir, "resnet_cifar", args.train_epochs, num_workers)
+    return train_and_validate(model, dataset, args.model_dir, "resnet_cifar", args.train_epochs, args.num_workers)
 
 
 if __name__ == "__main__":

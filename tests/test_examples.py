@@ -1,4 +1,5 @@
-"""The examples in ``--smoke`` mode, in this test session's SparkSession (their ``main(argv)``), and their data formats."""
+"""The examples in ``--smoke`` mode, run through their ``main(argv)`` in this test session's SparkSession,
+and the data formats they read."""
 
 import glob
 import os
