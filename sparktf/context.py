@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -65,6 +68,8 @@ def init_spark(
     else:
         builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
         builder = builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        if "spark.ui.showConsoleProgress" not in (conf or {}):  # sparktf shows its own progress
+            builder = builder.config("spark.ui.showConsoleProgress", "false")
         memory = _default_driver_memory(conf or {})
         if memory is not None:
             builder = builder.config("spark.driver.memory", memory)
@@ -102,7 +107,8 @@ def _default_driver_memory(conf: Mapping[str, str]) -> Optional[str]:
 def ship_package(sc: SparkContext) -> str:
     """Add a zip of the ``sparktf`` package to the executors' Python path.
 
-    Done once per SparkContext; returns the path of the zip.
+    Done once per SparkContext; returns the path of the zip. Its temporary
+    folder is deleted when the SparkContext stops or the process exits.
     """
     shipped = getattr(sc, _SHIPPED_ATTR, None)
     if shipped:
@@ -120,4 +126,21 @@ def ship_package(sc: SparkContext) -> str:
                     archive.write(full, rel)
     sc.addPyFile(zip_path)
     setattr(sc, _SHIPPED_ATTR, zip_path)
+    _remove_when_done(sc, out_dir)
     return zip_path
+
+
+def _remove_when_done(sc: SparkContext, directory: str) -> None:
+    """Delete ``directory`` when ``sc`` stops, or at the latest when the process exits."""
+    remove = functools.partial(shutil.rmtree, directory, ignore_errors=True)
+    atexit.register(remove)
+    stop = sc.stop
+
+    def stop_and_remove() -> None:
+        try:
+            stop()
+        finally:
+            remove()
+            atexit.unregister(remove)
+
+    sc.stop = stop_and_remove

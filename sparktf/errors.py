@@ -4,7 +4,7 @@ Every message names the offending thing (partition, record index, expected vs
 actual shape or dtype, worker rank) and says what to do about it.
 """
 
-__all__ = ["SparkTFError", "DataError", "TrainingError", "CollectiveError", "DriverJVMGone"]
+__all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone"]
 
 
 class SparkTFError(Exception):
@@ -17,6 +17,10 @@ class DataError(SparkTFError, ValueError):
 
 class TrainingError(SparkTFError, RuntimeError):
     """A failure during training: non-finite loss, a failed worker, a timeout."""
+
+
+class ModelError(TrainingError):
+    """The model fails the same way on every attempt (e.g. a layer that raises): never relaunched."""
 
 
 class CollectiveError(TrainingError):

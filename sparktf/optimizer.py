@@ -12,7 +12,7 @@ checkpoint or later) up to ``max_failures`` times. See ``docs/optimizer.md``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.spark import cluster
 from sparktf.spark.jobs import jvm_gone
@@ -24,9 +24,12 @@ from sparktf.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from sparktf.errors import DataError, DriverJVMGone, SparkTFError, TrainingError
+from sparktf.errors import DataError, DriverJVMGone, ModelError, SparkTFError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
+from sparktf.inference.feeds import feature_leaves, keras_feed
+from sparktf.training.preflight import check_labels, check_settings, resolve_optimizer
 from sparktf.training.step import GradientClipping
+from sparktf.training.callbacks import DriverCallbacks, default_verbose
 from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.segment_job import run_segment_job
 from sparktf.triggers import (
@@ -81,15 +84,13 @@ class TFOptimizer:
 
         from sparktf.context import init_spark
 
+        check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir)
+        _check_data_fits(model, dataset)
         self.sc = SparkContext._active_spark_context or init_spark().sparkContext
         self.model = model
         self.dataset = dataset
         self.model_dir = model_dir
         self.num_workers = int(num_workers or self.sc.defaultParallelism)
-        if self.num_workers < 1:
-            raise ValueError(f"num_workers must be positive, got {num_workers}")
-        if max_failures < 0:
-            raise ValueError(f"max_failures must be >= 0, got {max_failures}")
         self.max_failures = int(max_failures)
         self.collective_timeout = float(collective_timeout)
         self.clipping = GradientClipping()
@@ -101,6 +102,7 @@ class TFOptimizer:
         self.last_timings: Dict[str, float] = {}
         self._payload = None
         self._failures = 0
+        self.history: Any = None
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
 
@@ -155,7 +157,7 @@ class TFOptimizer:
         if optimizer is not None or metrics is not None:
             settings = dict(keras_model._compile_config.config) if compiled else {}
             if optimizer is not None:
-                settings["optimizer"] = optimizer
+                settings["optimizer"] = resolve_optimizer(optimizer, "optimizer")
             if metrics is not None:
                 settings["metrics"] = metrics
             keras_model.compile(**settings)
@@ -201,7 +203,7 @@ class TFOptimizer:
         """
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable(y_true, y_pred), got {loss_fn!r}")
-        model.compile(optimizer=optim_method, loss=loss_fn, metrics=metrics)
+        model.compile(optimizer=resolve_optimizer(optim_method, "optim_method"), loss=loss_fn, metrics=metrics)
         return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout)
 
     # ------------------------------------------------------------------ settings
@@ -243,8 +245,10 @@ class TFOptimizer:
         end_trigger: Trigger = MaxEpoch(1),
         checkpoint_trigger: Trigger = EveryEpoch(),
         validation_trigger: Optional[Trigger] = None,
+        callbacks: Optional[Sequence[Any]] = None,
+        verbose: Optional[int] = None,
     ) -> Dict[str, Any]:
-        """Train until ``end_trigger`` fires.
+        """Train until ``end_trigger`` fires (or a callback sets ``model.stop_training``).
 
         Parameters
         ----------
@@ -256,6 +260,13 @@ class TFOptimizer:
         validation_trigger : Trigger, optional
             When to validate on the dataset's validation data (default:
             ``checkpoint_trigger``).
+        callbacks : list of keras.callbacks.Callback, optional
+            Run on the driver with Keras' hook names and ``logs`` (see
+            ``docs/optimizer.md`` for which work): segments then end at every
+            epoch end, where validation runs when there is validation data.
+        verbose : int, optional
+            0 silent, 1 a progress bar per epoch, 2 one line per epoch;
+            default 1 in a terminal or notebook, else 2.
 
         Returns
         -------
@@ -281,7 +292,7 @@ class TFOptimizer:
             validation_trigger if validation_trigger is not None else checkpoint_trigger,
             "validation_trigger",
         )
-        cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=0)
+        cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=_SLOT_WAIT_SECONDS)
         local_batch = self.dataset.local_batch_size(self.num_workers)
         validation = self.dataset.val_dataset
         if validation is None and uses_score(end_trigger):
@@ -292,6 +303,10 @@ class TFOptimizer:
         stops = [end_trigger]
         stops += [checkpoint_trigger] if self.model_dir else []
         stops += [validation_trigger] if validation is not None else []
+        verbose = default_verbose() if verbose is None else verbose
+        callbacks = list(callbacks or [])
+        driver = self._driver_callbacks(callbacks, verbose, end_trigger)
+        stops += [EveryEpoch()] if callbacks else []  # callbacks see the model at every epoch end
         history: Dict[str, Any] = {"loss": []}
         blocks = self.dataset.training_block_rdd(self.num_workers)
         persisted_here = not blocks.is_cached
@@ -300,13 +315,24 @@ class TFOptimizer:
         self._failures = 0
         try:
             progress = self._progress()
+            if driver is not None:
+                driver.train_begin()
             while not end_trigger(progress):
-                result = self._run_segment(blocks, local_batch, progress, TriggerOr(*stops))
+                if driver is not None:
+                    driver.segment_begins(progress)
+                first = progress.iteration + 1
+                result = self._run_segment(blocks, local_batch, progress, TriggerOr(*stops), driver)
                 progress = self._finish_segment(result, history)
                 if self.model_dir and checkpoint_trigger(progress):
                     save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir)
-                if validation is not None and validation_trigger(progress):
-                    progress = self._validate(validation, progress, history)
+                results = None
+                epoch_end = bool(callbacks) and progress.epoch_finished
+                if validation is not None and (validation_trigger(progress) or epoch_end):
+                    progress, results = self._validate(validation, progress, history)
+                if driver is not None and driver.segment_ends(first, result.losses, progress, results):
+                    break
+            if driver is not None:
+                driver.train_end()
         finally:
             if persisted_here:
                 _unpersist(blocks)
@@ -322,8 +348,20 @@ class TFOptimizer:
             self.last_score,
         )
 
+    def _driver_callbacks(self, callbacks: List[Any], verbose: int, end_trigger: Trigger) -> Optional[DriverCallbacks]:
+        """The callbacks and progress display of an ``optimize`` call (None: neither)."""
+        if not callbacks and not verbose:
+            return None
+        import keras
+
+        epochs = end_trigger.n if isinstance(end_trigger, MaxEpoch) else None
+        self.history = keras.callbacks.History()
+        return DriverCallbacks(callbacks, self.model, verbose, self.dataset.iterations_per_epoch(self.num_workers),
+                               self.dataset.batch_size, epochs, self.history)
+
     def _run_segment(
-        self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger
+        self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger,
+        driver: Optional[DriverCallbacks] = None,
     ) -> SegmentResult:
         """Run one segment, relaunching it from the driver's state after a failure.
 
@@ -331,8 +369,8 @@ class TFOptimizer:
         """
         while True:
             try:
-                return self._launch_segment(blocks, local_batch, progress, stop)
-            except (DataError, DriverJVMGone):
+                return self._launch_segment(blocks, local_batch, progress, stop, driver)
+            except (DataError, ModelError, DriverJVMGone):  # the data or the model would fail again; no JVM
                 raise
             except Exception as error:  # a worker failed: relaunch from the last good state
                 self._failures += 1
@@ -349,7 +387,8 @@ class TFOptimizer:
                 cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=_SLOT_WAIT_SECONDS)
 
     def _launch_segment(
-        self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger
+        self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger,
+        driver: Optional[DriverCallbacks],
     ) -> SegmentResult:
         spec = SegmentSpec(
             payload=self._payload_broadcast(),
@@ -367,7 +406,7 @@ class TFOptimizer:
             collective_timeout=self.collective_timeout,
         )
         state = ModelState.capture(self.model, self.iteration)
-        return run_segment_job(self.sc, blocks, spec, state, self.num_workers)
+        return run_segment_job(self.sc, blocks, spec, state, self.num_workers, driver and driver.report)
 
     def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
         """Take the segment's state into the driver's model; log its iterations."""
@@ -401,7 +440,7 @@ class TFOptimizer:
 
     def _validate(
         self, validation: Any, progress: TrainingProgress, history: Dict[str, Any]
-    ) -> TrainingProgress:
+    ) -> Tuple[TrainingProgress, Dict[str, float]]:
         try:
             batch = validation.inference_batch_size(self.num_workers)
         except DataError:
@@ -416,7 +455,7 @@ class TFOptimizer:
             self.val_summary.flush()
         scores = [value for name, value in results.items() if name != "loss"]
         self.last_score = scores[0] if scores else results.get("loss")
-        return self._progress()
+        return self._progress(), results
 
     # ------------------------------------------------------------------ evaluation and state
 
@@ -502,3 +541,14 @@ def _unpersist(blocks: Any) -> None:
     except Exception as error:
         if not jvm_gone(error):
             raise
+
+
+def _check_data_fits(model: Any, dataset: Any) -> None:
+    """Refuse, before any job, features that do not fit the model's inputs and labels its output."""
+    from sparktf.data.specs import leaf_specs
+
+    for data in (dataset, dataset.val_dataset):
+        if data is not None:
+            keras_feed(model, *feature_leaves(data.feature_spec))
+            if data.has_labels:
+                check_labels(model, leaf_specs(data.label_spec, "labels"))

@@ -25,7 +25,7 @@ from pyspark.sql import types as T
 from sparktf.data import arrow_io, batching, specs
 from sparktf.errors import DataError
 from sparktf.inference.dataframe_output import DataFramePredict, spark_output_type
-from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, plan_feed
+from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, feature_leaves, keras_feed, plan_feed
 from sparktf.inference.runners import ModelHandle, partition_id, records, run_batches
 from sparktf.models.payload import ModelPayload
 from sparktf.models.saved_model_archive import SavedModelArchive
@@ -52,12 +52,7 @@ class _KerasModel:
         self.handle = ModelHandle("keras", payload.key, broadcast)
 
     def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
-        declared = _keras_inputs(self.model)
-        if declared is None:  # a subclassed model: feed the data's own structure
-            inputs = [TensorInfo(name, leaf.dtype, leaf.shape) for name, leaf in zip(names or _paths(leaves), leaves)]
-            structure = SINGLE if len(leaves) == 1 else DICT if names is not None else LIST
-            return plan_feed(inputs, structure, leaves, names)
-        return plan_feed(declared[0], declared[1], leaves, names)
+        return keras_feed(self.model, leaves, names)
 
     def outputs(self, feed: Feed) -> Tuple[str, List[TensorInfo]]:
         import keras
@@ -207,10 +202,7 @@ class TFPredictor:
         return block_rdd.mapPartitions(predict_partition, preservesPartitioning=True)
 
     def _dataset_feed(self) -> Feed:
-        feature_spec = self.dataset.feature_spec
-        leaves = specs.leaf_specs(feature_spec, "features")
-        names = sorted(feature_spec) if isinstance(feature_spec, dict) else None
-        return self._model.feed(leaves, names)
+        return self._model.feed(*feature_leaves(self.dataset.feature_spec))
 
     # ------------------------------------------------------------------ DataFrame
 
@@ -279,26 +271,6 @@ def _arrow_features(df: DataFrame, columns: Sequence[str]) -> Tuple[DataFrame, L
 
 # --------------------------------------------------------------------------
 # Describing models
-
-
-def _keras_inputs(model: Any) -> Optional[Tuple[List[TensorInfo], str]]:
-    """The declared inputs and their nesting, or ``None`` for a subclassed model."""
-    try:
-        structure = model.input  # functional models
-    except AttributeError:
-        structure = getattr(model, "inputs", None)  # Sequential: a list of one
-        if structure is None:
-            return None
-        structure = structure[0] if len(structure) == 1 else structure
-    if isinstance(structure, dict):
-        return [TensorInfo.from_tensor(name, t) for name, t in structure.items()], DICT
-    if isinstance(structure, (list, tuple)):
-        return [TensorInfo.from_tensor(t.name, t) for t in structure], LIST
-    return [TensorInfo.from_tensor(structure.name, structure)], SINGLE
-
-
-def _paths(leaves: Sequence[specs.LeafSpec]) -> List[str]:
-    return [leaf.path for leaf in leaves]
 
 
 def _signature(loaded: Any, signature: str, path: str) -> Any:

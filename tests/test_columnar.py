@@ -53,6 +53,9 @@ def test_records_without_labels_are_the_features():
         ((None, 1), "features is None, expected a float32 value of shape [2]"),
         ((["a", "b"], 1), "features could not be converted to float32 with shape [2]"),
         ((np.zeros(2),), "a record should be (features, labels) because labels were given"),
+        ((np.zeros(2), 2**40), "labels holds 1099511627776, outside the range of int32 [-2147483648, 2147483647]"),
+        ((np.zeros(2), 0.9), "labels holds the non-integral value 0.9 for an integer spec int32"),
+        (([1.0, None], 1), "features holds None at position [1], expected float32 numbers"),
     ],
 )
 def test_a_bad_record_names_partition_record_and_leaf(bad_record, fragment):
@@ -62,6 +65,15 @@ def test_a_bad_record_names_partition_record_and_leaf(bad_record, fragment):
     message = str(info.value)
     assert message.startswith("partition 3, record 4 (0-based within the partition): ")
     assert fragment in message
+
+
+def test_integral_floats_and_in_range_integers_still_convert():
+    record = ([1, 2], np.float64(3.0))
+    (block,) = IMAGE_LABEL.to_blocks(0, [record])
+    assert block[1].tolist() == [3] and block[0].tolist() == [[1.0, 2.0]]
+    leaf = IMAGE_LABEL.leaves[1]
+    with pytest.raises(DataError, match=r"non-integral value 2.5 at position \[1\]"):
+        columnar.to_leaf_column(np.array([1.0, 2.5]), leaf)
 
 
 def test_string_leaves_hold_bytes():

@@ -69,6 +69,35 @@ def test_init_spark_ships_the_package_once(spark):
     assert ship_package(spark.sparkContext) == first
 
 
+STOP_SCRIPT = r"""
+import json, os
+import sparktf
+spark = sparktf.init_spark("local[1]", conf={"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"})
+folder = os.path.dirname(sparktf.context.ship_package(spark.sparkContext))
+existed = os.path.isdir(folder)
+spark.stop()
+again = sparktf.init_spark("local[1]", conf={"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"})
+print("RESULT_JSON " + json.dumps({
+    "existed": existed,
+    "exists_after_stop": os.path.exists(folder),
+    "left_at_exit": os.path.dirname(sparktf.context.ship_package(again.sparkContext)),
+}))
+"""
+
+
+def test_the_shipped_package_folder_goes_when_the_session_stops_or_the_process_exits(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", STOP_SCRIPT], cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(HERE), "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT_JSON ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT_JSON "):])
+    assert result["existed"] is True and result["exists_after_stop"] is False
+    assert os.path.basename(result["left_at_exit"]).startswith("sparktf-pyfiles-")
+    assert not os.path.exists(result["left_at_exit"])  # the second session was never stopped: removed at exit
+
+
 def test_error_hierarchy():
     assert issubclass(DataError, SparkTFError) and issubclass(DataError, ValueError)
     assert issubclass(TrainingError, SparkTFError) and issubclass(TrainingError, RuntimeError)

@@ -36,6 +36,13 @@ def test_a_bad_record_raises_data_error_on_the_driver(sc):
         ds.num_records
 
 
+def test_a_label_outside_its_integer_dtype_names_partition_record_and_range(sc):
+    rdd = sc.parallelize([(np.zeros(2), 1)] * 3 + [(np.zeros(2), 2**40)], 2)
+    ds = TFDataset.from_rdd(rdd, (tf.float32, [2]), (tf.int32, []))
+    with pytest.raises(DataError, match=r"partition 1, record 1 .*outside the range of int32 \[-2147483648, 2147483647\]"):
+        ds.num_records
+
+
 def test_from_rdd_rejects_a_dataframe(spark):
     with pytest.raises(DataError, match="use TFDataset.from_dataframe"):
         TFDataset.from_rdd(spark.range(3), (tf.float32, []))
@@ -80,6 +87,8 @@ def test_from_ndarrays_nested_features_and_strings(sc):
         ((np.zeros((4, 2)), np.zeros(5)), "different numbers of records"),
         ((np.zeros(4), np.zeros(4), np.zeros(4)), "tuple of 3"),
         ([np.zeros(3), 5], "features[1]"),
+        (np.array(3.0), "features is a single float32 value, not a column of records"),
+        (([1.0, 2.0], [0, 1]), "is a single float32 value, not a column of records"),
     ],
 )
 def test_from_ndarrays_rejects_bad_arrays(sc, tensors, fragment):

@@ -57,11 +57,14 @@ class RankReport:
         Its absolute iteration counter.
     changed_at : float
         ``time.monotonic()`` when ``(phase, iteration)`` last changed.
+    loss : float, optional
+        The training loss of ``iteration`` (the same on every rank).
     """
 
     phase: str
     iteration: int
     changed_at: float
+    loss: Optional[float] = None
 
 
 class JobChannel:
@@ -206,7 +209,9 @@ class JobChannel:
     def _dispatch(self, sock: socket.socket, rank: int, header: Dict[str, Any], arrays: List[np.ndarray]) -> None:
         op = header.get("op")
         if op == "report":
-            self._record_report(rank, str(header["phase"])[:64], int(header["iteration"]))
+            loss = header.get("loss")
+            self._record_report(rank, str(header["phase"])[:64], int(header["iteration"]),
+                                None if loss is None else float(loss))
         elif op == "register":
             self._register(sock, rank, str(header["peer"]))
         elif op == "get_state":
@@ -223,11 +228,11 @@ class JobChannel:
         else:
             raise ValueError(f"unknown operation {op!r}")
 
-    def _record_report(self, rank: int, phase: str, iteration: int) -> None:
+    def _record_report(self, rank: int, phase: str, iteration: int, loss: Optional[float]) -> None:
         with self._lock:
             last = self._reports.get(rank)
             if last is None or (last.phase, last.iteration) != (phase, iteration):
-                self._reports[rank] = RankReport(phase, iteration, time.monotonic())
+                self._reports[rank] = RankReport(phase, iteration, time.monotonic(), loss)
 
     def _register(self, sock: socket.socket, rank: int, peer: str) -> None:
         if len(peer) > _MAX_PEER_CHARS:

@@ -16,7 +16,7 @@ import select
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from sparktf.errors import CollectiveError
 
 __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "HEARTBEAT_SECONDS", "GUARD_GRACE_SECONDS"]
 
-HEARTBEAT_SECONDS = 2.0
+HEARTBEAT_SECONDS = 1.0
 GUARD_GRACE_SECONDS = 10.0
 
 
@@ -130,6 +130,7 @@ class Heartbeat:
         self._exit_when_orphaned = exit_when_orphaned
         self.phase = "start"
         self.iteration = 0
+        self.loss: Optional[float] = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sparktf-heartbeat", daemon=True)
         self._thread.start()
@@ -145,7 +146,8 @@ class Heartbeat:
         sock.settimeout(HANDSHAKE_SECONDS)
         while not self._stopped.is_set():
             try:
-                send_message(sock, {"op": "report", "phase": self.phase, "iteration": int(self.iteration)})
+                send_message(sock, {"op": "report", "phase": self.phase, "iteration": int(self.iteration),
+                                    "loss": self.loss})
                 readable, _, _ = select.select([sock], [], [], HEARTBEAT_SECONDS)
                 if readable and not sock.recv(1):  # the driver sends nothing here: readable means closed
                     raise ChannelClosed("the driver closed the job channel")

@@ -97,7 +97,13 @@ def to_leaf_column(values: Any, leaf: specs.LeafSpec) -> np.ndarray:
         As :func:`to_leaf_array`, for the per-record shape ``values.shape[1:]``.
     """
     array = _converted(values, leaf)
-    if array.ndim == 0 or array.shape[1:] != leaf.shape:
+    if array.ndim == 0:
+        raise DataError(
+            f"{leaf.path} is a single {leaf.dtype_name} value, not a column of records: give an array whose "
+            "first dimension counts the records (plain Python lists are read as lists of separate "
+            "features: wrap each column in np.asarray(...))"
+        )
+    if array.shape[1:] != leaf.shape:
         raise DataError(
             f"{leaf.path} has records of shape {list(array.shape[1:])} (array shape {list(array.shape)}), "
             f"expected {list(leaf.shape)}"
@@ -109,12 +115,60 @@ def _converted(value: Any, leaf: specs.LeafSpec) -> np.ndarray:
     if value is None:
         raise DataError(f"{leaf.path} is None, expected a {leaf.dtype_name} value of shape {list(leaf.shape)}")
     try:
-        return _strings_to_bytes(value) if leaf.is_string else np.asarray(value, dtype=leaf.dtype)
-    except (TypeError, ValueError) as exc:
+        if leaf.is_string:
+            return _strings_to_bytes(value)
+        raw = np.asarray(value)  # NumPy's own type first: refuse what a cast would silently change
+        if raw.dtype != leaf.dtype:
+            _check_numbers(raw, leaf)
+        return raw.astype(leaf.dtype, copy=False)
+    except DataError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
         raise DataError(
             f"{leaf.path} could not be converted to {leaf.dtype_name} with shape {list(leaf.shape)} "
             f"({type(value).__name__}: {exc})"
         ) from None
+
+
+def _check_numbers(raw: np.ndarray, leaf: specs.LeafSpec) -> None:
+    """Refuse values that a cast to ``leaf.dtype`` would turn into NaN, truncate or wrap around.
+
+    Vectorized over the whole array: ``None`` among numbers, non-integral or
+    out-of-range values for an integer dtype.
+    """
+    if raw.dtype == np.dtype(object):
+        missing = np.equal(raw, None)
+        if missing.any():
+            raise DataError(
+                f"{leaf.path} holds None{_where(missing)}, expected {leaf.dtype_name} numbers: "
+                "fill in or drop missing values before creating the TFDataset"
+            )
+    if leaf.dtype.kind not in "iu" or raw.dtype.kind not in "iuf" or raw.size == 0:
+        return
+    if raw.dtype.kind == "f":
+        fractional = ~np.isfinite(raw) | (raw != np.trunc(raw))
+        if fractional.any():
+            raise DataError(
+                f"{leaf.path} holds the non-integral value {raw[_first(fractional)].item()!r}{_where(fractional)} for an "
+                f"integer spec {leaf.dtype_name}: round the values or declare a float spec"
+            )
+    info = np.iinfo(leaf.dtype)
+    outside = (raw < info.min) | (raw > info.max)
+    if outside.any():
+        raise DataError(
+            f"{leaf.path} holds {raw[_first(outside)].item()!r}{_where(outside)}, outside the range of "
+            f"{leaf.dtype_name} [{info.min}, {info.max}]: declare a wider integer spec (e.g. int64)"
+        )
+
+
+def _first(mask: np.ndarray) -> tuple:
+    """The index of the first True in ``mask`` (a tuple, ``()`` for a 0-d mask)."""
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
+
+
+def _where(mask: np.ndarray) -> str:
+    """`` at position [i, ...]`` of the first True in ``mask``; empty for a single value."""
+    return f" at position {list(_first(mask))}" if mask.ndim else ""
 
 
 def _strings_to_bytes(value: Any) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 from sparktf.data import specs
 from sparktf.errors import DataError
 
-__all__ = ["SINGLE", "LIST", "DICT", "TensorInfo", "Feed", "plan_feed", "cast_to"]
+__all__ = ["SINGLE", "LIST", "DICT", "TensorInfo", "Feed", "plan_feed", "cast_to", "keras_feed", "keras_inputs", "feature_leaves"]
 
 # Output kinds: one array per record, a list of arrays, or a dict name -> array.
 SINGLE, LIST, DICT = "single", "list", "dict"
@@ -123,3 +123,43 @@ def plan_feed(
                 "record. Reshape or cast the data, or create the TFDataset with the model's input spec."
             )
     return feed
+
+
+def keras_feed(model: Any, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
+    """How the data's feature leaves feed a Keras model (see :func:`plan_feed`).
+
+    A subclassed model without declared inputs is fed the data's own structure.
+
+    Raises
+    ------
+    DataError
+        When the leaves do not fit the model's declared inputs.
+    """
+    declared = keras_inputs(model)
+    if declared is None:
+        inputs = [TensorInfo(name, leaf.dtype, leaf.shape) for name, leaf in zip(names or [leaf.path for leaf in leaves], leaves)]
+        structure = SINGLE if len(leaves) == 1 else DICT if names is not None else LIST
+        return plan_feed(inputs, structure, leaves, names)
+    return plan_feed(declared[0], declared[1], leaves, names)
+
+
+def keras_inputs(model: Any) -> Optional[Tuple[List[TensorInfo], str]]:
+    """A Keras model's declared inputs and their nesting, or ``None`` for a subclassed model."""
+    try:
+        structure = model.input  # functional models
+    except AttributeError:
+        structure = getattr(model, "inputs", None)  # Sequential: a list of one
+        if structure is None:
+            return None
+        structure = structure[0] if len(structure) == 1 else structure
+    if isinstance(structure, dict):
+        return [TensorInfo.from_tensor(name, t) for name, t in structure.items()], DICT
+    if isinstance(structure, (list, tuple)):
+        return [TensorInfo.from_tensor(t.name, t) for t in structure], LIST
+    return [TensorInfo.from_tensor(structure.name, structure)], SINGLE
+
+
+def feature_leaves(feature_spec: Any) -> Tuple[List[specs.LeafSpec], Optional[List[str]]]:
+    """A dataset's feature leaves, and their names when the features are a dict (for :func:`plan_feed`)."""
+    names = sorted(feature_spec) if isinstance(feature_spec, dict) else None
+    return specs.leaf_specs(feature_spec, "features"), names

@@ -7,6 +7,7 @@ expects per record and what the records are. TensorFlow-free.
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
@@ -14,7 +15,11 @@ import numpy as np
 from sparktf.errors import DataError
 from sparktf.data.specs import dtype_name
 
-__all__ = ["rejected_batch"]
+__all__ = ["rejected_batch", "essential_line"]
+
+_NOISE = ("Graph execution error", "Detected at node", "in user code:", "[[", "File ")
+_MAX_LINE = 400
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def rejected_batch(
@@ -39,9 +44,28 @@ def rejected_batch(
     """
     size = len(leaves[0]) if len(leaves) and np.ndim(leaves[0]) else 1
     got = ", ".join(f"{dtype_name(np.asarray(a).dtype)} {list(np.shape(a)[1:])}" for a in leaves)
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = essential_line(exc)
     return DataError(
         f"partition {partition}, records {first_record}..{first_record + size - 1}: the {what} rejected the "
         f"batch ({type(exc).__name__}: {message}). The {what} expects {expected} per record; the records "
         f"are [{got}]."
     )
+
+
+def essential_line(error: BaseException) -> str:
+    """TensorFlow's own message in ``error``, one line, without graph and traceback noise.
+
+    For a graph execution error this is the line after the "Detected at
+    node" trace; for a trace-time error ("in user code:") the last line.
+    """
+    text = _ANSI.sub("", getattr(error, "message", None) or str(error))
+    text = text.split("Arguments received by")[0]  # Keras' notes on a failed layer call
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if ("in user code:" in text or "Exception encountered when calling" in text) and lines:
+        line = lines[-1]
+    else:
+        kept = [line for line in text.splitlines() if line.strip() and not line[0].isspace()]
+        kept = [line for line in kept if not line.startswith(_NOISE)]
+        line = kept[0] if kept else (lines[0] if lines else type(error).__name__)
+    line = " ".join(line.split())
+    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 3] + "..."

@@ -55,7 +55,11 @@ def free_task_slots(sc: SparkContext) -> int:
 
 
 def wait_for_free_slots(sc: SparkContext, num_workers: int, timeout: float = 0.0) -> None:
-    """Return once ``num_workers`` barrier tasks can start; raise ``SparkTFError`` after ``timeout``.
+    """Return once ``num_workers`` barrier tasks can start; raise ``SparkTFError`` otherwise.
+
+    A cluster with fewer task slots in total fails at once. Slots taken by
+    running tasks (e.g. those of a failed job that Spark or sparktf is still
+    ending) are waited for, at most ``timeout`` seconds.
 
     Parameters
     ----------
@@ -64,25 +68,25 @@ def wait_for_free_slots(sc: SparkContext, num_workers: int, timeout: float = 0.0
     num_workers : int
         Number of barrier tasks (one per training worker).
     timeout : float
-        Seconds to wait for busy slots to be released (e.g. by the tasks of
-        a failed job that Spark is killing); 0 checks once.
+        Seconds to wait for busy slots to be released; 0 checks once.
     """
     deadline = time.monotonic() + timeout
     while True:
-        free = free_task_slots(sc)
+        total = total_task_slots(sc)
+        free = total - sum(busy_task_slots(sc).values())
         if num_workers <= free:
             return
-        if time.monotonic() >= deadline:
+        if total < num_workers or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
-    total = total_task_slots(sc)
     busy = ", ".join(f"{executor} runs {count}" for executor, count in sorted(busy_task_slots(sc).items()))
     raise SparkTFError(
         f"num_workers={num_workers} training workers need {num_workers} free task slots, "
         f"but the cluster has only {free} free (of {total} in total, at "
         f"spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each"
         + (f"; busy: {busy}" if busy else "") + "). "
-        f"Use num_workers <= {free}, add executors / cores, or wait for the running tasks to end."
+        + (f"Use num_workers <= {total}, or add executors / cores." if total < num_workers else
+           f"The busy slots were not released within {timeout:g} s: end the Spark jobs that hold them.")
     )
 
 

@@ -112,7 +112,7 @@ def _evaluate_partition(
     model = load_cached(payload)
     if state is not None:
         state.fetch(TaskContext.get().partitionId()).apply_to(model)
-    element = pack(element_structure, shard.arrays)
+    element = pack(element_structure, _keras_arrays(shard.arrays))
     labels = element[1] if len(element) == 2 else None
     model.evaluate(element[0], labels, batch_size=batch_size, verbose=0)
     yield [np.array(v) for v in _metric_variables(model)]
@@ -132,5 +132,12 @@ def _build_metrics(model: Any, element_structure: tuple) -> None:
         else np.zeros((1, *spec.shape), dtype=spec.dtype.as_numpy_dtype)
         for spec in flatten(element_structure)
     ]
-    element = pack(element_structure, leaves)
+    element = pack(element_structure, _keras_arrays(leaves))
     model.test_on_batch(element[0], element[1] if len(element) == 2 else None)
+
+
+def _keras_arrays(leaves: List[np.ndarray]) -> list:
+    """The leaves as Keras' fit/evaluate take them: string (object) arrays as ``tf.string`` tensors."""
+    import tensorflow as tf
+
+    return [tf.constant(leaf, tf.string) if leaf.dtype == np.dtype(object) else leaf for leaf in leaves]

@@ -43,6 +43,7 @@ from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
 from sparktf.spark.cluster import configure_task_threads
+from sparktf.training.failures import classified_failures
 from sparktf.training.state_source import StateSource
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.triggers import TrainingProgress, Trigger
@@ -117,8 +118,9 @@ class SegmentResult:
         used, time the iteration ended, its duration.
     timings : dict
         Seconds spent in each phase (``threads``, ``data_cache``,
-        ``model_load``, ``warm_up``, ``state_fetch``, ``connect``, ``batches``, ``compute``, ``allreduce``,
-        ``apply``, ``finish``) on rank 0.
+        ``model_load``, ``warm_up``, ``state_fetch``, ``connect``,
+        ``batches``, ``compute``, ``allreduce``, ``apply``, ``finish``,
+        ``state_upload``) on rank 0.
     """
 
     iteration: int
@@ -181,7 +183,10 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
                 heartbeat.phase = "data_cache"
                 shard = Shard.from_blocks(blocks)
                 watch.lap("data_cache")
-                step = _prepared_step(spec, lambda: _batches(spec, shard, rank), watch, heartbeat, rank, world_size)
+                with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
+                    step = _prepared_step(
+                        spec, lambda: _batches(spec, shard, rank), watch, heartbeat, rank, world_size
+                    )
                 heartbeat.phase = "connect"
             except BaseException:
                 _close_when_connected(connecting)
@@ -191,12 +196,14 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         try:
             heartbeat.phase = "train"
             batches = _skip(_batches(spec, shard, rank), spec.start.iteration)
-            result = _train(spec, step, batches, communicator, watch, heartbeat)
+            result = _train(spec, rank, step, batches, communicator, watch, heartbeat)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
-            if rank == 0:
-                result.state = _hand_back(spec, ModelState.capture(step.model, result.iteration), world_size)
             watch.lap("finish")
+            if rank == 0:
+                heartbeat.phase = "state_upload"
+                result.state = _hand_back(spec, ModelState.capture(step.model, result.iteration), world_size)
+                watch.lap("state_upload")
         finally:
             communicator.close()
     finally:
@@ -208,6 +215,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
 
 def _train(
     spec: SegmentSpec,
+    rank: int,
     step: TrainStep,
     batches: Iterator[List[np.ndarray]],
     communicator: Any,
@@ -222,15 +230,17 @@ def _train(
         started = time.perf_counter()
         features, labels = _features_labels(spec, next(batches))
         watch.lap("batches")
-        outcome = step.run(features, labels, allreduce)
-        ended = watch.lap("apply")
         iteration = progress.iteration + 1
         heartbeat.iteration = iteration
+        with classified_failures(rank, iteration, warm_up=False):
+            outcome = step.run(features, labels, allreduce)
+        ended = watch.lap("apply")
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
             non_finite_iteration = iteration
             break
         learning_rates.append(outcome.learning_rate)
         losses.append(outcome.loss)
+        heartbeat.loss = float(outcome.loss)
         wall_times.append(time.time())
         step_seconds.append(ended - started)
         progress = TrainingProgress(
@@ -295,6 +305,7 @@ class _NoHeartbeat:
 
     phase = "start"
     iteration = 0
+    loss = None
 
     def stop(self) -> None:
         pass

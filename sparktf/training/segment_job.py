@@ -24,7 +24,7 @@ import logging
 import secrets
 import time
 from functools import partial
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from sparktf.collective import JobChannel
 from sparktf.errors import TrainingError
@@ -39,7 +39,14 @@ __all__ = ["run_segment_job", "job_channel"]
 _LOG = logging.getLogger("sparktf.optimizer")
 
 
-def run_segment_job(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, num_workers: int) -> SegmentResult:
+def run_segment_job(
+    sc: Any,
+    blocks: Any,
+    spec: SegmentSpec,
+    state: ModelState,
+    num_workers: int,
+    on_reports: Optional[Callable[[dict], None]] = None,
+) -> SegmentResult:
     """Run one segment on ``num_workers`` barrier tasks; return rank 0's result with its final state.
 
     Parameters
@@ -53,6 +60,8 @@ def run_segment_job(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, 
     state : ModelState
         The state the workers start from.
     num_workers : int
+    on_reports : callable, optional
+        Called about once a second with the ranks' reports (live progress).
 
     Raises
     ------
@@ -70,7 +79,8 @@ def run_segment_job(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, 
         else:
             channel.serve_state(*state.to_wire())
             job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
-            watchdog = JobWatchdog(sc, channel, num_workers, spec.collective_timeout + STALL_SLACK_SECONDS)
+            watchdog = JobWatchdog(sc, channel, num_workers, spec.collective_timeout + STALL_SLACK_SECONDS,
+                                   on_reports)
             result = _only_result(watchdog.run(partial(_collect, blocks, job_spec), what))
             result.state = _uploaded_state(channel, what)
     worker_seconds = sum(result.timings.values())

@@ -44,15 +44,20 @@ class JobWatchdog:
         Ranks expected to report.
     stall_seconds : float
         How long a rank may go without progress.
+    on_reports : callable, optional
+        Called with the ranks' reports at every check (about once a second):
+        the driver's live progress.
     """
 
-    def __init__(self, sc: Any, channel: Any, num_workers: int, stall_seconds: float):
+    def __init__(self, sc: Any, channel: Any, num_workers: int, stall_seconds: float,
+                 on_reports: Optional[Callable[[dict], None]] = None):
         self._sc = sc
         self._channel = channel
         self._num_workers = num_workers
         self._stall_seconds = stall_seconds
         self._tag = f"sparktf-segment-{uuid.uuid4().hex[:12]}"
         self._done = threading.Event()
+        self._on_reports = on_reports
         self.reason: Optional[str] = None
 
     def run(self, action: Callable[[], T], what: str) -> T:
@@ -86,6 +91,11 @@ class JobWatchdog:
 
     def _watch(self, started: float) -> None:
         while not self._done.wait(_CHECK_SECONDS):
+            if self._on_reports is not None:
+                try:
+                    self._on_reports(self._channel.reports())
+                except Exception:  # a progress display or user callback must not stop the watch
+                    _LOG.exception("showing the training progress failed")
             reason = self._stall(time.monotonic(), started)
             if reason is not None:
                 self.reason = reason

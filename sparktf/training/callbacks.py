@@ -1,0 +1,192 @@
+"""Keras callbacks and live progress on the driver while barrier tasks train.
+
+:class:`DriverCallbacks` runs standard ``keras.callbacks`` (and user
+subclasses) on the driver with Keras' own hook names and ``logs``:
+
+* ``on_train_begin`` / ``on_train_end`` around ``optimize``;
+* ``on_epoch_begin`` / ``on_epoch_end`` (``loss``: the epoch's mean training
+  loss, and ``val_*`` when there is validation data): with callbacks,
+  segments end at epoch boundaries, so every callback's ``model`` is the
+  driver's model holding the weights of that epoch end (without callbacks,
+  a segment may span epochs: the progress display and the ``History`` still
+  get every epoch);
+* ``on_train_batch_end`` while a segment runs, for the newest iteration rank
+  0 reported to the job channel (about once a second, so not for every
+  iteration: calling back into the driver per iteration would stall the
+  ring), with ``logs={"loss": ...}``.
+
+``model.stop_training = True`` ends training after the epoch; changes a
+callback makes to the model or its optimizer (the learning rate is an
+optimizer variable) reach the workers with the next segment's state.
+
+The same object shows progress: ``verbose=1`` a ``keras.utils.Progbar`` per
+epoch fed by rank 0's reports (iteration in the epoch, running mean loss,
+records/s, ETA), ``verbose=2`` one line per epoch; each epoch is also logged
+on the ``sparktf.optimizer`` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from sparktf.errors import DataError
+from sparktf.triggers import TrainingProgress
+
+__all__ = ["DriverCallbacks", "default_verbose", "UNSUPPORTED_CALLBACKS"]
+
+_LOG = logging.getLogger("sparktf.optimizer")
+
+#: Callbacks that need ``model.fit``'s own loop, and what to use instead.
+UNSUPPORTED_CALLBACKS = {
+    "BackupAndRestore": "it restores model.fit's epoch loop after an interruption; sparktf checkpoints and "
+    "resumes by itself: pass model_dir= to TFOptimizer (and call load_checkpoint() to resume)",
+}
+
+
+def default_verbose() -> int:
+    """1 (a progress bar) in a terminal or notebook, else 2 (one line per epoch)."""
+    interactive = "ipykernel" in sys.modules or (hasattr(sys.stdout, "isatty") and sys.stdout.isatty())
+    return 1 if interactive else 2
+
+
+class DriverCallbacks:
+    """The Keras callbacks and the progress display of one ``optimize`` call.
+
+    Parameters
+    ----------
+    callbacks : sequence of keras.callbacks.Callback
+        The user's callbacks (may be empty).
+    model : keras.Model
+        The driver's model (every callback's ``model``).
+    verbose : int
+        0 silent, 1 a progress bar per epoch, 2 one line per epoch.
+    iterations_per_epoch : int
+    global_batch : int
+        Records per iteration (for records/s).
+    epochs : int, optional
+        The last epoch, when the end trigger names one (for "Epoch 3/10").
+    history : keras.callbacks.History
+        Receives every epoch's logs.
+    """
+
+    def __init__(
+        self,
+        callbacks: Sequence[Any],
+        model: Any,
+        verbose: int,
+        iterations_per_epoch: int,
+        global_batch: int,
+        epochs: Optional[int],
+        history: Any,
+    ):
+        import keras
+
+        for callback in callbacks:
+            if not isinstance(callback, keras.callbacks.Callback):
+                raise DataError(f"callbacks must be keras.callbacks.Callback instances, got {callback!r}")
+            reason = UNSUPPORTED_CALLBACKS.get(type(callback).__name__)
+            if reason is not None:
+                raise DataError(f"{type(callback).__name__} does not work with TFOptimizer: {reason}")
+        if verbose not in (0, 1, 2):
+            raise DataError(f"verbose must be 0, 1 or 2, got {verbose!r}")
+        self._list = keras.callbacks.CallbackList(
+            list(callbacks) + [history], model=model, verbose=verbose, epochs=epochs, steps=iterations_per_epoch
+        )
+        self._model = model
+        self._verbose = verbose
+        self._per_epoch = iterations_per_epoch
+        self._global_batch = global_batch
+        self._epochs = epochs
+        self._epoch: Optional[int] = None
+        self._epoch_start = 0
+        self._shown_epoch = -1
+        self._epoch_losses: List[float] = []
+        self._progbar: Any = None
+        self._reported = 0
+        self._rate_mark = (0, time.monotonic())
+        self._logs: Dict[str, float] = {}
+
+    # ------------------------------------------------------------------ optimize's hooks
+
+    def train_begin(self) -> None:
+        self._model.stop_training = False
+        self._list.on_train_begin()
+
+    def segment_begins(self, progress: TrainingProgress) -> None:
+        """Before a segment: opens the epoch it starts in, if not open yet."""
+        if self._epoch is None:
+            self._open_epoch(progress.epoch, progress.iteration % self._per_epoch)
+        self._reported = progress.iteration
+        self._rate_mark = (progress.iteration, time.monotonic())
+
+    def report(self, reports: Dict[int, Any]) -> None:
+        """Rank 0's newest report, while a segment runs (called from the watchdog's thread)."""
+        latest = reports.get(0)
+        if latest is None or latest.phase != "train" or latest.iteration <= self._reported or latest.loss is None:
+            return
+        self._reported = latest.iteration
+        iteration, mark = self._rate_mark
+        now = time.monotonic()
+        rate = (latest.iteration - iteration) * self._global_batch / max(now - mark, 1e-9)
+        self._rate_mark = (latest.iteration, now)
+        epoch, in_epoch = divmod(latest.iteration - 1, self._per_epoch)
+        if self._verbose == 1:
+            while self._shown_epoch < epoch:  # the segment went on into the next epoch
+                self._progbar.update(self._per_epoch, finalize=True)
+                self._show_epoch(self._shown_epoch + 1, 0)
+            self._progbar.update(in_epoch + 1, [("loss", latest.loss), ("records/s", rate)])
+        self._list.on_train_batch_end(in_epoch, {"loss": latest.loss})
+
+    def segment_ends(self, first_iteration: int, losses: Sequence[float], progress: TrainingProgress,
+                     validation: Optional[Dict[str, float]]) -> bool:
+        """After a segment (and the validation that followed it): ends the epochs it completed.
+
+        Returns True when a callback set ``model.stop_training``.
+        """
+        for offset, loss in enumerate(losses):
+            self._epoch_losses.append(float(loss))
+            iteration = first_iteration + offset
+            if iteration % self._per_epoch == 0:
+                self._end_epoch(validation if iteration == progress.iteration else None)
+                if iteration < progress.iteration:
+                    self._open_epoch(iteration // self._per_epoch, 0)
+        return bool(getattr(self._model, "stop_training", False))
+
+    def train_end(self) -> None:
+        if self._verbose == 1 and self._epoch is not None and self._epoch_losses:
+            self._progbar.update(len(self._epoch_losses) + self._epoch_start, finalize=True)
+        self._list.on_train_end(self._logs)
+
+    # ------------------------------------------------------------------ epochs
+
+    def _open_epoch(self, epoch: int, start: int) -> None:
+        self._epoch, self._epoch_start, self._epoch_losses = epoch, start, []
+        self._list.on_epoch_begin(epoch)
+        self._show_epoch(epoch, start)
+
+    def _show_epoch(self, epoch: int, start: int) -> None:
+        import keras
+
+        self._shown_epoch = epoch
+        if self._verbose:
+            total = f"/{self._epochs}" if self._epochs else ""
+            print(f"Epoch {epoch + 1}{total}", flush=True)
+        self._progbar = keras.utils.Progbar(self._per_epoch, verbose=self._verbose, stateful_metrics=["records/s"])
+        if self._verbose == 1 and start:
+            self._progbar.update(start)
+
+    def _end_epoch(self, validation: Optional[Dict[str, float]]) -> None:
+        logs = {"loss": float(np.mean(self._epoch_losses))}
+        logs.update({f"val_{name}": value for name, value in (validation or {}).items()})
+        if self._verbose:
+            if self._shown_epoch != self._epoch:  # verbose=2, or a display that fell behind: this epoch's line
+                self._show_epoch(self._epoch, 0)
+            self._progbar.update(self._per_epoch, list(logs.items()), finalize=True)
+        _LOG.info("epoch %d: %s", self._epoch + 1, ", ".join(f"{name}={value:.4g}" for name, value in logs.items()))
+        self._list.on_epoch_end(self._epoch, logs)
+        self._logs, self._epoch = logs, None

@@ -1,0 +1,144 @@
+"""Checks ``TFOptimizer`` runs on the driver before any Spark job.
+
+Settings out of range, a dataset that is not one, a ``model_dir`` that cannot
+be created, an optimizer Keras does not know and labels that cannot fit the
+model's output under its loss all fail here, at once, with a message naming
+the parameter or the leaf, instead of inside the first training job.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from typing import Any, Optional, Sequence, Tuple
+
+from sparktf.data.block_dataset import BlockDataset
+from sparktf.data.specs import LeafSpec
+from sparktf.errors import DataError
+
+__all__ = ["check_settings", "resolve_optimizer", "check_labels"]
+
+# Losses whose label shape per record follows from the output shape.
+_CLASS_ID_LOSSES = {"sparse_categorical_crossentropy"}
+_SAME_SHAPE_LOSSES = {"mse", "mae", "mean_squared_error", "mean_absolute_error"}
+
+
+def check_settings(
+    dataset: Any, num_workers: Optional[int], max_failures: int, collective_timeout: float, model_dir: Optional[str]
+) -> None:
+    """Refuse a constructor argument of ``TFOptimizer`` that cannot work.
+
+    Raises
+    ------
+    TypeError
+        ``dataset`` is not a ``TFDataset``.
+    ValueError
+        ``num_workers`` < 1 (None means ``sc.defaultParallelism``),
+        ``max_failures`` < 0, ``collective_timeout`` not a positive finite
+        number of seconds, or ``model_dir`` under a file or not writable.
+    """
+    if not isinstance(dataset, BlockDataset):
+        raise TypeError(f"dataset must be a TFDataset (e.g. TFDataset.from_ndarrays(...)), got {dataset!r}")
+    if num_workers is not None and not (isinstance(num_workers, numbers.Integral) and num_workers >= 1):
+        raise ValueError(
+            f"num_workers must be a positive integer (or None for sc.defaultParallelism), got {num_workers!r}"
+        )
+    if not (isinstance(max_failures, numbers.Integral) and max_failures >= 0):
+        raise ValueError(f"max_failures must be an integer >= 0, got {max_failures!r}")
+    if not (isinstance(collective_timeout, numbers.Real) and math.isfinite(collective_timeout)
+            and collective_timeout > 0):
+        raise ValueError(
+            f"collective_timeout must be a positive finite number of seconds (e.g. 300), got {collective_timeout!r}"
+        )
+    if model_dir is not None:
+        _check_model_dir(model_dir)
+
+
+def _check_model_dir(model_dir: str) -> None:
+    """The nearest existing ancestor of ``model_dir`` must be a writable directory."""
+    path = os.path.abspath(os.fspath(model_dir))
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(
+            f"model_dir {model_dir!r} cannot be created: {existing!r} is a file, not a directory. "
+            "Choose another model_dir."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"model_dir {model_dir!r} cannot be written: no write permission on {existing!r}. "
+            "Choose another model_dir."
+        )
+
+
+def resolve_optimizer(optimizer: Any, parameter: str) -> Any:
+    """The Keras optimizer ``optimizer`` names (an instance is returned as is).
+
+    Raises
+    ------
+    ValueError
+        Naming ``parameter`` and valid examples, when Keras does not know it.
+    """
+    import keras
+
+    try:
+        return keras.optimizers.get(optimizer)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"{parameter}={optimizer!r} is not a Keras optimizer: pass a name such as 'sgd', 'adam' "
+            f"or 'rmsprop', or an instance such as keras.optimizers.Adam(1e-3) ({error})"
+        ) from None
+
+
+def check_labels(model: Any, labels: Sequence[LeafSpec]) -> None:
+    """Refuse labels that cannot fit the model's single output under its loss.
+
+    Decided only where it is decidable on the driver: a model with one
+    declared output, one label leaf, and a built-in loss by name or object.
+    Strings never fit a numeric output; ``sparse_categorical_crossentropy``
+    takes one class id per output row; MSE / MAE take the output's shape.
+
+    Raises
+    ------
+    DataError
+        Naming the label leaf, the output shape and the loss, and what to do.
+    """
+    outputs = getattr(model, "outputs", None)
+    if not outputs or len(outputs) != 1 or len(labels) != 1:
+        return
+    (label,) = labels
+    output: Tuple[Optional[int], ...] = tuple(outputs[0].shape[1:])
+    output_is_string = str(outputs[0].dtype) == "string"
+    if label.is_string and not output_is_string:
+        raise DataError(
+            f"{label.path} are strings but the model's output is {outputs[0].dtype} of shape "
+            f"{list(output)}: give numeric labels (e.g. class ids from a StringIndexer or a lookup table)"
+        )
+    loss = _loss_name(getattr(model, "loss", None))
+    if loss is None or None in output:
+        return
+    if loss in _CLASS_ID_LOSSES:
+        allowed = [output[:-1], output[:-1] + (1,)]
+        hint = "class ids (one integer per output row); use categorical_crossentropy for one-hot labels"
+    elif loss in _SAME_SHAPE_LOSSES:
+        allowed = [output, output + (1,)] + ([output[:-1]] if output[-1:] == (1,) else [])
+        hint = "labels of the output's shape"
+    else:
+        return
+    if tuple(label.shape) not in allowed:
+        raise DataError(
+            f"{label.path} have shape {list(label.shape)} per record, but the model's output "
+            f"has shape {list(output)} and its loss {loss} needs {hint} (shape "
+            f"{' or '.join(str(list(shape)) for shape in allowed)}): fix the labels or the model's last layer"
+        )
+
+
+def _loss_name(loss: Any) -> Optional[str]:
+    """The built-in loss ``loss`` is (a name, a Keras loss object or function), else None."""
+    if isinstance(loss, str):
+        return loss
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", None)
+    module = type(loss).__module__ if hasattr(loss, "name") else getattr(loss, "__module__", "")
+    return name if str(module).startswith("keras") else None

@@ -1,0 +1,112 @@
+"""Keras callbacks, live progress and the Keras-shaped history of TFOptimizer.optimize (real Spark, local[2])."""
+
+import csv
+import logging
+
+import keras
+import numpy as np
+
+from sparktf import MaxEpoch, TFDataset, TFOptimizer, TrainSummary
+from sparktf.training.callbacks import default_verbose
+
+W = np.array([[1.0], [-2.0], [3.0]], np.float32)
+
+
+def data(n=64, seed=0, sign=1.0):
+    x = np.random.default_rng(seed).normal(size=(n, 3)).astype(np.float32)
+    return x, sign * x @ W
+
+
+def linear_model(learning_rate=0.05):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, kernel_initializer="zeros")])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="mse", metrics=["mae"])
+    return model
+
+
+class RecordEpochs(keras.callbacks.Callback):
+    """A user callback from the test module: keeps every epoch's logs and the model's weights then."""
+
+    def __init__(self):
+        super().__init__()
+        self.logs, self.weights, self.batches, self.hooks = [], [], [], []
+
+    def on_train_begin(self, logs=None):
+        self.hooks.append("train_begin")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.hooks.append(f"epoch_begin {epoch}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(dict(logs))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.hooks.append(f"epoch_end {epoch}")
+        self.logs.append(dict(logs))
+        self.weights.append(self.model.get_weights())
+
+    def on_train_end(self, logs=None):
+        self.hooks.append("train_end")
+
+
+def test_callbacks_see_every_epoch_and_the_history_matches(sc, tmp_path):
+    dataset = TFDataset.from_ndarrays(data(), batch_size=16, val_tensors=data(32, seed=1))
+    model = linear_model()
+    recorder, csv_path = RecordEpochs(), tmp_path / "epochs.csv"
+    optimizer = TFOptimizer.from_keras(model, dataset)
+    optimizer.optimize(MaxEpoch(3), callbacks=[recorder, keras.callbacks.CSVLogger(str(csv_path))], verbose=0)
+    assert recorder.hooks == ["train_begin"] + [f"epoch_{e} {i}" for i in range(3) for e in ("begin", "end")] + [
+        "train_end"]
+    assert [sorted(logs) for logs in recorder.logs] == [["loss", "val_loss", "val_mae"]] * 3
+    assert optimizer.history.history["loss"] == [logs["loss"] for logs in recorder.logs]
+    assert optimizer.history.history["val_mae"] == [logs["val_mae"] for logs in recorder.logs]
+    assert recorder.logs[-1]["loss"] < recorder.logs[0]["loss"]
+    np.testing.assert_allclose(recorder.weights[-1][0], model.get_weights()[0], atol=1e-7)
+    rows = list(csv.DictReader(open(csv_path)))
+    assert [int(row["epoch"]) for row in rows] == [0, 1, 2]
+    np.testing.assert_allclose([float(row["val_loss"]) for row in rows], [l["val_loss"] for l in recorder.logs],
+                               rtol=1e-5)
+
+
+def test_early_stopping_on_a_validation_metric_restores_the_best_weights(sc):
+    # validation labels are the negated training labels: the better the fit, the worse val_loss after epoch 1
+    dataset = TFDataset.from_ndarrays(data(), batch_size=16, val_tensors=data(32, seed=1, sign=-1.0))
+    recorder = RecordEpochs()
+    optimizer = TFOptimizer.from_keras(linear_model(), dataset)
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, restore_best_weights=True)
+    history = optimizer.optimize(MaxEpoch(10), callbacks=[recorder, stop], verbose=0)
+    val_losses = [logs["val_loss"] for logs in recorder.logs]
+    assert len(val_losses) == 2 and val_losses[0] < val_losses[1]  # no improvement in epoch 2: stop
+    assert history["epochs"] == 2 and optimizer.model.stop_training
+    for restored, best in zip(optimizer.model.get_weights(), recorder.weights[0]):
+        np.testing.assert_allclose(restored, best, atol=1e-7)
+
+
+def test_reduce_lr_on_plateau_changes_the_rate_the_next_epoch_trains_with(sc, tmp_path):
+    dataset = TFDataset.from_ndarrays(data(), batch_size=16)
+    optimizer = TFOptimizer.from_keras(linear_model(0.05), dataset)
+    optimizer.set_train_summary(TrainSummary(str(tmp_path), "lr"))
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=1e9)
+    optimizer.optimize(MaxEpoch(3), callbacks=[plateau], verbose=0)
+    rates = optimizer.train_summary.read_scalar("LearningRate")
+    per_epoch = [sorted(set(np.round(rates[rates[:, 0] // 4.01 == e, 1], 6))) for e in range(3)]
+    # the first epoch sets the best loss; every later one is "no improvement" and halves the rate
+    assert per_epoch == [[0.05], [0.05], [0.025]]
+    np.testing.assert_allclose(float(optimizer.model.optimizer.learning_rate), 0.0125, rtol=1e-6)
+
+
+def test_progress_is_shown_per_epoch_and_verbose_0_is_silent(sc, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="sparktf.optimizer")
+    assert default_verbose() == 2  # pytest's captured stdout is not a terminal
+    dataset = TFDataset.from_ndarrays(data(), batch_size=16)
+    optimizer = TFOptimizer.from_keras(linear_model(), dataset)
+    optimizer.optimize(MaxEpoch(2), verbose=2)  # no callbacks: one segment spans both epochs
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines[0] == "Epoch 1/2" and lines[2] == "Epoch 2/2"
+    assert all("loss:" in line for line in (lines[1], lines[3])) and len(lines) == 4
+    assert len(optimizer.history.history["loss"]) == 2
+    assert "epoch 2: loss=" in caplog.text  # also logged on the sparktf.optimizer logger
+    optimizer.optimize(MaxEpoch(4), verbose=1)
+    shown = capsys.readouterr().out
+    assert "Epoch 3/4" in shown and "Epoch 4/4" in shown and "4/4" in shown and "loss" in shown
+    optimizer.optimize(MaxEpoch(5), verbose=0)
+    assert capsys.readouterr().out == ""
