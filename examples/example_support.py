@@ -105,8 +105,8 @@ def train_and_validate(
 ) -> Dict[str, float]:
     """Train ``model`` with summaries and a checkpoint every epoch, resuming from ``model_dir``.
 
-    Prints the validation accuracy after each epoch, then a last line
-    ``accuracy=... images/s=...`` (the images/s of the training steps, from
+    Progress is Keras-style (a bar per epoch in a terminal, a line per epoch
+    otherwise); the last line is ``accuracy=... images/s=...`` (the images/s of the training steps, from
     the ``Throughput`` summary, as in the seeds' tables).
 
     Parameters
@@ -146,8 +146,6 @@ def train_and_validate(
     history = optimizer.optimize(end_trigger=MaxEpoch(train_epochs), checkpoint_trigger=EveryEpoch())
     seconds = time.perf_counter() - started
     accuracies: List[float] = history.get("val_accuracy", [])
-    for epoch, accuracy in enumerate(accuracies, start=history["epochs"] - len(accuracies) + 1):
-        print(f"epoch {epoch}: validation accuracy {accuracy:.4f}")
     accuracy = accuracies[-1] if accuracies else float(optimizer.evaluate(dataset.val_dataset)["accuracy"])
     images_per_sec = steady_throughput(train_summary)
     trained = history["iterations"] - resumed_from
