@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: demo test bench check-java clean
+.PHONY: demo test docs bench check-java clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,12 @@ demo: check-java $(STAMP)
 test: check-java $(STAMP)
 	$(PY) -m pytest -q tests
 
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+	@echo "open site/index.html"
+
 bench: check-java $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

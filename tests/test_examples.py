@@ -1,0 +1,115 @@
+"""The examples in ``--smoke`` mode, run through their ``main(argv)`` in this test session's SparkSession,
+and the data formats they read."""
+
+import glob
+import os
+import sys
+
+import numpy as np
+import pytest
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+sys.path.insert(0, EXAMPLES)
+
+import batch_inference  # noqa: E402
+import cifar10_data  # noqa: E402
+import example_support  # noqa: E402
+import imagenet_resnet  # noqa: E402
+import imagenet_records  # noqa: E402
+import make_synthetic_imagenet  # noqa: E402
+import resnet_cifar  # noqa: E402
+
+
+def test_cifar10_reader_reads_label_then_channel_planes(sc, tmp_path):
+    # Two records built byte by byte: label, then the red, green and blue 32x32 planes.
+    planes = np.arange(2 * 3 * 32 * 32).reshape(2, 3, 32, 32) % 251
+    raw = b"".join(bytes([label]) + planes[i].astype(np.uint8).tobytes() for i, label in enumerate((7, 2)))
+    for name in cifar10_data.TRAIN_FILES + cifar10_data.TEST_FILES:
+        (tmp_path / name).write_bytes(raw)
+    example_support.ship_helpers(sc)
+
+    records = cifar10_data.read_rdd(sc, str(tmp_path), train=True).collect()
+    assert len(records) == 10
+    image, label = records[0]
+    assert label == 7 and image.shape == (32, 32, 3) and image.dtype == np.uint8
+    assert image[5, 9, 1] == planes[0, 1, 5, 9]  # row 5, column 9, green
+    assert cifar10_data.read_rdd(sc, str(tmp_path), train=False).map(lambda r: r[1]).collect() == [7, 2]
+
+
+def test_cifar10_writer_round_trips_and_a_missing_file_is_named(tmp_path):
+    images, labels = cifar10_data.synthetic_arrays(5, seed=3)
+    path = tmp_path / "data_batch_1.bin"
+    cifar10_data.write_batch(str(path), images, labels)
+    raw = path.read_bytes()
+    assert len(raw) == 5 * cifar10_data.RECORD_BYTES
+    image, label = cifar10_data.parse_record(raw[cifar10_data.RECORD_BYTES:2 * cifar10_data.RECORD_BYTES])
+    assert label == labels[1]
+    np.testing.assert_array_equal(image, images[1])
+    with pytest.raises(FileNotFoundError, match="data_batch_2.bin"):
+        cifar10_data.split_files(str(tmp_path), train=True)
+
+
+@pytest.mark.parametrize("module", [resnet_cifar, imagenet_resnet, batch_inference, make_synthetic_imagenet])
+def test_example_help_lists_its_flags(module, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "--smoke" in capsys.readouterr().out or module is make_synthetic_imagenet
+
+
+def test_resnet_cifar_smoke_trains_validates_checkpoints_and_resumes(spark, tmp_path, capsys):
+    model_dir = str(tmp_path / "model")
+    first = resnet_cifar.main(["--smoke", "--model_dir", model_dir])
+    out = capsys.readouterr().out
+    assert f"accuracy={first['accuracy']:.4f} images/s=" in out
+    assert first["epochs"] == 1 and first["iterations"] == 5 and first["resumed_from"] == 0
+    assert first["images_per_sec"] > 0
+    assert glob.glob(os.path.join(model_dir, "checkpoint-5.npz"))
+    assert glob.glob(os.path.join(model_dir, "logs", "resnet_cifar", "train", "*tfevents*"))
+    assert glob.glob(os.path.join(model_dir, "logs", "resnet_cifar", "validation", "*tfevents*"))
+
+    again = resnet_cifar.main(["--smoke", "--model_dir", model_dir])
+    assert "resumed from the checkpoint of iteration 5" in capsys.readouterr().out
+    assert again["resumed_from"] == 5 and again["iterations"] == 5
+
+
+def test_resnet_sizes_follow_the_cifar_recipe():
+    assert len([layer for layer in resnet_cifar.build_resnet(20).layers if layer.__class__.__name__ == "Conv2D"]) == 21
+    with pytest.raises(ValueError, match="6n"):
+        resnet_cifar.build_resnet(21)
+
+
+def test_synthetic_imagenet_records_have_the_imagenet_layout(tmp_path):
+    import tensorflow as tf
+
+    make_synthetic_imagenet.write_dataset(str(tmp_path), train_records=6, validation_records=2, num_classes=3,
+                                          image_size=24, num_files=2)
+    assert sorted(os.listdir(tmp_path)) == ["train-00000-of-00002", "train-00001-of-00002",
+                                            "validation-00000-of-00002", "validation-00001-of-00002"]
+    serialized = next(iter(tf.data.TFRecordDataset(str(tmp_path / "train-00000-of-00002"))))
+    example = tf.train.Example.FromString(serialized.numpy())
+    assert example.features.feature["image/encoded"].bytes_list.value[0][:2] == b"\xff\xd8"  # a JPEG
+    image, label = imagenet_records.decode_and_resize(serialized, 16)
+    assert image.shape == (16, 16, 3) and image.dtype == tf.uint8 and 0 <= int(label) < 3
+
+
+def test_imagenet_resnet_smoke_prints_images_per_second(spark, tmp_path, capsys):
+    results = imagenet_resnet.main(["--smoke", "--model_dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "ResNet-50 at 32x32 on 8 images" in out
+    assert f"| imagenet-resnet-50 | 2 Spark workers | {results['images_per_sec']:.1f} |" in out
+    assert results["iterations"] == 2 and 0.0 <= results["accuracy"] <= 1.0
+    assert glob.glob(os.path.join(str(tmp_path), "checkpoint-2.npz"))
+
+
+def test_batch_inference_smoke_writes_parquet_and_counts_classes(spark, capsys):
+    results = batch_inference.main(["--smoke"])
+    scored = spark.read.parquet(results["output"])
+    assert scored.columns == ["id", "features", "prediction"]
+    assert results["rows"] == 200 and scored.count() == 200
+    assert sum(results["class_counts"].values()) == 200
+    assert set(results["class_counts"]) <= set(range(batch_inference.SMOKE_CLASSES))
+    first = scored.orderBy("id").first()
+    assert len(first["prediction"]) == batch_inference.SMOKE_CLASSES
+    assert abs(sum(first["prediction"]) - 1.0) < 1e-4
+    assert "records per predicted class" in capsys.readouterr().out
