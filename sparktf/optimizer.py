@@ -6,7 +6,7 @@ driver's current state until the first iteration where the end, checkpoint or
 validation trigger fires, then hands the state back. Between segments the
 driver writes summaries and checkpoints, validates, and decides whether to go
 on. A failed segment is relaunched from the last good state (the latest
-checkpoint or later) up to ``max_failures`` times. See ``docs/optimizer.md``.
+checkpoint or later) up to ``max_failures`` times. See ``docs/design/training.md``.
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ class TFOptimizer:
             ``checkpoint_trigger``).
         callbacks : list of keras.callbacks.Callback, optional
             Run on the driver with Keras' hook names and ``logs`` (see
-            ``docs/optimizer.md`` for which work): segments then end at every
+            ``docs/guides/training.md`` for which work): segments then end at every
             epoch end, where validation runs when there is validation data.
         verbose : int, optional
             0 silent, 1 a progress bar per epoch, 2 one line per epoch;

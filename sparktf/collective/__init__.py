@@ -4,7 +4,7 @@
 socket for :meth:`Communicator.from_peers`; ``JobChannel`` is the driver's
 server for one barrier job (the peer directory of
 :meth:`Communicator.from_barrier_context`, model state, heartbeats) and
-``channel_client`` the ranks' side of it.  See ``docs/collective.md``.
+``channel_client`` the ranks' side of it.  See ``docs/design/collective.md``.
 
 May import: ``sparktf.errors`` only.
 """

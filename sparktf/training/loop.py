@@ -1,7 +1,7 @@
 """The training loop of one barrier task (one worker), for one segment of training.
 
 The driver runs training as a sequence of *segments*, one Spark barrier job
-each (see ``docs/optimizer.md``). In a segment every barrier task:
+each (see ``docs/design/training.md``). In a segment every barrier task:
 
 1. sets TensorFlow's thread counts to ``spark.task.cpus``;
 2. starts connecting to its peers (``collective.Communicator``) in a thread,
