@@ -13,9 +13,12 @@ every method, run side by side in one invocation:
 
 The sparktf timings include the job launch, data caching, the model load in
 the workers and tracing (everything ``optimize`` does); (a) does not.
-The Python workers are started and TensorFlow imported once before the
-timed runs (a tiny warm-up ``optimize``), since that is a one-time cost per
-Spark session; it is printed as ``cold_start``. Two workloads: a small CNN on
+The first job of the session (the CNN workload on 2 workers) starts the
+Python workers and imports TensorFlow in them, a one-time cost per Spark
+session: its ratio is printed apart as ``train_ratio_2w_cold_cnn``, next to
+the same job warm (``train_ratio_2w_warm_cnn``). ``verbose1_ratio`` compares
+the CNN job with the live progress bar (``verbose=1``) against ``verbose=0``,
+alternating, median of 3 rounds (1.0: the display costs nothing). Two workloads: a small CNN on
 32x32x3 images and an MLP on 256 floats. For each sparktf run, where the time
 went on rank 0 is printed (launch, data cache, model load, connect, batches,
 compute, all-reduce, apply).
@@ -149,7 +152,7 @@ def run_single_process(kind: str, batch: int, iterations: int) -> float:
     return json.loads(out.strip().splitlines()[-1])["seconds"]
 
 
-def run_sparktf(kind: str, batch: int, iterations: int, num_workers: int):
+def run_sparktf(kind: str, batch: int, iterations: int, num_workers: int, verbose: int = 0):
     from sparktf import MaxIteration, TFDataset, TFOptimizer
 
     dataset = TFDataset.from_ndarrays(make_data(kind), batch_size=batch, num_partitions=2)
@@ -157,7 +160,7 @@ def run_sparktf(kind: str, batch: int, iterations: int, num_workers: int):
     optimizer = TFOptimizer.from_keras(build_model(kind), dataset, num_workers=num_workers)
     started = time.perf_counter()
     end = MaxIteration(iterations)
-    history = optimizer.optimize(end_trigger=end, checkpoint_trigger=end)
+    history = optimizer.optimize(end_trigger=end, checkpoint_trigger=end, verbose=verbose)
     seconds = time.perf_counter() - started
     assert history["iterations"] == iterations, history["iterations"]
     return seconds, optimizer.last_timings
@@ -194,21 +197,34 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     print(f"local[2] on {os.cpu_count()} cores; {RECORDS} records per workload")
 
-    started = time.perf_counter()
-    run_sparktf("mlp", OLD_BATCH, 2, 2)
-    cold = time.perf_counter() - started
-    print(f"cold_start (start 2 Python workers, import TensorFlow, first job): {cold:.1f}s")
+    cnn_iterations = (QUICK_ITERATIONS if args.quick else FULL_ITERATIONS)["cnn"]
+    cold, _ = run_sparktf("cnn", GLOBAL_BATCH["cnn"], cnn_iterations, 2)
+    print(f"cold: the first CNN job of the session (starts 2 Python workers, imports TensorFlow): {cold:.1f}s")
 
     old_batches = dict.fromkeys(WORKLOADS, OLD_BATCH)
-    old = compare(old_batches, OLD_QUICK_ITERATIONS if args.quick else OLD_FULL_ITERATIONS, (2,))
+    old, _ = compare(old_batches, OLD_QUICK_ITERATIONS if args.quick else OLD_FULL_ITERATIONS, (2,))
     print(f"ratio_2w_batch{OLD_BATCH}={old['sparktf_2w'] / old['single_process']:.3f}")
-    rates = compare(GLOBAL_BATCH, QUICK_ITERATIONS if args.quick else FULL_ITERATIONS, (2, 1))
+    rates, seconds = compare(GLOBAL_BATCH, QUICK_ITERATIONS if args.quick else FULL_ITERATIONS, (2, 1))
+    print(f"RESULT train_ratio_2w_cold_cnn={seconds['cnn']['single_process'] / cold:.3f}")
+    print(f"RESULT train_ratio_2w_warm_cnn={seconds['cnn']['single_process'] / seconds['cnn']['sparktf_2w']:.3f}")
+    print(f"RESULT verbose1_ratio={progress_ratio(cnn_iterations):.3f}")
     print(f"RESULT train_ratio_1w={rates['sparktf_1w'] / rates['single_process']:.3f}")
     print(f"RESULT train_ratio_2w={rates['sparktf_2w'] / rates['single_process']:.3f}")
 
 
-def compare(batches: Dict[str, int], iterations: Dict[str, int], worker_counts: tuple) -> Dict[str, float]:
-    """Run (a) and sparktf on ``worker_counts`` workers per workload; print and return records/s.
+def progress_ratio(iterations: int, rounds: int = 3) -> float:
+    """Median over rounds of (seconds with verbose=0) / (seconds with verbose=1), CNN on 2 workers, alternating."""
+    ratios = []
+    for _ in range(rounds):
+        silent, _ = run_sparktf("cnn", GLOBAL_BATCH["cnn"], iterations, 2, verbose=0)
+        shown, _ = run_sparktf("cnn", GLOBAL_BATCH["cnn"], iterations, 2, verbose=1)
+        ratios.append(silent / shown)
+        print(f"  verbose=0 {silent:.2f}s, verbose=1 {shown:.2f}s")
+    return float(np.median(ratios))
+
+
+def compare(batches: Dict[str, int], iterations: Dict[str, int], worker_counts: tuple):
+    """Run (a) and sparktf on ``worker_counts`` workers per workload; print and return records/s and seconds.
 
     Every workload's (a) and 2-worker run come before any 1-worker run: while
     a 1-worker job runs for over a minute no task finishes, so Spark stops the
@@ -239,7 +255,7 @@ def compare(batches: Dict[str, int], iterations: Dict[str, int], worker_counts: 
     }
     for method, rate in rates.items():
         print(f"all  {method:15s} {rate:9.0f} records/s")
-    return rates
+    return rates, seconds
 
 
 if __name__ == "__main__":
