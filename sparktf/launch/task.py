@@ -85,11 +85,10 @@ def _run_child(spec: TaskSpec, ctx: RunContext) -> Optional[bytes]:
                 child.close()
         finally:
             log.close()
-        if exit_code is None:
-            reason = f"timeout: still running after timeout={spec.timeout:g} s; killed"
-            raise RuntimeError(failures.encode(failures.failure_message(ctx.role, None, list(child.tail), reason)))
         if exit_code != 0:
-            raise RuntimeError(failures.encode(failures.failure_message(ctx.role, exit_code, list(child.tail))))
+            reason = None if exit_code is not None else f"timeout: still running after timeout={spec.timeout:g} s"
+            message = failures.failure_message(ctx.role, exit_code, list(child.tail), reason and reason + "; killed")
+            raise RuntimeError(f"{message}\n{failures.encode(message)}")
         if ctx.worker_num == 0 and os.path.exists(result_path):
             with open(result_path, "rb") as file:
                 return file.read()
