@@ -48,7 +48,9 @@ def _check_arguments(main_fun, num_workers, num_ps, master_node, env, timeout) -
     if not callable(main_fun):
         raise TypeError(f"main_fun must be a function main_fun(args, ctx), got {main_fun!r}")
     if num_workers is not None and not (isinstance(num_workers, numbers.Integral) and num_workers >= 1):
-        raise ValueError(f"num_workers must be a positive integer (or None for sc.defaultParallelism), got {num_workers!r}")
+        raise ValueError(
+            f"num_workers must be a positive integer (or None for sc.defaultParallelism), got {num_workers!r}"
+        )
     if not (isinstance(num_ps, numbers.Integral) and num_ps >= 0):
         raise ValueError(f"num_ps must be an integer >= 0, got {num_ps!r}")
     if num_ps > 0:

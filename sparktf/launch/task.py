@@ -86,8 +86,8 @@ def _run_child(spec: TaskSpec, ctx: RunContext) -> Optional[bytes]:
         finally:
             log.close()
         if exit_code != 0:
-            reason = None if exit_code is not None else f"timeout: still running after timeout={spec.timeout:g} s"
-            message = failures.failure_message(ctx.role, exit_code, list(child.tail), reason and reason + "; killed")
+            reason = None if exit_code is not None else f"timeout: still running after {spec.timeout:g} s; killed"
+            message = failures.failure_message(ctx.role, exit_code, list(child.tail), reason)
             raise RuntimeError(f"{message}\n{failures.encode(message)}")
         if ctx.worker_num == 0 and os.path.exists(result_path):
             with open(result_path, "rb") as file:
