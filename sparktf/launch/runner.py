@@ -13,14 +13,13 @@ import uuid
 from typing import Any, Callable, Mapping, Optional
 
 import cloudpickle
-from pyspark import SparkContext
-
 from sparktf.context import init_spark
 from sparktf.errors import SparkTFError
 from sparktf.launch import failures
 from sparktf.launch.context import absolute_path
 from sparktf.launch.logstream import LogServer
 from sparktf.launch.program import pickle_program
+from sparktf.launch.slots import check_task_slots
 from sparktf.launch.task import TaskSpec, run_barrier_task
 
 __all__ = ["run"]
@@ -35,13 +34,6 @@ def _print_child_line(line: str) -> None:
     with _PRINT_LOCK:
         print(line, file=sys.stdout, flush=True)
     _LOG.debug("%s", line)
-
-
-def total_task_slots(sc: SparkContext) -> int:
-    """How many tasks of the default resource profile the cluster runs at once."""
-    scala_context = sc._jsc.sc()
-    profile = scala_context.resourceProfileManager().defaultResourceProfile()
-    return int(scala_context.maxNumConcurrentTasks(profile))
 
 
 def _check_arguments(main_fun, num_workers, num_ps, master_node, env, timeout) -> None:
@@ -153,13 +145,7 @@ def run(
     _check_arguments(main_fun, num_workers, num_ps, master_node, env, timeout)
     sc = init_spark().sparkContext
     num_tasks = int(sc.defaultParallelism if num_workers is None else num_workers)
-    slots = total_task_slots(sc)
-    if num_tasks > slots:
-        raise SparkTFError(
-            f"sparktf.run needs {num_tasks} tasks running at once (num_workers={num_tasks}) but the cluster "
-            f"runs at most {slots} (executors x cores / spark.task.cpus, and task resources such as GPUs); "
-            "lower num_workers or add executors or cores"
-        )
+    check_task_slots(sc, num_tasks)
     program = pickle_program(main_fun, args)
     default_fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
     working_dir = os.getcwd()
