@@ -12,6 +12,8 @@ Modules, one job each:
 - ``context``: ``RunContext``, the ``ctx`` handed to ``main_fun``.
 - ``logstream``: the driver's authenticated log server and the tasks' client.
 - ``failures``: child failures as text that survives Spark's error path.
+- ``program``: pickling ``main_fun`` and ``args`` (by value for non-installed modules).
+- ``slots``: the task-slot check before the barrier job.
 - ``child``: starting, streaming, bounding and killing the child process (task side).
 - ``bootstrap``: the child process's entry point (``python -m sparktf.launch.bootstrap``).
 - ``task``: the barrier task that runs on an executor.
