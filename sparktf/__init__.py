@@ -38,6 +38,7 @@ _EXPORTS = {
     "MaxScore": "sparktf.triggers",
     "TriggerAnd": "sparktf.triggers",
     "TriggerOr": "sparktf.triggers",
+    "run": "sparktf.launch.runner",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,159 @@
+"""Child output to the driver: an authenticated TCP log server on the driver, a client per task.
+
+Protocol, text only (nothing read from these sockets is ever unpickled):
+
+1. the server sends a random nonce line;
+2. the client answers ``HMAC-SHA256(secret, nonce)`` in hex; a wrong or late
+   answer closes the connection;
+3. the client sends UTF-8 lines, already prefixed with the task's role.
+
+The secret is random per ``sparktf.run`` call and reaches the tasks inside
+the Spark task closure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import socket
+import sys
+import threading
+import time
+from typing import Callable, List, Optional, Tuple
+
+__all__ = ["LogServer", "LogClient"]
+
+_LOG = logging.getLogger(__name__)
+HANDSHAKE_TIMEOUT_S = 10.0
+SEND_TIMEOUT_S = 30.0
+MAX_LINE_BYTES = 64 * 1024
+_NONCE_LINE_BYTES = 200
+
+
+def _answer(secret: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, nonce, hashlib.sha256).hexdigest().encode("ascii")
+
+
+class LogServer:
+    """Receives the tasks' lines and hands each to ``sink``, in a thread per connection.
+
+    Parameters
+    ----------
+    host : str
+        Address to listen on (the driver's ``spark.driver.host``).
+    sink : callable
+        Called with each received line (without its newline), from the
+        connection's thread.
+    """
+
+    def __init__(self, host: str, sink: Callable[[str], None]) -> None:
+        self.secret = secrets.token_bytes(32)
+        self._sink = sink
+        self._listener = socket.create_server((host, 0))
+        self._listener.settimeout(0.2)
+        self.address: Tuple[str, int] = (host, self._listener.getsockname()[1])
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: List[Tuple[socket.socket, threading.Thread]] = []
+        self._accepter = threading.Thread(target=self._accept_loop, name="sparktf-run-log-accept", daemon=True)
+        self._accepter.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(connection,), name="sparktf-run-log", daemon=True)
+            with self._lock:
+                self._connections.append((connection, thread))
+            thread.start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        try:
+            connection.settimeout(HANDSHAKE_TIMEOUT_S)
+            reader = connection.makefile("rb")
+            nonce = secrets.token_hex(32).encode("ascii")
+            connection.sendall(nonce + b"\n")
+            if not hmac.compare_digest(reader.readline(_NONCE_LINE_BYTES).strip(), _answer(self.secret, nonce)):
+                _LOG.warning("sparktf.run: refused a log connection that did not prove the job's secret")
+                return
+            connection.settimeout(None)
+            for raw in iter(lambda: reader.readline(MAX_LINE_BYTES), b""):
+                self._sink(raw.decode("utf-8", "replace").rstrip("\r\n"))
+        except OSError:
+            pass
+        finally:
+            connection.close()
+
+    def close(self, drain_timeout: float = 10.0) -> None:
+        """Stop accepting, give open connections ``drain_timeout`` seconds to end, then cut them."""
+        self._closing.set()
+        self._accepter.join(timeout=5.0)
+        self._listener.close()
+        deadline = time.monotonic() + drain_timeout
+        with self._lock:
+            connections = list(self._connections)
+        for connection, thread in connections:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                thread.join(timeout=1.0)
+
+    def __enter__(self) -> "LogServer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+class LogClient:
+    """A task's connection to the driver's ``LogServer``.
+
+    A server that cannot be reached or a send that fails does not fail the
+    task: the lines are then only kept in the task's own tail (and said so
+    once on the task's stderr, i.e. in the executor log).
+    """
+
+    def __init__(self, address: Tuple[str, int], secret: bytes, connect_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+        self._socket: Optional[socket.socket] = None
+        try:
+            sock = socket.create_connection(address, timeout=connect_timeout)
+            try:
+                nonce = sock.makefile("rb").readline(_NONCE_LINE_BYTES).strip()
+                sock.sendall(_answer(secret, nonce) + b"\n")
+                sock.settimeout(SEND_TIMEOUT_S)
+            except OSError:
+                sock.close()
+                raise
+            self._socket = sock
+        except OSError as error:
+            self._give_up(f"cannot reach the driver's log server at {address[0]}:{address[1]}: {error}")
+
+    def _give_up(self, reason: str) -> None:
+        print(f"sparktf.run: child output is not streamed to the driver: {reason}", file=sys.stderr, flush=True)
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+    def send(self, line: str) -> None:
+        """Send one line (without newline)."""
+        if self._socket is None:
+            return
+        try:
+            self._socket.sendall(line.encode("utf-8", "replace") + b"\n")
+        except OSError as error:
+            self._give_up(f"sending failed: {error}")
+
+    def close(self) -> None:
+        """Close the connection; the server sees the end of the stream."""
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None

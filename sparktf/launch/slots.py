@@ -1,0 +1,46 @@
+"""Task slots for the barrier job: checked before it starts, so a job that cannot fit fails at once.
+
+Spark's own check for a barrier stage that does not fit retries for minutes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pyspark import SparkContext
+
+from sparktf.errors import SparkTFError
+
+__all__ = ["total_task_slots", "check_task_slots", "EXECUTOR_WAIT_S"]
+
+EXECUTOR_WAIT_S = 30.0
+_POLL_S = 0.5
+
+
+def total_task_slots(sc: SparkContext) -> int:
+    """How many tasks of the default resource profile the cluster runs at once."""
+    scala_context = sc._jsc.sc()
+    profile = scala_context.resourceProfileManager().defaultResourceProfile()
+    return int(scala_context.maxNumConcurrentTasks(profile))
+
+
+def check_task_slots(sc: SparkContext, needed: int, executor_wait: float = EXECUTOR_WAIT_S) -> None:
+    """Return once the cluster runs ``needed`` tasks at once; raise ``SparkTFError`` if it does not.
+
+    With ``local[N]`` the slots are known at once. On a cluster, executors
+    that are still registering (a session that just started) are waited
+    for, at most ``executor_wait`` seconds.
+    """
+    local = sc.master == "local" or sc.master.startswith("local[")
+    deadline = time.monotonic() + (0.0 if local else executor_wait)
+    slots = total_task_slots(sc)
+    while slots < needed and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        slots = total_task_slots(sc)
+    if slots < needed:
+        waited = "" if local else f" after waiting {executor_wait:g} s for executors"
+        raise SparkTFError(
+            f"sparktf.run needs {needed} tasks running at once (num_workers={needed}) but the cluster runs at "
+            f"most {slots}{waited} (executors x cores / spark.task.cpus, and task resources such as GPUs); "
+            "lower num_workers or add executors or cores"
+        )
