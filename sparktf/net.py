@@ -21,6 +21,7 @@ from sparktf.models import graph_io
 from sparktf.data.columnar import balanced_bounds, slice_block
 from sparktf.errors import DataError
 from sparktf.models.frozen_graph import FrozenGraph, normalize_tensor_name, one_or_list, predict_partition, record_blocks
+from sparktf.spark.raising_rdd import raising_sparktf_errors
 
 __all__ = ["TFNet", "export_tf"]
 
@@ -277,9 +278,9 @@ class TFNet(keras.layers.Layer):
         DataError
             For the wrong number of inputs, a shape that does not fit the
             graph, or rank-0 inputs with ``distributed=True``; on Spark, a
-            batch the graph rejects raises it (inside Spark's exception, see
-            :func:`sparktf.spark.remote_errors.reraise_remote`) naming the
-            partition and records.
+            batch the graph rejects raises it when an action computes the
+            RDD (or one derived from it by a narrow transformation), naming
+            the partition and records.
         """
         is_int = isinstance(batch_per_thread, (int, np.integer)) and not isinstance(batch_per_thread, bool)
         if not is_int or batch_per_thread <= 0:
@@ -352,7 +353,7 @@ class TFNet(keras.layers.Layer):
             batch=batch,
             num_inputs=len(self.input_names),
         )
-        return block_rdd.mapPartitionsWithIndex(run, preservesPartitioning=True)
+        return raising_sparktf_errors(block_rdd, run, preservesPartitioning=True)
 
 
 def _record_count(arrays: List[np.ndarray]) -> Optional[int]:

@@ -26,9 +26,10 @@ from sparktf.data import arrow_io, batching, specs
 from sparktf.errors import DataError
 from sparktf.inference.dataframe_output import DataFramePredict, spark_output_type
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, feature_leaves, keras_feed, plan_feed
-from sparktf.inference.runners import ModelHandle, partition_id, records, run_batches
+from sparktf.inference.runners import ModelHandle, records, run_batches
 from sparktf.models.payload import ModelPayload
 from sparktf.models.saved_model_archive import SavedModelArchive, load_saved_model
+from sparktf.spark.raising_rdd import raising_sparktf_errors
 
 __all__ = ["TFPredictor", "TensorInfo"]
 
@@ -192,13 +193,12 @@ class TFPredictor:
         num_features = len(feed.order)
         handle = self._model.handle
 
-        def predict_partition(blocks: Iterator[tuple]) -> Iterator[Any]:
-            partition = partition_id()
+        def predict_partition(partition: int, blocks: Iterator[tuple]) -> Iterator[Any]:
             features = (block[:num_features] for block in blocks)
             for size, output in run_batches(handle, feed, batching.inference_batches(features, batch), partition):
                 yield from records(output, size)
 
-        return block_rdd.mapPartitions(predict_partition, preservesPartitioning=True)
+        return raising_sparktf_errors(block_rdd, predict_partition, preservesPartitioning=True)
 
     def _dataset_feed(self) -> Feed:
         return self._model.feed(*feature_leaves(self.dataset.feature_spec))

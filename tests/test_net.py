@@ -332,15 +332,13 @@ def test_distributed_arrays_give_an_rdd_of_records_in_order(export_dir, two_head
 
 
 def test_distributed_batch_the_graph_rejects_names_partition_and_records(sc):
-    from sparktf.spark.remote_errors import reraise_remote
-
     doubled_if_finite = tf.function(lambda x: tf.debugging.assert_all_finite(x, "not finite") * 2.0)
     finite = TFNet.from_function(doubled_if_finite, [tf.TensorSpec([None], tf.float32)])
     x = np.arange(8, dtype="float32")
     np.testing.assert_array_equal(np.stack(finite.predict(x, distributed=True).collect()), x * 2)
     x[6] = np.nan  # partition 1 holds records 4..7, in batches of 2: the batch 6..7 (2..3 within the partition)
     rejected = r"partition 1, records 2\.\.3: the graph rejected the batch \(InvalidArgumentError"
-    with pytest.raises(DataError, match=rejected), reraise_remote():
+    with pytest.raises(DataError, match=rejected):
         finite.predict(x, batch_per_thread=2, distributed=True).collect()
 
 

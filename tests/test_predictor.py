@@ -1,6 +1,7 @@
 """TFPredictor: order, batching, several inputs/outputs, SavedModels, DataFrames, caching, errors."""
 
 import os
+import re
 
 import numpy as np
 import keras
@@ -172,6 +173,10 @@ def test_predict_dataframe_feeds_string_and_binary_columns_to_a_string_input(spa
     with pytest.raises(DataError, match=r"feature id \(int32 .* does not fit model input 'text' string \[\]"):
         predictor.predict_dataframe(df, "id")
     with_null = spark.createDataFrame([("a",), ("b",), (None,)], "text string").coalesce(1)
+    with pytest.raises(Exception) as raised:  # Spark's PythonException: the DataError is its last line
+        predictor.predict_dataframe(with_null, "text").collect()
+    last_line = str(raised.value).strip().splitlines()[-1]
+    assert re.match(r"sparktf\.errors\.DataError: column 'text', partition 0, row 2 .* null", last_line), last_line
     with pytest.raises(DataError, match=r"column 'text', partition 0, row 2 .* null"), reraise_remote():
         predictor.predict_dataframe(with_null, "text").collect()
 
@@ -278,8 +283,17 @@ def test_bad_record_and_rejected_batch_raise_data_error(sc):
     good, bad = [0.0, 1.0, 2.0, 3.0], [0.0, 1.0]
     records = sc.parallelize([good, good, good, bad, good], 1)
     dataset = TFDataset.from_rdd(records, features=(tf.float32, [4]), batch_per_thread=2)
-    with pytest.raises(DataError, match="record 3"), reraise_remote():
-        TFPredictor.from_keras(_dense_model(), dataset).predict().collect()
+    predictions = TFPredictor.from_keras(_dense_model(), dataset).predict()
+    # The user's action raises the DataError itself (not Spark's Py4J report), also after narrow transformations.
+    for action in (
+        lambda: predictions.collect(),
+        lambda: predictions.count(),
+        lambda: predictions.map(lambda p: float(p[0])).filter(lambda v: v > 0).take(5),
+        lambda: list(predictions.toLocalIterator()),
+    ):
+        with pytest.raises(DataError, match="partition 0, record 3") as raised:
+            action()
+        assert raised.value.__cause__ is not None  # Spark's error, for the full trace
 
     class Subclassed(keras.Model):
         def __init__(self, **kwargs):
@@ -292,7 +306,7 @@ def test_bad_record_and_rejected_batch_raise_data_error(sc):
     subclassed = Subclassed()
     subclassed(np.zeros((1, 3), "float32"))  # built for 3 features; the data has 4
     dataset = TFDataset.from_ndarrays(np.zeros((5, 4), "float32"), batch_per_thread=2, num_partitions=1)
-    with pytest.raises(DataError, match=r"partition 0, records 0\.\.1: the model rejected the batch"), reraise_remote():
+    with pytest.raises(DataError, match=r"partition 0, records 0\.\.1: the model rejected the batch"):
         TFPredictor.from_keras(subclassed, dataset).predict().collect()
 
 
