@@ -15,16 +15,10 @@ import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.spark import cluster
-from sparktf.spark.jobs import jvm_gone
+from sparktf.spark.jobs import unpersist
 from sparktf.data.block_serializer import cached
-from sparktf.training.checkpoint import (
-    ModelState,
-    checkpoint_path,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
-from sparktf.errors import DataError, DriverJVMGone, ModelError, SparkTFError, TrainingError
+from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint, save_checkpoint
+from sparktf.errors import DataError, DriverJVMGone, ModelError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.inference.feeds import feature_leaves, keras_feed
 from sparktf.training.preflight import check_labels, check_settings, resolve_optimizer
@@ -329,13 +323,14 @@ class TFOptimizer:
                 epoch_end = bool(callbacks) and progress.epoch_finished
                 if validation is not None and (validation_trigger(progress) or epoch_end):
                     progress, results = self._validate(validation, progress, history)
-                if driver is not None and driver.segment_ends(first, result.losses, progress, results):
-                    break
+                if driver is not None:
+                    if driver.segment_ends(first, result.losses, result.step_seconds, progress, results):
+                        break
             if driver is not None:
                 driver.train_end()
         finally:
             if persisted_here:
-                _unpersist(blocks)
+                unpersist(blocks)
         history["iterations"] = self.iteration
         history["epochs"] = progress.epoch
         return history
@@ -418,7 +413,13 @@ class TFOptimizer:
         if len(result.losses):
             self.last_loss = float(result.losses[-1])
         if self.train_summary is not None:
-            self._write_train_summary(first, result)
+            self.train_summary.add_iterations(
+                first,
+                self.dataset.iterations_per_epoch(self.num_workers),
+                self.dataset.batch_size,
+                self.last_score,
+                (result.losses, result.learning_rates, result.wall_times, result.step_seconds),
+            )
         if result.non_finite_iteration is not None:
             raise TrainingError(
                 f"the training loss or gradient is not finite at iteration {result.non_finite_iteration}: "
@@ -426,17 +427,6 @@ class TFOptimizer:
                 f"function; the model keeps the weights of iteration {self.iteration}"
             )
         return self._progress()
-
-    def _write_train_summary(self, first: int, result: SegmentResult) -> None:
-        per_epoch = self.dataset.iterations_per_epoch(self.num_workers)
-        global_batch = self.dataset.batch_size
-        rows = zip(result.losses, result.learning_rates, result.wall_times, result.step_seconds)
-        for offset, (loss, rate, wall_time, seconds) in enumerate(rows):
-            progress = TrainingProgress(first + offset, per_epoch, float(loss), self.last_score)
-            self.train_summary.add_scalar("Loss", loss, progress, wall_time)
-            self.train_summary.add_scalar("Throughput", global_batch / seconds, progress, wall_time)
-            self.train_summary.add_scalar("LearningRate", rate, progress, wall_time)
-        self.train_summary.flush()
 
     def _validate(
         self, validation: Any, progress: TrainingProgress, history: Dict[str, Any]
@@ -504,15 +494,7 @@ class TFOptimizer:
             The iteration of the checkpoint to load from the directory
             (default: the latest).
         """
-        directory = self.model_dir if path is None else path
-        if directory is None:
-            raise SparkTFError("load_checkpoint needs a path, or a TFOptimizer with model_dir")
-        if version is not None:
-            path = checkpoint_path(directory, int(version))
-        elif path is None or not path.endswith(".npz"):
-            path = latest_checkpoint(directory)
-            if path is None:
-                raise SparkTFError(f"no checkpoint in {directory!r}; run optimize with model_dir first")
+        path = find_checkpoint(path, self.model_dir, version)
         state = load_checkpoint(path)
         state.apply_to(self.model)
         self.iteration = state.iteration
@@ -533,14 +515,6 @@ class TFOptimizer:
             self._payload = self.sc.broadcast(payload.to_bytes())
         return self._payload
 
-
-def _unpersist(blocks: Any) -> None:
-    """Drop the training cache; a dead JVM (whose error is already on its way) has nothing to drop."""
-    try:
-        blocks.unpersist()
-    except Exception as error:
-        if not jvm_gone(error):
-            raise
 
 
 def _check_data_fits(model: Any, dataset: Any) -> None:

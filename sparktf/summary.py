@@ -13,7 +13,7 @@ import itertools
 import os
 import socket
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -150,6 +150,26 @@ class TrainSummary(Summary):
     """
 
     kind = "train"
+
+    def add_iterations(
+        self,
+        first: int,
+        iterations_per_epoch: int,
+        global_batch: int,
+        score: Optional[float],
+        columns: Sequence[Sequence[float]],
+    ) -> None:
+        """Write the scalars of consecutive iterations from ``first`` on and flush.
+
+        ``columns`` are the per-iteration losses, learning rates, wall times
+        and step seconds, in that order.
+        """
+        for offset, (loss, rate, wall_time, seconds) in enumerate(zip(*columns)):
+            progress = TrainingProgress(first + offset, iterations_per_epoch, float(loss), score)
+            self.add_scalar("Loss", loss, progress, wall_time)
+            self.add_scalar("Throughput", global_batch / seconds, progress, wall_time)
+            self.add_scalar("LearningRate", rate, progress, wall_time)
+        self.flush()
 
 
 class ValidationSummary(Summary):

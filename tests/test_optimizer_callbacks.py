@@ -2,12 +2,15 @@
 
 import csv
 import logging
+import re
 
 import keras
 import numpy as np
 
 from sparktf import MaxEpoch, TFDataset, TFOptimizer, TrainSummary
-from sparktf.training.callbacks import default_verbose
+from sparktf.collective.channel import RankReport
+from sparktf.training.callbacks import DriverCallbacks, default_verbose
+from sparktf.triggers import TrainingProgress
 
 W = np.array([[1.0], [-2.0], [3.0]], np.float32)
 
@@ -110,3 +113,34 @@ def test_progress_is_shown_per_epoch_and_verbose_0_is_silent(sc, capsys, caplog)
     assert "Epoch 3/4" in shown and "Epoch 4/4" in shown and "4/4" in shown and "loss" in shown
     optimizer.optimize(MaxEpoch(5), verbose=0)
     assert capsys.readouterr().out == ""
+
+
+def driver_display(verbose, history=None):
+    """DriverCallbacks of a 2-epoch run (4 iterations each, 16 records per iteration), no Spark."""
+    history = history or keras.callbacks.History()
+    display = DriverCallbacks([], linear_model(), verbose, 4, 16, 2, history)
+    display.train_begin()
+    display.segment_begins(TrainingProgress(0, 4))
+    return display
+
+
+def test_epochs_drawn_after_the_fact_show_their_measured_step_time(capsys):
+    display = driver_display(verbose=2)
+    display.segment_ends(1, [1.0] * 8, [0.25] * 8, TrainingProgress(8, 4, 1.0), None)  # one segment, two epochs
+    display.train_end()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [line for line in lines if line.startswith("Epoch")] == ["Epoch 1/2", "Epoch 2/2"]
+    shown = [float(ms) for ms in re.findall(r"(\d+)ms/step", "\n".join(lines))]
+    assert len(shown) == 2 and all(240 <= ms <= 300 for ms in shown), lines  # 0.25 s steps, not ~0 us
+
+
+def test_verbose_1_shows_each_epoch_once_when_the_live_display_ran_ahead(capsys):
+    history = keras.callbacks.History()
+    display = driver_display(verbose=1, history=history)
+    display.report({0: RankReport("train", 6, 0.0, 2.0)})  # rank 0 is in epoch 2 when it first reports
+    display.segment_ends(1, [3.0] * 4 + [1.0] * 4, [0.01] * 8, TrainingProgress(8, 4, 1.0), {"loss": 0.5})
+    display.train_end()
+    shown = capsys.readouterr().out
+    assert shown.count("Epoch 1/2") == 1 and shown.count("Epoch 2/2") == 1, shown
+    assert "val_loss: 0.5" in shown
+    assert history.history["loss"] == [3.0, 1.0] and history.history["val_loss"] == [0.5]

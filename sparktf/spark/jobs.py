@@ -41,6 +41,15 @@ def jvm_gone(error: BaseException) -> bool:
     return isinstance(error, (Py4JNetworkError, ConnectionRefusedError, ConnectionResetError, BrokenPipeError))
 
 
+def unpersist(rdd) -> None:
+    """Drop ``rdd``'s cache; a dead JVM (whose error is already on its way) has nothing to drop."""
+    try:
+        rdd.unpersist()
+    except Exception as error:
+        if not jvm_gone(error):
+            raise
+
+
 def run_job(action: Callable[[], T], what: str = "a Spark job") -> T:
     """Run ``action`` (a function that starts Spark jobs) and return its result.
 

@@ -116,6 +116,7 @@ class DriverCallbacks:
         self._epoch_start = 0
         self._shown_epoch = -1
         self._epoch_losses: List[float] = []
+        self._epoch_seconds = 0.0
         self._progbar: Any = None
         self._reported = 0
         self._rate_mark = (0, time.monotonic())
@@ -142,24 +143,28 @@ class DriverCallbacks:
         self._reported = latest.iteration
         iteration, mark = self._rate_mark
         now = time.monotonic()
-        rate = (latest.iteration - iteration) * self._global_batch / max(now - mark, 1e-9)
+        step_seconds = max(now - mark, 1e-9) / (latest.iteration - iteration)
+        rate = self._global_batch / step_seconds
         self._rate_mark = (latest.iteration, now)
         epoch, in_epoch = divmod(latest.iteration - 1, self._per_epoch)
         if self._verbose == 1:
             while self._shown_epoch < epoch:  # the segment went on into the next epoch
                 self._progbar.update(self._per_epoch, finalize=True)
-                self._show_epoch(self._shown_epoch + 1, 0)
+                done = self._per_epoch if self._shown_epoch + 1 < epoch else in_epoch + 1
+                self._show_epoch(self._shown_epoch + 1, 0, seconds_ago=done * step_seconds)
             self._progbar.update(in_epoch + 1, [("loss", latest.loss), ("records/s", rate)])
         self._list.on_train_batch_end(in_epoch, {"loss": latest.loss})
 
-    def segment_ends(self, first_iteration: int, losses: Sequence[float], progress: TrainingProgress,
-                     validation: Optional[Dict[str, float]]) -> bool:
+    def segment_ends(self, first_iteration: int, losses: Sequence[float], step_seconds: Sequence[float],
+                     progress: TrainingProgress, validation: Optional[Dict[str, float]]) -> bool:
         """After a segment (and the validation that followed it): ends the epochs it completed.
 
+        ``losses`` and ``step_seconds`` are the segment's per iteration.
         Returns True when a callback set ``model.stop_training``.
         """
-        for offset, loss in enumerate(losses):
+        for offset, (loss, seconds) in enumerate(zip(losses, step_seconds)):
             self._epoch_losses.append(float(loss))
+            self._epoch_seconds += float(seconds)
             iteration = first_iteration + offset
             if iteration % self._per_epoch == 0:
                 self._end_epoch(validation if iteration == progress.iteration else None)
@@ -175,27 +180,46 @@ class DriverCallbacks:
     # ------------------------------------------------------------------ epochs
 
     def _open_epoch(self, epoch: int, start: int) -> None:
-        self._epoch, self._epoch_start, self._epoch_losses = epoch, start, []
+        self._epoch, self._epoch_start, self._epoch_losses, self._epoch_seconds = epoch, start, [], 0.0
         self._list.on_epoch_begin(epoch)
-        self._show_epoch(epoch, start)
+        if epoch > self._shown_epoch:  # verbose=1 may have shown it already, live
+            self._show_epoch(epoch, start)
 
-    def _show_epoch(self, epoch: int, start: int) -> None:
-        import keras
-
+    def _show_epoch(self, epoch: int, start: int, seconds_ago: float = 0.0) -> None:
+        """Print the epoch's header and open its bar, whose clock started ``seconds_ago``."""
         self._shown_epoch = epoch
         if self._verbose:
             total = f"/{self._epochs}" if self._epochs else ""
             print(f"Epoch {epoch + 1}{total}", flush=True)
-        self._progbar = keras.utils.Progbar(self._per_epoch, verbose=self._verbose, stateful_metrics=["records/s"])
+        self._progbar = self._new_progbar(seconds_ago)
         if self._verbose == 1 and start:
             self._progbar.update(start)
+
+    def _new_progbar(self, seconds_ago: float) -> Any:
+        """A Keras ``Progbar`` whose elapsed time and time per step count from ``seconds_ago``.
+
+        A segment can finish several epochs between two reports (or, with
+        ``verbose=2``, before any line is printed): their bars are drawn after
+        the fact, so their clock is set back by the epoch's measured step
+        time instead of showing ~0 s (Keras' ``Progbar`` keeps its start in
+        ``_start``; there is no public setter).
+        """
+        import keras
+
+        progbar = keras.utils.Progbar(self._per_epoch, verbose=self._verbose, stateful_metrics=["records/s"])
+        if seconds_ago > 0:
+            progbar._start = progbar._time_at_epoch_start = time.time() - seconds_ago
+        return progbar
 
     def _end_epoch(self, validation: Optional[Dict[str, float]]) -> None:
         logs = {"loss": float(np.mean(self._epoch_losses))}
         logs.update({f"val_{name}": value for name, value in (validation or {}).items()})
-        if self._verbose:
-            if self._shown_epoch != self._epoch:  # verbose=2, or a display that fell behind: this epoch's line
+        if self._verbose and self._shown_epoch <= self._epoch:  # verbose=1 closed the epochs it moved past
+            fell_behind = self._shown_epoch < self._epoch  # no report came in this epoch
+            if fell_behind:
                 self._show_epoch(self._epoch, 0)
+            if fell_behind or self._verbose == 2:  # a bar drawn after the fact: clock from the step times
+                self._progbar = self._new_progbar(self._epoch_seconds)
             self._progbar.update(self._per_epoch, list(logs.items()), finalize=True)
         _LOG.info("epoch %d: %s", self._epoch + 1, ", ".join(f"{name}={value:.4g}" for name, value in logs.items()))
         self._list.on_epoch_end(self._epoch, logs)

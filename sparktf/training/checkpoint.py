@@ -17,7 +17,7 @@ import numpy as np
 
 from sparktf.errors import SparkTFError
 
-__all__ = ["ModelState", "checkpoint_path", "latest_checkpoint", "save_checkpoint", "load_checkpoint"]
+__all__ = ["ModelState", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint", "load_checkpoint"]
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\.npz$")
 
@@ -94,6 +94,24 @@ def latest_checkpoint(model_dir: str) -> Optional[str]:
         if (match := _CHECKPOINT_RE.match(name))
     ]
     return os.path.join(model_dir, max(found)[1]) if found else None
+
+
+def find_checkpoint(path: Optional[str], model_dir: Optional[str], version: Optional[int] = None) -> str:
+    """The checkpoint file ``path`` names: a file, or ``version`` (default: the latest) of a directory.
+
+    ``path=None`` means ``model_dir``.
+    """
+    directory = model_dir if path is None else path
+    if directory is None:
+        raise SparkTFError("load_checkpoint needs a path, or a TFOptimizer with model_dir")
+    if version is not None:
+        return checkpoint_path(directory, int(version))
+    if path is not None and path.endswith(".npz"):
+        return path
+    latest = latest_checkpoint(directory)
+    if latest is None:
+        raise SparkTFError(f"no checkpoint in {directory!r}; run optimize with model_dir first")
+    return latest
 
 
 def save_checkpoint(state: ModelState, model_dir: str) -> str:
