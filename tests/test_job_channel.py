@@ -118,6 +118,23 @@ def test_rendezvous_setting_picks_the_driver_directory_or_allgather(sc):
         rendezvous_host(conf.set("spark.sparktf.rendezvous", "ring"))
 
 
+def test_watchdog_slack_is_a_local_property_or_the_configuration(sc):
+    from sparktf.errors import SparkTFError
+    from sparktf.spark.cluster import WATCHDOG_SLACK_CONF, watchdog_slack
+
+    assert watchdog_slack(sc) == 30.0
+    try:
+        sc.setLocalProperty(WATCHDOG_SLACK_CONF, "12s")
+        assert watchdog_slack(sc) == 12.0
+        for bad in ("-1", "nan", "soon"):
+            sc.setLocalProperty(WATCHDOG_SLACK_CONF, bad)
+            with pytest.raises(SparkTFError, match=f"spark.sparktf.watchdogSlack must be .* got '{bad}'"):
+                watchdog_slack(sc)
+    finally:
+        sc.setLocalProperty(WATCHDOG_SLACK_CONF, None)
+    assert watchdog_slack(sc) == 30.0
+
+
 def test_training_falls_back_to_allgather_when_the_driver_host_cannot_be_listened_on(caplog):
     from sparktf.training.segment_job import job_channel
 

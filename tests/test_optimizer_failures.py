@@ -18,6 +18,7 @@ from sparktf import (
     TFOptimizer,
     TrainingError,
 )
+from sparktf.spark.cluster import WATCHDOG_SLACK_CONF
 
 
 def data(n=32, seed=0):
@@ -181,7 +182,8 @@ class SleepOnce(PythonHook):
     def hook(self):
         from pyspark import TaskContext
 
-        if TaskContext.get().partitionId() == self.rank and not os.path.exists(self.marker):
+        task = TaskContext.get()  # None on the driver, which evaluates one record to build its metrics
+        if task is not None and task.partitionId() == self.rank and not os.path.exists(self.marker):
             with open(self.marker, "w") as handle:
                 handle.write(str(os.getpid()))
             time.sleep(600)  # far beyond every bound: only sparktf can end this worker
@@ -207,7 +209,15 @@ def test_a_rank_blocked_inside_a_graph_op_is_ended_and_training_completes(sc, tm
     assert_process_ends(int(open(marker).read()))
 
 
-def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_path, caplog):
+@pytest.fixture
+def watchdog_slack_8s(sc):
+    """The watchdog waits collective_timeout + 8 s instead of + 30 s, for the jobs this test starts."""
+    sc.setLocalProperty(WATCHDOG_SLACK_CONF, "8")
+    yield 8
+    sc.setLocalProperty(WATCHDOG_SLACK_CONF, None)
+
+
+def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_path, caplog, watchdog_slack_8s):
     marker = str(tmp_path / "slept")
     dataset = TFDataset.from_ndarrays(data(64), batch_size=16)
     optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=0), dataset, num_workers=1,
@@ -215,9 +225,21 @@ def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_
     started = time.monotonic()
     history = optimizer.optimize(MaxIteration(3))
     assert history["iterations"] == 3
-    assert time.monotonic() - started < 2 + 30 + 60
+    assert time.monotonic() - started < 2 + watchdog_slack_8s + 60
     assert "watchdog" in caplog.text and "rank 0 made no progress" in caplog.text
     assert_process_ends(int(open(marker).read()))
+
+
+def test_a_stalled_evaluation_task_is_cancelled_by_the_watchdog_and_its_worker_ended(sc, tmp_path, watchdog_slack_8s):
+    marker = str(tmp_path / "slept")
+    dataset = TFDataset.from_ndarrays(data(64), batch_size=16)
+    optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=0), dataset, collective_timeout=2)
+    started = time.monotonic()
+    with pytest.raises(TrainingError, match=r"watchdog: partition 0 made no progress .* phase 'evaluate' at batch 0"):
+        optimizer.evaluate()
+    assert time.monotonic() - started < 2 + watchdog_slack_8s + 30
+    assert_process_ends(int(open(marker).read()))
+    assert set(optimizer.evaluate()) == {"loss"}  # the slot is free again (and the layer sleeps only once)
 
 
 def assert_process_ends(pid, within=30):

@@ -25,7 +25,8 @@ from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_me
 from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, connect_before, parse_peer
 from sparktf.errors import CollectiveError
 
-__all__ = ["ChannelClient", "directory_peers", "Heartbeat", "HEARTBEAT_SECONDS", "GUARD_GRACE_SECONDS"]
+__all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "start_heartbeat", "HEARTBEAT_SECONDS",
+           "GUARD_GRACE_SECONDS"]
 
 HEARTBEAT_SECONDS = 1.0
 GUARD_GRACE_SECONDS = 10.0
@@ -135,19 +136,32 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="sparktf-heartbeat", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """The task is done with the channel: stop reporting and close the connection."""
+    def stop(self, final_phase: Optional[str] = None) -> None:
+        """The task is done with the channel: stop reporting and close the connection.
+
+        ``final_phase``, if given, is reported last (e.g. ``"done"``: the task
+        finished, which the driver's watchdog tells apart from a stall).
+        """
         self._stopped.set()
         self._thread.join(timeout=HEARTBEAT_SECONDS + HANDSHAKE_SECONDS)
+        if final_phase is not None and not self._thread.is_alive():
+            self.phase = final_phase
+            try:
+                self._report()
+            except (OSError, ValueError):  # the driver is gone: nobody is watching
+                pass
         self._client.close()
+
+    def _report(self) -> None:
+        send_message(self._client.sock, {"op": "report", "phase": self.phase, "iteration": int(self.iteration),
+                                         "loss": self.loss})
 
     def _run(self) -> None:
         sock = self._client.sock
         sock.settimeout(HANDSHAKE_SECONDS)
         while not self._stopped.is_set():
             try:
-                send_message(sock, {"op": "report", "phase": self.phase, "iteration": int(self.iteration),
-                                    "loss": self.loss})
+                self._report()
                 readable, _, _ = select.select([sock], [], [], HEARTBEAT_SECONDS)
                 if readable and not sock.recv(1):  # the driver sends nothing here: readable means closed
                     raise ChannelClosed("the driver closed the job channel")
@@ -165,3 +179,22 @@ class Heartbeat:
             "worker so that the executor's task slot is freed\n")
         sys.stderr.flush()
         os._exit(70)
+
+
+class NoHeartbeat:
+    """Stands in for the :class:`Heartbeat` when there is no job channel."""
+
+    phase = "start"
+    iteration = 0
+    loss = None
+
+    def stop(self, final_phase: Optional[str] = None) -> None:
+        pass
+
+
+def start_heartbeat(address: Optional[str], rank: int, world_size: int, secret: bytes,
+                    connect_timeout: float) -> Any:
+    """A :class:`Heartbeat` to the job channel at ``address``, or a :class:`NoHeartbeat` without one."""
+    if address is None:
+        return NoHeartbeat()
+    return Heartbeat(ChannelClient(address, rank, world_size, secret, connect_timeout))

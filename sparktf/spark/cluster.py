@@ -7,6 +7,7 @@ sparktf fails within seconds instead, naming the numbers.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from pyspark import SparkConf, SparkContext
@@ -21,10 +22,13 @@ __all__ = [
     "configure_task_threads",
     "RENDEZVOUS_CONF",
     "rendezvous_host",
+    "WATCHDOG_SLACK_CONF",
+    "watchdog_slack",
 ]
 
 _LOG = logging.getLogger(__name__)
 RENDEZVOUS_CONF = "spark.sparktf.rendezvous"
+WATCHDOG_SLACK_CONF = "spark.sparktf.watchdogSlack"
 
 
 def total_task_slots(sc: SparkContext) -> int:
@@ -144,3 +148,25 @@ def rendezvous_host(conf: SparkConf) -> str | None:
     if mode != "driver":
         raise SparkTFError(f"{RENDEZVOUS_CONF} must be 'driver' or 'barrier', got {mode!r}")
     return conf.get("spark.driver.host", "127.0.0.1")
+
+
+def watchdog_slack(sc: SparkContext) -> float:
+    """Seconds beyond ``collective_timeout`` that a task may make no progress before its job is cancelled.
+
+    ``spark.sparktf.watchdogSlack`` (default 30), read from this thread's
+    local properties (``sc.setLocalProperty``: for the jobs this thread
+    starts) or else from the application's configuration.
+
+    Raises
+    ------
+    SparkTFError
+        The value is not a number of seconds >= 0.
+    """
+    text = sc.getLocalProperty(WATCHDOG_SLACK_CONF) or sc.getConf().get(WATCHDOG_SLACK_CONF, "30")
+    try:
+        seconds = float(text.strip().removesuffix("s"))
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise SparkTFError(f"{WATCHDOG_SLACK_CONF} must be a number of seconds >= 0, got {text!r}")
+    return seconds

@@ -9,7 +9,11 @@ batch's mean loss by its number of records, so the numbers equal a local
 ``model.evaluate`` over all records, however unevenly they are partitioned.
 
 The weights to evaluate stream to the tasks from a job channel on the driver
-(:mod:`sparktf.training.state_source`), not through the JVM.
+(:mod:`sparktf.training.state_source`), not through the JVM. Each task
+reports its phase and batch counter to that channel, and the driver's
+:class:`~sparktf.training.watchdog.JobWatchdog` cancels the job when a task
+stops making progress for the timeout + 30 s (``spark.sparktf.watchdogSlack``):
+evaluation never waits forever.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
+from sparktf.collective.channel_client import NoHeartbeat
 from sparktf.training.state_source import StateSource
+from sparktf.training.watchdog import DONE
 
 __all__ = ["evaluate_blocks"]
 
@@ -52,17 +58,25 @@ def evaluate_blocks(
         The weights to evaluate (default: the payload's own); optimizer
         variables in it are not needed.
     timeout : float
-        Seconds a task waits for the driver's job channel.
+        Seconds a task waits for the driver's job channel; a task that makes
+        no progress for ``timeout`` + 30 s (``spark.sparktf.watchdogSlack``)
+        gets the job cancelled.
 
     Returns
     -------
     dict
         Metric name -> value, as ``model.evaluate(..., return_dict=True)``.
+
+    Raises
+    ------
+    TrainingError
+        The watchdog cancelled the job (naming the partition and its phase).
     """
     from sparktf.errors import DataError
     from sparktf.spark.cluster import rendezvous_host
     from sparktf.spark.jobs import run_job
     from sparktf.training.segment_job import job_channel
+    from sparktf.training.watchdog import JobWatchdog
 
     secret = secrets.token_bytes(32)
     partitions = block_rdd.getNumPartitions()
@@ -76,8 +90,13 @@ def evaluate_blocks(
         source = StateSource(channel and channel.address, secret, partitions, timeout, broadcast)
         task = partial(_evaluate_partition, payload, source if state is not None else None, element_structure,
                        batch_size)
+        collect = lambda: block_rdd.mapPartitions(task).collect()  # noqa: E731
         try:
-            per_partition = run_job(lambda: block_rdd.mapPartitions(task).collect(), what="the evaluation job")
+            if channel is None:
+                per_partition = run_job(collect, what="the evaluation job")
+            else:
+                watchdog = JobWatchdog(block_rdd.context, channel, partitions, timeout, barrier=False)
+                per_partition = watchdog.run(collect, what="the evaluation job")
         finally:
             if broadcast is not None:
                 broadcast.destroy()
@@ -98,6 +117,7 @@ def _evaluate_partition(
     batch_size: int,
     blocks: Iterable[tuple],
 ) -> Iterator[List[np.ndarray]]:
+    import keras
     from pyspark import TaskContext
 
     from sparktf.models.cache import load_cached
@@ -106,16 +126,31 @@ def _evaluate_partition(
     from sparktf.data.specs import pack
 
     configure_task_threads(TaskContext.get().cpus())
-    shard = Shard.from_blocks(blocks)
-    if shard.num_records == 0:
-        return
-    model = load_cached(payload)
-    if state is not None:
-        state.fetch(TaskContext.get().partitionId()).apply_to(model)
-    element = pack(element_structure, _keras_arrays(shard.arrays))
-    labels = element[1] if len(element) == 2 else None
-    model.evaluate(element[0], labels, batch_size=batch_size, verbose=0)
-    yield [np.array(v) for v in _metric_variables(model)]
+    partition = TaskContext.get().partitionId()
+    heartbeat = state.heartbeat(partition) if state is not None else NoHeartbeat()
+    try:
+        heartbeat.phase = "data"
+        shard = Shard.from_blocks(blocks)
+        totals = None
+        if shard.num_records:
+            heartbeat.phase = "model_load"
+            model = load_cached(payload)
+            if state is not None:
+                heartbeat.phase = "state_fetch"
+                state.fetch(partition).apply_to(model)
+            heartbeat.phase = "evaluate"
+            element = pack(element_structure, _keras_arrays(shard.arrays))
+            count_batches = keras.callbacks.LambdaCallback(
+                on_test_batch_end=lambda batch, logs: setattr(heartbeat, "iteration", batch + 1))
+            model.evaluate(element[0], element[1] if len(element) == 2 else None, batch_size=batch_size,
+                           verbose=0, callbacks=[count_batches])
+            totals = [np.array(v) for v in _metric_variables(model)]
+    except BaseException:
+        heartbeat.stop()
+        raise
+    heartbeat.stop(DONE)
+    if totals is not None:
+        yield totals
 
 
 def _metric_variables(model: Any) -> list:

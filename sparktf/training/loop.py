@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
-from sparktf.collective.channel_client import ChannelClient, Heartbeat
+from sparktf.collective.channel_client import ChannelClient, start_heartbeat
 from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
@@ -167,7 +167,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     context = BarrierTaskContext.get()
     rank = context.partitionId()
     world_size = len(context.getTaskInfos())
-    heartbeat = _start_heartbeat(spec, rank, world_size)
+    heartbeat = start_heartbeat(spec.directory, rank, world_size, spec.secret, spec.collective_timeout)
     try:
         configure_task_threads(context.cpus())
         watch.lap("threads")
@@ -298,24 +298,6 @@ def _prepared_step(
     _start_state(spec, rank, world_size).apply_to(step.model)  # also undoes the warm-up's update
     watch.lap("state_fetch")
     return step
-
-
-class _NoHeartbeat:
-    """Stands in for the heartbeat when there is no job channel."""
-
-    phase = "start"
-    iteration = 0
-    loss = None
-
-    def stop(self) -> None:
-        pass
-
-
-def _start_heartbeat(spec: SegmentSpec, rank: int, world_size: int) -> Any:
-    if spec.directory is None:
-        return _NoHeartbeat()
-    client = ChannelClient(spec.directory, rank, world_size, spec.secret, spec.collective_timeout)
-    return Heartbeat(client)
 
 
 def _start_state(spec: SegmentSpec, rank: int, world_size: int) -> ModelState:

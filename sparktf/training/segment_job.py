@@ -32,7 +32,7 @@ from sparktf.spark.cluster import rendezvous_host
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment, state_checksums
-from sparktf.training.watchdog import STALL_SLACK_SECONDS, JobWatchdog
+from sparktf.training.watchdog import JobWatchdog
 
 __all__ = ["run_segment_job", "job_channel"]
 
@@ -79,8 +79,7 @@ def run_segment_job(
         else:
             channel.serve_state(*state.to_wire())
             job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
-            watchdog = JobWatchdog(sc, channel, num_workers, spec.collective_timeout + STALL_SLACK_SECONDS,
-                                   on_reports)
+            watchdog = JobWatchdog(sc, channel, num_workers, spec.collective_timeout, on_reports)
             result = _only_result(watchdog.run(partial(_collect, blocks, job_spec), what))
             result.state = _uploaded_state(channel, what)
     worker_seconds = sum(result.timings.values())

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sparktf.collective.channel_client import ChannelClient
+from sparktf.collective.channel_client import ChannelClient, start_heartbeat
 from sparktf.training.checkpoint import ModelState
 
 __all__ = ["StateSource"]
@@ -41,6 +41,10 @@ class StateSource:
     world_size: int
     timeout: float
     broadcast: Any = None
+
+    def heartbeat(self, rank: int) -> Any:
+        """A heartbeat of the task of ``rank`` to the channel (a stand-in without one)."""
+        return start_heartbeat(self.address, rank, self.world_size, self.secret, self.timeout)
 
     def fetch(self, rank: int) -> ModelState:
         """The state, for the task of ``rank``."""

@@ -1,15 +1,22 @@
-"""The driver's watchdog over one barrier job: a rank that stops making progress gets the job cancelled.
+"""The driver's watchdog over one job: a task that stops making progress gets the job cancelled.
 
-Every rank reports its phase and iteration to the job channel (see
-:class:`sparktf.collective.channel_client.Heartbeat`). The collective notices
-a rank that stops answering inside an all-reduce, but not a stall before the
-ring is up, a job of one worker, or a task that never starts. The watchdog
-notices all of these: when a rank's ``(phase, iteration)`` has not changed
-for ``stall_seconds`` (the collective timeout + 30 s), or a rank has not
-reported at all for that long since the job started, it cancels the job's
-Spark jobs (by job tag) and the job fails with a :class:`TrainingError`
-naming the rank and its phase, which the optimizer treats like a lost
-worker (a relaunch).
+Every task reports its phase and counter (iteration, batch) to the job
+channel (see :class:`sparktf.collective.channel_client.Heartbeat`). The
+collective notices a rank that stops answering inside an all-reduce, but not
+a stall before the ring is up, a job of one worker, a task that never starts,
+or an evaluation task. The watchdog notices all of these and cancels the
+job's Spark jobs (by job tag); the job then fails with a
+:class:`TrainingError` naming the task and its phase, which the optimizer
+treats like a lost worker (a relaunch). A task stalls when:
+
+* its ``(phase, counter)`` has not changed for the collective timeout +
+  ``spark.sparktf.watchdogSlack`` (30 s by default; see
+  :func:`sparktf.spark.cluster.watchdog_slack`), unless it reported the
+  phase ``"done"``;
+* in a barrier job (every rank runs at once), a rank has not reported at all
+  for that long since the job started;
+* in an ordinary job (tasks wait for free slots), no task has reported
+  anything new for that long: one hangs before it could report.
 """
 
 from __future__ import annotations
@@ -21,41 +28,48 @@ import uuid
 from typing import Any, Callable, Optional, TypeVar
 
 from sparktf.errors import TrainingError
+from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.jobs import jvm_gone, run_job
 
-__all__ = ["JobWatchdog", "STALL_SLACK_SECONDS"]
+__all__ = ["JobWatchdog", "DONE"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
 T = TypeVar("T")
 
-STALL_SLACK_SECONDS = 30.0
+DONE = "done"  # the phase a task reports last: it is finished, not stalled
 _CHECK_SECONDS = 1.0
 
 
 class JobWatchdog:
-    """Runs a barrier job and cancels it when a rank stalls.
+    """Runs a job and cancels it when a task stalls.
 
     Parameters
     ----------
     sc : pyspark.SparkContext
     channel : sparktf.collective.JobChannel
-        The job's channel, which receives the ranks' reports.
+        The job's channel, which receives the tasks' reports.
     num_workers : int
-        Ranks expected to report.
-    stall_seconds : float
-        How long a rank may go without progress.
+        Tasks expected to report (ranks, or partitions).
+    timeout : float
+        The tasks' own timeout (``collective_timeout``); a task may go
+        without progress for that long plus the watchdog's slack.
     on_reports : callable, optional
-        Called with the ranks' reports at every check (about once a second):
+        Called with the tasks' reports at every check (about once a second):
         the driver's live progress.
+    barrier : bool
+        Whether every task runs at once (a barrier job of ranks) or tasks
+        may wait for slots (an ordinary job of partitions).
     """
 
-    def __init__(self, sc: Any, channel: Any, num_workers: int, stall_seconds: float,
-                 on_reports: Optional[Callable[[dict], None]] = None):
+    def __init__(self, sc: Any, channel: Any, num_workers: int, timeout: float,
+                 on_reports: Optional[Callable[[dict], None]] = None, barrier: bool = True):
         self._sc = sc
         self._channel = channel
         self._num_workers = num_workers
-        self._stall_seconds = stall_seconds
-        self._tag = f"sparktf-segment-{uuid.uuid4().hex[:12]}"
+        self._stall_seconds = timeout + watchdog_slack(sc)
+        self._barrier = barrier
+        self._task, self._counter = ("rank", "iteration") if barrier else ("partition", "batch")
+        self._tag = f"sparktf-job-{uuid.uuid4().hex[:12]}"
         self._done = threading.Event()
         self._on_reports = on_reports
         self.reason: Optional[str] = None
@@ -108,12 +122,25 @@ class JobWatchdog:
 
     def _stall(self, now: float, started: float) -> Optional[str]:
         reports = self._channel.reports()
-        for rank in range(self._num_workers):
-            report = reports.get(rank)
-            if report is None and now - started > self._stall_seconds:
-                return (f"rank {rank} did not report for {now - started:.0f} s since the job started (its "
-                        "task did not start, or hung before it could report)")
-            if report is not None and now - report.changed_at > self._stall_seconds:
-                return (f"rank {rank} made no progress for {now - report.changed_at:.0f} s in phase "
-                        f"{report.phase!r} at iteration {report.iteration}")
+        for task, report in sorted(reports.items()):
+            if report.phase != DONE and now - report.changed_at > self._stall_seconds:
+                return (f"{self._task} {task} made no progress for {now - report.changed_at:.0f} s in phase "
+                        f"{report.phase!r} at {self._counter} {report.iteration}")
+        if self._barrier:
+            for rank in range(self._num_workers):
+                if rank not in reports and now - started > self._stall_seconds:
+                    return (f"rank {rank} did not report for {now - started:.0f} s since the job started (its "
+                            "task did not start, or hung before it could report)")
+            return None
+        last_news = max([started] + [report.changed_at for report in reports.values()])
+        waiting = sorted(set(range(self._num_workers)) - {t for t, r in reports.items() if r.phase == DONE})
+        if waiting and now - last_news > self._stall_seconds:
+            return (f"no task reported anything new for {now - last_news:.0f} s; partitions not done: "
+                    f"{_some(waiting)} (a task hung before it could report, or found no free task slot)")
         return None
+
+
+def _some(numbers: list) -> str:
+    """The first few of ``numbers``, for a message."""
+    shown = ", ".join(str(n) for n in numbers[:8])
+    return shown + (f" and {len(numbers) - 8} more" if len(numbers) > 8 else "")
