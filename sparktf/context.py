@@ -9,15 +9,19 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 import zipfile
-from typing import Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-__all__ = ["init_spark", "ship_package"]
+__all__ = ["init_spark", "ship_package", "warm_up_workers"]
 
 _SHIPPED_ATTR = "_sparktf_shipped_zip"
+WARM_UP_CONF = "spark.sparktf.warmUpWorkers"
+WARM_UP_SECONDS = 120.0
 _LOG = logging.getLogger("sparktf")
 
 
@@ -52,6 +56,13 @@ def init_spark(
     tensorflow"). The ``sparktf`` package itself is zipped and added to the
     executors' path, so they need not have it installed.
 
+    When this call creates the SparkContext, a background job imports
+    TensorFlow in one Python worker per task slot (~4 s each), so that the
+    first training or inference job reuses warm workers instead of paying
+    for the import while you build the model. Set
+    ``spark.sparktf.warmUpWorkers=false`` to skip it. Spark stops Python
+    workers that stay idle for a minute, so the benefit lasts about that long.
+
     When this call starts the driver JVM itself (no session yet, not under
     ``spark-submit``) and neither ``conf`` nor ``SPARK_DRIVER_MEMORY`` sets
     ``spark.driver.memory``, it is set to a quarter of the machine's memory,
@@ -63,6 +74,7 @@ def init_spark(
     active = SparkSession.getActiveSession()
     if master is None:
         master = os.environ.get("MASTER") or os.environ.get("SPARK_MASTER")
+    created = False
     if active is not None and master is None:
         session = active
     else:
@@ -75,9 +87,63 @@ def init_spark(
             builder = builder.config("spark.driver.memory", memory)
         for key, value in (conf or {}).items():
             builder = builder.config(key, str(value))
+        created = SparkContext._active_spark_context is None
         session = builder.getOrCreate()
     ship_package(session.sparkContext)
+    if created:
+        warm_up_workers(session.sparkContext)
     return session
+
+
+def warm_up_workers(sc: SparkContext) -> Optional[threading.Thread]:
+    """Import TensorFlow in one Python worker per task slot, in a background job; return its thread.
+
+    Does nothing (returns None) when ``spark.sparktf.warmUpWorkers`` is
+    ``false``. The job is cancelled after ``WARM_UP_SECONDS``; its failure
+    (e.g. the session stopped meanwhile) is only logged.
+    """
+    if sc.getConf().get(WARM_UP_CONF, "true").strip().lower() == "false":
+        return None
+    thread = threading.Thread(target=_warm_up, args=(sc,), name="sparktf-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def _warm_up(sc: SparkContext) -> None:
+    tag = f"sparktf-warm-up-{os.getpid()}-{id(sc)}"
+    slots = max(1, sc.defaultParallelism)
+    timer = threading.Timer(WARM_UP_SECONDS, _cancel_warm_up, (sc, tag))
+    timer.daemon = True
+    try:
+        sc.addJobTag(tag)  # this thread's jobs only
+        sc.setLocalProperty("spark.job.description", "sparktf: warming up Python workers (imports TensorFlow)")
+        timer.start()
+        started = time.monotonic()
+        warmed = sc.parallelize(range(slots), slots).mapPartitions(_import_tensorflow).collect()
+        _LOG.debug("warmed %d Python worker(s) in %.1f s (%d with TensorFlow)", len(warmed),
+                   time.monotonic() - started, sum(warmed))
+    except Exception as error:  # best effort: the user's jobs start workers themselves
+        _LOG.debug("warming up the Python workers failed: %s", error)
+    finally:
+        timer.cancel()
+
+
+def _cancel_warm_up(sc: SparkContext, tag: str) -> None:
+    try:
+        sc.cancelJobsWithTag(tag)
+    except Exception as error:  # the session is gone
+        _LOG.debug("cancelling the warm-up job failed: %s", error)
+
+
+def _import_tensorflow(_: Iterable[int]) -> Iterator[bool]:
+    """A warm-up task: import TensorFlow and Keras in this Python worker (True if they are installed)."""
+    try:
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+    except ImportError:
+        yield False
+        return
+    yield True
 
 
 def _default_driver_memory(conf: Mapping[str, str]) -> Optional[str]:

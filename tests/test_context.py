@@ -70,14 +70,25 @@ def test_init_spark_ships_the_package_once(spark):
 
 
 STOP_SCRIPT = r"""
-import json, os
+import json, os, sys, threading
 import sparktf
-spark = sparktf.init_spark("local[1]", conf={"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"})
+
+def tensorflow_in_worker(session):  # has the Python worker that runs the next task imported TensorFlow?
+    for thread in threading.enumerate():
+        if thread.name == "sparktf-warm-up":
+            thread.join(timeout=120)
+    return session.sparkContext.parallelize([0], 1).map(lambda _: "tensorflow" in sys.modules).collect()[0]
+
+conf = {"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"}
+spark = sparktf.init_spark("local[1]", conf=conf)
+warm = tensorflow_in_worker(spark)
 folder = os.path.dirname(sparktf.context.ship_package(spark.sparkContext))
 existed = os.path.isdir(folder)
 spark.stop()
-again = sparktf.init_spark("local[1]", conf={"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"})
+again = sparktf.init_spark("local[1]", conf=dict(conf, **{"spark.sparktf.warmUpWorkers": "false"}))
 print("RESULT_JSON " + json.dumps({
+    "warm": warm,
+    "warm_when_turned_off": tensorflow_in_worker(again),
     "existed": existed,
     "exists_after_stop": os.path.exists(folder),
     "left_at_exit": os.path.dirname(sparktf.context.ship_package(again.sparkContext)),
@@ -85,7 +96,7 @@ print("RESULT_JSON " + json.dumps({
 """
 
 
-def test_the_shipped_package_folder_goes_when_the_session_stops_or_the_process_exits(tmp_path):
+def test_new_sessions_warm_their_python_workers_and_remove_the_shipped_package_folder(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", STOP_SCRIPT], cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": os.path.dirname(HERE), "SPARK_LOCAL_IP": "127.0.0.1"},
@@ -93,6 +104,7 @@ def test_the_shipped_package_folder_goes_when_the_session_stops_or_the_process_e
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT_JSON ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(lines[-1][len("RESULT_JSON "):])
+    assert result["warm"] is True and result["warm_when_turned_off"] is False  # TensorFlow imported in the background
     assert result["existed"] is True and result["exists_after_stop"] is False
     assert os.path.basename(result["left_at_exit"]).startswith("sparktf-pyfiles-")
     assert not os.path.exists(result["left_at_exit"])  # the second session was never stopped: removed at exit
