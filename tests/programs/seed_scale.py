@@ -28,6 +28,7 @@ def resnet101() -> None:
 
     import sparktf
     from sparktf import MaxIteration, SeveralIteration, TFDataset, TFOptimizer
+    from sparktf.training.checkpoint import load_checkpoint
 
     sparktf.init_spark("local[2]", conf=dict(CONF, **{"spark.driver.memory": "1g"}))
     model = keras.applications.ResNet101(weights=None, input_shape=(32, 32, 3), classes=10)
@@ -40,8 +41,14 @@ def resnet101() -> None:
                                        model_dir=sys.argv[2])
     history = optimizer.optimize(MaxIteration(2), checkpoint_trigger=SeveralIteration(1))
     changed = sum(not np.array_equal(a, np.array(v)) for a, v in zip(before, model.weights))
-    state_mb = sum(np.array(v).nbytes for v in model.weights + model.optimizer.variables) / 2**20
-    print(f"RESULT iterations={history['iterations']} changed={changed} state_mb={state_mb:.0f}", flush=True)
+    driver = [np.array(v) for v in model.weights + model.optimizer.variables]
+    state_mb = sum(a.nbytes for a in driver) / 2**20
+    # the last checkpoint holds the state rank 0 streamed back (the driver checked rank 0's checksums of it)
+    saved = load_checkpoint(os.path.join(sys.argv[2], "checkpoint-2.npz"))
+    rank0 = saved.weights + saved.optimizer_variables
+    equal = sum(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(driver, rank0))
+    print(f"RESULT iterations={history['iterations']} changed={changed} state_mb={state_mb:.0f} "
+          f"variables={len(driver)} saved={len(rank0)} equal={equal} saved_iteration={saved.iteration}", flush=True)
 
 
 def kill_jvm() -> None:
