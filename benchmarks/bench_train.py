@@ -206,7 +206,8 @@ def main() -> None:
     print(f"cold, no warm-up: the first CNN job of a session starts 2 Python workers and imports TensorFlow: "
           f"{unwarmed:.1f}s")
     spark.stop()
-    spark = sparktf.init_spark("local[2]", app_name="bench-train", conf=conf)
+    # the default; said explicitly because PySpark's session builder keeps the options of the earlier session
+    spark = sparktf.init_spark("local[2]", app_name="bench-train", conf={**conf, WARM_UP_CONF: "true"})
     spark.sparkContext.setLogLevel("ERROR")
     warm_up_seconds = wait_for_warm_up()
     cold, _ = run_sparktf("cnn", GLOBAL_BATCH["cnn"], cnn_iterations, 2)
