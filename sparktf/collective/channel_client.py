@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import sys
 import threading
 import time
@@ -133,6 +134,7 @@ class Heartbeat:
         self.iteration = 0
         self.loss: Optional[float] = None
         self._stopped = threading.Event()
+        self._wake, self._waker = socket.socketpair()  # stop() wakes the thread from its wait at once
         self._thread = threading.Thread(target=self._run, name="sparktf-heartbeat", daemon=True)
         self._thread.start()
 
@@ -142,8 +144,11 @@ class Heartbeat:
         ``final_phase``, if given, is reported last (e.g. ``"done"``: the task
         finished, which the driver's watchdog tells apart from a stall).
         """
+        if self._stopped.is_set():
+            return
         self._stopped.set()
-        self._thread.join(timeout=HEARTBEAT_SECONDS + HANDSHAKE_SECONDS)
+        self._waker.send(b"!")
+        self._thread.join(timeout=HANDSHAKE_SECONDS)
         if final_phase is not None and not self._thread.is_alive():
             self.phase = final_phase
             try:
@@ -151,6 +156,8 @@ class Heartbeat:
             except (OSError, ValueError):  # the driver is gone: nobody is watching
                 pass
         self._client.close()
+        self._wake.close()
+        self._waker.close()
 
     def _report(self) -> None:
         send_message(self._client.sock, {"op": "report", "phase": self.phase, "iteration": int(self.iteration),
@@ -162,8 +169,8 @@ class Heartbeat:
         while not self._stopped.is_set():
             try:
                 self._report()
-                readable, _, _ = select.select([sock], [], [], HEARTBEAT_SECONDS)
-                if readable and not sock.recv(1):  # the driver sends nothing here: readable means closed
+                readable, _, _ = select.select([sock, self._wake], [], [], HEARTBEAT_SECONDS)
+                if sock in readable and not sock.recv(1):  # the driver sends nothing here: readable means closed
                     raise ChannelClosed("the driver closed the job channel")
             except (OSError, ValueError):
                 self._orphaned()
