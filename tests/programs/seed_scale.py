@@ -57,7 +57,8 @@ def kill_jvm() -> None:
     import sparktf
     from sparktf import DriverJVMGone, MaxIteration, TFDataset, TFOptimizer
 
-    spark = sparktf.init_spark("local[2]", conf=CONF)
+    # no warm-up job: the first active stage must be the training job's
+    spark = sparktf.init_spark("local[2]", conf=dict(CONF, **{"spark.sparktf.warmUpWorkers": "false"}))
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
