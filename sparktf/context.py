@@ -116,7 +116,7 @@ def _warm_up(sc: SparkContext) -> None:
     timer.daemon = True
     try:
         sc.addJobTag(tag)  # this thread's jobs only
-        sc.setLocalProperty("spark.job.description", "sparktf: warming up Python workers (imports TensorFlow)")
+        sc.setJobDescription("sparktf: warming up Python workers (imports TensorFlow)")
         timer.start()
         started = time.monotonic()
         warmed = sc.parallelize(range(slots), slots).mapPartitions(_import_tensorflow).collect()

@@ -323,9 +323,9 @@ class TFOptimizer:
                 epoch_end = bool(callbacks) and progress.epoch_finished
                 if validation is not None and (validation_trigger(progress) or epoch_end):
                     progress, results = self._validate(validation, progress, history)
-                if driver is not None:
-                    if driver.segment_ends(first, result.losses, result.step_seconds, progress, results):
-                        break
+                if driver is not None and driver.segment_ends(first, result.losses, result.step_seconds,
+                                                              progress, results):
+                    break
             if driver is not None:
                 driver.train_end()
         finally:
@@ -514,7 +514,6 @@ class TFOptimizer:
             payload = ModelPayload.from_model(self.model, include_weights=False)
             self._payload = self.sc.broadcast(payload.to_bytes())
         return self._payload
-
 
 
 def _check_data_fits(model: Any, dataset: Any) -> None:

@@ -85,7 +85,7 @@ class JobWatchdog:
             What the job itself failed with (see :func:`sparktf.spark.jobs.run_job`).
         """
         started = time.monotonic()
-        watcher = threading.Thread(target=self._watch, args=(started,), name="sparktf-watchdog", daemon=True)
+        watcher = threading.Thread(target=self._watch, args=(started, what), name="sparktf-watchdog", daemon=True)
         self._sc.addJobTag(self._tag)
         watcher.start()
         try:
@@ -103,7 +103,7 @@ class JobWatchdog:
                 if not jvm_gone(error):  # a dead JVM's error is already on its way
                     raise
 
-    def _watch(self, started: float) -> None:
+    def _watch(self, started: float, what: str) -> None:
         while not self._done.wait(_CHECK_SECONDS):
             if self._on_reports is not None:
                 try:
@@ -113,11 +113,11 @@ class JobWatchdog:
             reason = self._stall(time.monotonic(), started)
             if reason is not None:
                 self.reason = reason
-                _LOG.warning("cancelling the training job: %s", reason)
+                _LOG.warning("cancelling %s: %s", what, reason)
                 try:
                     self._sc.cancelJobsWithTag(self._tag)
                 except Exception as error:  # the JVM may be gone: the job's own call fails then
-                    _LOG.warning("could not cancel the training job: %s", error)
+                    _LOG.warning("could not cancel %s: %s", what, error)
                 return
 
     def _stall(self, now: float, started: float) -> Optional[str]:
