@@ -20,6 +20,7 @@ from sparktf.data import arrow_io, specs, tfrecord_io
 from sparktf.data.block_dataset import UNSET as _UNSET
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.columnar import RecordFormat
+from sparktf.data.tfrecord_stream import TFRecordStream
 from sparktf.context import init_spark
 from sparktf.data.sources import (
     check_is_rdd,
@@ -267,6 +268,7 @@ class TFDataset(BlockDataset):
         validation_paths: Union[str, Sequence[str], None] = None,
         shuffle: bool = True,
         seed: Optional[int] = None,
+        cache: bool = True,
     ) -> "TFDataset":
         """A dataset of TFRecord files, parsed on the executors (one partition per file).
 
@@ -283,6 +285,14 @@ class TFDataset(BlockDataset):
             As in :meth:`from_rdd`.
         validation_paths : str or list of str, optional
             Validation files.
+        cache : bool
+            True: the parsed records are cached by Spark (parsed once).
+            False: nothing is cached; every epoch each training worker reads
+            its share of whole files with ``tf.data`` (interleaved, shuffle
+            buffer, ``parse_fn`` in parallel, prefetched), so ``parse_fn``
+            and its randomness (e.g. augmentation) run every epoch; training
+            needs at least as many files as workers. Evaluation and
+            prediction read and parse the files every time, in file order.
 
         Returns
         -------
@@ -290,12 +300,16 @@ class TFDataset(BlockDataset):
         """
         sc = init_spark().sparkContext
         feature_spec, label_spec = tfrecord_io.trace_parse_fn(parse_fn)
-        reader = tfrecord_io.TFRecordReader(parse_fn, RecordFormat.from_specs(feature_spec, label_spec))
+        record_format = RecordFormat.from_specs(feature_spec, label_spec)
+        reader = tfrecord_io.TFRecordReader(parse_fn, record_format)
 
         def file_blocks(file_paths, kind: str) -> RDD:
-            return tfrecord_io.file_blocks(sc, tfrecord_io.expand_paths(file_paths), reader, kind)
+            return tfrecord_io.file_blocks(sc, tfrecord_io.expand_paths(file_paths), reader, kind, cache)
 
         val_blocks = None if validation_paths is None else file_blocks(validation_paths, "validation")
+        file_stream = None
+        if not cache:
+            file_stream = TFRecordStream(tfrecord_io.expand_paths(paths), parse_fn, record_format)
         return cls._with_validation(
             file_blocks(paths, "training"),
             feature_spec,
@@ -305,6 +319,7 @@ class TFDataset(BlockDataset):
             batch_per_thread=batch_per_thread,
             shuffle=shuffle,
             seed=seed,
+            file_stream=file_stream,
         )
 
     @classmethod
@@ -326,6 +341,7 @@ class TFDataset(BlockDataset):
         val_block_rdd: Optional[RDD],
         *,
         val_counts: Optional[List[int]] = None,
+        file_stream: Any = None,
         **options: Any,
     ) -> "TFDataset":
         val_dataset = None
@@ -339,4 +355,4 @@ class TFDataset(BlockDataset):
                 shuffle=False,
                 partition_counts=val_counts,
             )
-        return cls(block_rdd, feature_spec, label_spec, val_dataset=val_dataset, **options)
+        return cls(block_rdd, feature_spec, label_spec, val_dataset=val_dataset, file_stream=file_stream, **options)

@@ -15,8 +15,6 @@ import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.spark import cluster
-from sparktf.spark.jobs import unpersist
-from sparktf.data.block_serializer import cached
 from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint, save_checkpoint
 from sparktf.errors import DataError, DriverJVMGone, ModelError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
@@ -302,12 +300,8 @@ class TFOptimizer:
         driver = self._driver_callbacks(callbacks, verbose, end_trigger)
         stops += [EveryEpoch()] if callbacks else []  # callbacks see the model at every epoch end
         history: Dict[str, Any] = {"loss": []}
-        blocks = self.dataset.training_block_rdd(self.num_workers)
-        persisted_here = not blocks.is_cached
-        if persisted_here:
-            cached(blocks, "training")
         self._failures = 0
-        try:
+        with self.dataset.training_input(self.num_workers) as (data, feed):
             progress = self._progress()
             if driver is not None:
                 driver.train_begin()
@@ -315,7 +309,7 @@ class TFOptimizer:
                 if driver is not None:
                     driver.segment_begins(progress)
                 first = progress.iteration + 1
-                result = self._run_segment(blocks, local_batch, progress, TriggerOr(*stops), driver)
+                result = self._run_segment(data, feed, local_batch, progress, TriggerOr(*stops), driver)
                 progress = self._finish_segment(result, history)
                 if self.model_dir and checkpoint_trigger(progress):
                     save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir)
@@ -328,9 +322,6 @@ class TFOptimizer:
                     break
             if driver is not None:
                 driver.train_end()
-        finally:
-            if persisted_here:
-                unpersist(blocks)
         history["iterations"] = self.iteration
         history["epochs"] = progress.epoch
         return history
@@ -355,7 +346,7 @@ class TFOptimizer:
                                self.dataset.batch_size, epochs, self.history)
 
     def _run_segment(
-        self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger,
+        self, data: Any, feed: Any, local_batch: int, progress: TrainingProgress, stop: Trigger,
         driver: Optional[DriverCallbacks] = None,
     ) -> SegmentResult:
         """Run one segment, relaunching it from the driver's state after a failure.
@@ -364,7 +355,7 @@ class TFOptimizer:
         """
         while True:
             try:
-                return self._launch_segment(blocks, local_batch, progress, stop, driver)
+                return self._launch_segment(data, feed, local_batch, progress, stop, driver)
             except (DataError, ModelError, DriverJVMGone):  # the data or the model would fail again; no JVM
                 raise
             except Exception as error:  # a worker failed: relaunch from the last good state
@@ -382,7 +373,7 @@ class TFOptimizer:
                 cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=_SLOT_WAIT_SECONDS)
 
     def _launch_segment(
-        self, blocks: Any, local_batch: int, progress: TrainingProgress, stop: Trigger,
+        self, data: Any, feed: Any, local_batch: int, progress: TrainingProgress, stop: Trigger,
         driver: Optional[DriverCallbacks],
     ) -> SegmentResult:
         spec = SegmentSpec(
@@ -392,16 +383,14 @@ class TFOptimizer:
             local_batch=local_batch,
             start=progress,
             stop=stop,
-            shuffle=self.dataset.shuffle,
-            seed=self.dataset.seed,
-            sequential_order=self.dataset.sequential_order,
+            feed=feed,
             clipping=self.clipping,
             secret=b"",
             directory=None,
             collective_timeout=self.collective_timeout,
         )
         state = ModelState.capture(self.model, self.iteration)
-        return run_segment_job(self.sc, blocks, spec, state, self.num_workers, driver and driver.report)
+        return run_segment_job(self.sc, data, spec, state, self.num_workers, driver and driver.report)
 
     def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
         """Take the segment's state into the driver's model; log its iterations."""

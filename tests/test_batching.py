@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from sparktf.data.batching import Shard, TrainBatches, inference_batches
+from sparktf.data.batching import Shard, inference_batches
+from sparktf.data.train_batches import TrainBatches
 from sparktf.errors import DataError
 
 
@@ -83,3 +84,66 @@ def test_inference_batches_keep_every_record_in_order():
     assert list(inference_batches([], 3)) == []
     with pytest.raises(DataError, match="inference batch size must be positive"):
         list(inference_batches(blocks, 0))
+
+
+def spilled(tmp_path, n, blocks=3):
+    """The records of ``shard_of(n)`` written to local-disk files, plus a string leaf."""
+    from sparktf.data.shard_files import ShardFiles
+
+    ids = np.arange(n)
+    words = np.array([b"r%d" % i for i in ids], dtype=object)
+    bounds = np.linspace(0, n, blocks + 1).astype(int)
+    parts = ((ids[a:b], ids[a:b] * 10.0, words[a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
+    return ShardFiles.write(str(tmp_path / "part-0"), parts)
+
+
+def test_spilled_shard_reads_ranges_back_and_is_found_again(tmp_path):
+    from sparktf.data.shard_files import ShardFiles
+
+    files = spilled(tmp_path, 10)
+    ids, values, words = files.read([(7, 10), (0, 2)])
+    assert ids.tolist() == [7, 8, 9, 0, 1] and values.tolist() == [70.0, 80.0, 90.0, 0.0, 10.0]
+    assert words.tolist() == [b"r7", b"r8", b"r9", b"r0", b"r1"]
+    assert ShardFiles.open(files.directory).num_records == 10
+    assert ShardFiles.open(str(tmp_path / "part-1")) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["part-0"], "no scratch folder is left behind"
+
+
+@pytest.mark.parametrize("sequential_order", [True, False])
+def test_streamed_unshuffled_batches_equal_in_memory_ones(tmp_path, sequential_order):
+    files = spilled(tmp_path, 23)
+    in_memory = TrainBatches(shard_of(23), 5, False, 3, 1, sequential_order)
+    streamed = TrainBatches(files, 5, False, 3, 1, sequential_order, window_records=4)
+    assert streamed.streamed and not in_memory.streamed
+    np.testing.assert_array_equal(np.concatenate(take_ids(streamed, 14)), np.concatenate(take_ids(in_memory, 14)))
+    streamed.close()
+
+
+def test_streamed_shuffle_covers_each_pass_holds_one_window_and_resumes_exactly(tmp_path):
+    files = spilled(tmp_path, 40)
+
+    def stream(seed, start_batch=0):
+        return TrainBatches(files, 6, True, seed, 0, window_records=8, start_batch=start_batch)
+
+    batches = stream(5)
+    drawn = list(itertools.islice(batches, 20))  # 120 records = three passes
+    assert all(np.array_equal(ids * 10.0, values) for ids, values, _ in drawn)
+    assert all(words.tolist() == [b"r%d" % i for i in ids] for ids, _, words in drawn)
+    assert len(batches._arrays[0]) <= 8, "a window holds at most window_records records"
+    ids = np.concatenate([d[0] for d in drawn])
+    for k in range(3):
+        assert sorted(ids[40 * k : 40 * (k + 1)]) == list(range(40)), f"pass {k} visits every record once"
+    assert not np.array_equal(ids[:40], ids[40:80]), "every pass is reshuffled"
+    assert not np.array_equal(ids[:40], np.sort(ids[:40])), "records are shuffled"
+    resumed = stream(5, start_batch=11)  # a relaunch at iteration 12 continues the same stream
+    np.testing.assert_array_equal(np.concatenate(take_ids(resumed, 9)), ids[66:])
+    other_seed = np.concatenate(take_ids(stream(6), 7))
+    assert not np.array_equal(other_seed, ids[:42])
+    for each in (batches, resumed):
+        each.close()
+
+
+def test_in_memory_stream_resumes_at_any_batch():
+    uninterrupted = np.concatenate(take_ids(TrainBatches(shard_of(10), 4, True, 2, 0), 8))
+    resumed = np.concatenate(take_ids(TrainBatches(shard_of(10), 4, True, 2, 0, start_batch=3), 5))
+    np.testing.assert_array_equal(resumed, uninterrupted[12:])

@@ -8,18 +8,23 @@ partition per worker.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
 import secrets
 from operator import itemgetter
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from pyspark import RDD
 
 from sparktf.data import specs
-from sparktf.data.block_serializer import block_rdd
+from sparktf.data.block_feed import BlockFeed
+from sparktf.data.block_serializer import block_rdd, cached
 from sparktf.data.columnar import BlockRouter, RecordFormat, count_records, sorted_blocks
 from sparktf.errors import DataError
+from sparktf.spark.cluster import train_data_memory
+from sparktf.spark.jobs import unpersist
 from sparktf.spark.remote_errors import reraise_remote
 
 __all__ = ["BlockDataset", "UNSET"]
@@ -55,6 +60,10 @@ class BlockDataset:
         Seed of the training order; a random one when ``None``.
     partition_counts : list of int, optional
         Records per partition of ``block_rdd`` when already known.
+    file_stream : TFRecordStream, optional
+        For ``from_tfrecord_file(cache=False)``: the files training workers
+        read every epoch (``block_rdd`` then reads them, uncached, for
+        evaluation and prediction).
 
     Raises
     ------
@@ -75,6 +84,7 @@ class BlockDataset:
         sequential_order: bool = False,
         seed: Optional[int] = None,
         partition_counts: Optional[Sequence[int]] = None,
+        file_stream: Any = None,
     ):
         check_batch_options(batch_size, batch_per_thread)
         if seed is not None and (not isinstance(seed, (int, np.integer)) or seed < 0):
@@ -91,7 +101,7 @@ class BlockDataset:
         self._seed = int(seed) if seed is not None else secrets.randbits(31)
         self._partition_counts = list(partition_counts) if partition_counts is not None else None
         self._training_rdds: Dict[int, RDD] = {}
-
+        self._file_stream = file_stream
 
     # ------------------------------------------------------------------ properties
 
@@ -171,7 +181,10 @@ class BlockDataset:
         """
         if self._partition_counts is None:
             with reraise_remote():
-                self._partition_counts = self._block_rdd.mapPartitions(count_records).collect()
+                if self._file_stream is not None:  # count the files' records without parsing them
+                    self._partition_counts = self._file_stream.count_records(self._block_rdd.context)
+                else:
+                    self._partition_counts = self._block_rdd.mapPartitions(count_records).collect()
         return self._partition_counts
 
     @property
@@ -264,6 +277,33 @@ class BlockDataset:
                 .mapPartitions(sorted_blocks)
             )
         return self._training_rdds[num_workers]
+
+    @contextlib.contextmanager
+    def training_input(self, num_workers: int) -> Iterator[Tuple[RDD, Any]]:
+        """``(rdd, feed)`` for the training jobs of one ``optimize`` call.
+
+        ``rdd`` has one partition per worker and ``feed.open(rank, partition,
+        local_batch, start_batch)`` turns a task's partition into its endless
+        batches (:class:`~sparktf.data.block_feed.BlockFeed` over the balanced
+        Blocks, persisted while the context lasts when nothing cached them;
+        or, for ``cache=False`` TFRecords, a feed reading the worker's files).
+        """
+        sc = self._block_rdd.context
+        budget = train_data_memory(sc)
+        if self._file_stream is not None:
+            yield self._file_stream.training_input(sc, self.partition_counts, num_workers, self._shuffle,
+                                                   self._seed, budget)
+            return
+        blocks = self.training_block_rdd(num_workers)
+        persisted_here = not blocks.is_cached
+        if persisted_here:
+            cached(blocks, "training")
+        key = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{sc.applicationId}-rdd{blocks.id()}")
+        try:
+            yield blocks, BlockFeed(key, self._shuffle, self._seed, self._sequential_order, budget)
+        finally:
+            if persisted_here:
+                unpersist(blocks)
 
     def _default_workers(self, num_workers: Optional[int]) -> int:
         return self._block_rdd.context.defaultParallelism if num_workers is None else num_workers

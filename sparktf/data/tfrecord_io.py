@@ -13,7 +13,7 @@ from sparktf.data.columnar import Block, RecordFormat, records_per_block, to_lea
 from sparktf.errors import DataError
 from sparktf.spark.user_code import pickle_by_value
 
-__all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader", "file_blocks"]
+__all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader", "parsed_block", "file_blocks"]
 
 #: Most records per block read from TFRecords: tf.data's ``batch`` slows down
 #: sharply with huge batch sizes (about 2 s for 2M, even on a 5-record file).
@@ -101,8 +101,7 @@ class TFRecordReader:
             first = 0
             try:
                 for element in parsed.batch(batch).as_numpy_iterator():
-                    values = specs.flatten(self.record_format.as_element(element))
-                    block = tuple(to_leaf_column(value, leaf) for value, leaf in zip(values, leaves))
+                    block = parsed_block(self.record_format, element)
                     yield block
                     first += len(block[0])
             except tf.errors.OpError as exc:
@@ -112,6 +111,13 @@ class TFRecordReader:
                 ) from None
 
 
-def file_blocks(sc: Any, files: List[str], reader: "TFRecordReader", kind: str) -> Any:
-    """The cached Blocks of ``files`` read by ``reader``, one partition per file."""
-    return cached(block_rdd(sc.parallelize(files, len(files)).mapPartitionsWithIndex(reader)), kind)
+def parsed_block(record_format: RecordFormat, element: Any) -> Block:
+    """A batch of ``parse_fn``'s output (as NumPy) as a Block of the dataset's leaves."""
+    values = specs.flatten(record_format.as_element(element))
+    return tuple(to_leaf_column(value, leaf) for value, leaf in zip(values, record_format.leaves))
+
+
+def file_blocks(sc: Any, files: List[str], reader: "TFRecordReader", kind: str, cache: bool = True) -> Any:
+    """The Blocks of ``files`` read by ``reader``, one partition per file; cached by Spark when ``cache``."""
+    blocks = block_rdd(sc.parallelize(files, len(files)).mapPartitionsWithIndex(reader))
+    return cached(blocks, kind) if cache else blocks.setName(f"sparktf {kind} TFRecords (not cached)")

@@ -1,4 +1,4 @@
-"""Cluster resources: free task slots for a barrier job, TensorFlow threads per task, the rendezvous.
+"""Cluster resources: free task slots for a barrier job, TensorFlow threads per task, the rendezvous, memory settings.
 
 Spark's own check for a barrier stage that does not fit retries for minutes;
 sparktf fails within seconds instead, naming the numbers.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 
 from pyspark import SparkConf, SparkContext
@@ -24,6 +25,8 @@ __all__ = [
     "rendezvous_host",
     "WATCHDOG_SLACK_CONF",
     "watchdog_slack",
+    "TRAIN_DATA_MEMORY_CONF",
+    "train_data_memory",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -170,3 +173,32 @@ def watchdog_slack(sc: SparkContext) -> float:
     if not (math.isfinite(seconds) and seconds >= 0):
         raise SparkTFError(f"{WATCHDOG_SLACK_CONF} must be a number of seconds >= 0, got {text!r}")
     return seconds
+
+
+TRAIN_DATA_MEMORY_CONF = "spark.sparktf.trainDataMemory"
+DEFAULT_TRAIN_DATA_MEMORY = "512m"
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def train_data_memory(sc: SparkContext) -> int:
+    """Bytes of training records one training worker may hold in memory.
+
+    ``spark.sparktf.trainDataMemory`` (a Spark size string such as ``512m``
+    or ``2g``; plain numbers are bytes; default 512m), read from this
+    thread's local properties or else from the application's configuration.
+    A worker whose shard is larger streams it through a bounded shuffle window.
+
+    Raises
+    ------
+    SparkTFError
+        The value is not a positive size.
+    """
+    text = sc.getLocalProperty(TRAIN_DATA_MEMORY_CONF) or sc.getConf().get(
+        TRAIN_DATA_MEMORY_CONF, DEFAULT_TRAIN_DATA_MEMORY)
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", text.lower())
+    size = int(match.group(1)) * _SIZE_UNITS[match.group(2)] if match else 0
+    if size <= 0:
+        raise SparkTFError(
+            f"{TRAIN_DATA_MEMORY_CONF} must be a positive size such as 512m or 2g, got {text!r}"
+        )
+    return size

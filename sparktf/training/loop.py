@@ -6,7 +6,10 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
 1. sets TensorFlow's thread counts to ``spark.task.cpus``;
 2. starts connecting to its peers (``collective.Communicator``) in a thread,
    and meanwhile:
-3. caches its partition as columnar NumPy arrays (``batching.Shard``);
+3. opens its endless stream of local batches (``spec.feed``: its partition
+   spilled to local disk and read in memory or through a bounded shuffle
+   window, or its TFRecord files read with ``tf.data``), starting at the
+   segment's first iteration;
 4. gets the model from the per-process cache (built once per Python worker
    from the broadcast ``ModelPayload``), the first time traces and
    compiles its step by running it once without all-reduce
@@ -70,8 +73,9 @@ class SegmentSpec:
         Progress before the segment's first iteration.
     stop : Trigger
         The segment ends after the first iteration where it fires.
-    shuffle, seed, sequential_order
-        Options of ``batching.TrainBatches``.
+    feed : BlockFeed or TFRecordFeed
+        ``feed.open(rank, partition, local_batch, start_batch)`` gives the
+        worker's batches.
     clipping : GradientClipping
         Clipping of the global gradient.
     secret : bytes
@@ -90,9 +94,7 @@ class SegmentSpec:
     local_batch: int
     start: TrainingProgress
     stop: Trigger
-    shuffle: bool
-    seed: int
-    sequential_order: bool
+    feed: Any
     clipping: GradientClipping
     secret: bytes
     directory: Optional[str]
@@ -155,12 +157,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     ----------
     spec : SegmentSpec
         The segment's settings.
-    blocks : iterable of Block
-        This task's partition of the training block RDD.
+    blocks : iterable
+        This task's partition of the training RDD (what ``spec.feed`` reads).
     """
     from pyspark import BarrierTaskContext
 
-    from sparktf.data.batching import Shard
     from sparktf.collective import Communicator
 
     watch = _Stopwatch()
@@ -179,23 +180,26 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
                 spec.collective_timeout,
                 spec.directory,
             )
+            stream = None
             try:
                 heartbeat.phase = "data_cache"
-                shard = Shard.from_blocks(blocks)
+                stream = spec.feed.open(rank, blocks, spec.local_batch, spec.start.iteration)
+                first_batch = next(stream)
                 watch.lap("data_cache")
                 with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
-                    step = _prepared_step(
-                        spec, lambda: _batches(spec, shard, rank), watch, heartbeat, rank, world_size
-                    )
+                    step = _prepared_step(spec, first_batch, watch, heartbeat, rank, world_size)
                 heartbeat.phase = "connect"
             except BaseException:
+                if stream is not None:
+                    stream.close(wait=False, timeout=0)
                 _close_when_connected(connecting)
                 raise
             communicator = connecting.result()
         watch.lap("connect")
+        finished = False
         try:
             heartbeat.phase = "train"
-            batches = _skip(_batches(spec, shard, rank), spec.start.iteration)
+            batches = itertools.chain([first_batch], stream)
             result = _train(spec, rank, step, batches, communicator, watch, heartbeat)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
@@ -204,8 +208,10 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
                 heartbeat.phase = "state_upload"
                 result.state = _hand_back(spec, ModelState.capture(step.model, result.iteration), world_size)
                 watch.lap("state_upload")
+            finished = True
         finally:
             communicator.close()
+            stream.close(wait=finished, timeout=spec.collective_timeout)  # the task's input read to its end
     finally:
         heartbeat.stop()
     if rank == 0:
@@ -270,16 +276,9 @@ def _timed_allreduce(communicator: Any, watch: _Stopwatch) -> Callable[[np.ndarr
     return allreduce
 
 
-def _batches(spec: SegmentSpec, shard: Any, rank: int) -> Iterator[List[np.ndarray]]:
-    """The worker's deterministic stream of local batches, from the first one."""
-    from sparktf.data.batching import TrainBatches
-
-    return TrainBatches(shard, spec.local_batch, spec.shuffle, spec.seed, rank, spec.sequential_order)
-
-
 def _prepared_step(
     spec: SegmentSpec,
-    batches: Callable[[], Iterator[List[np.ndarray]]],
+    batch: List[np.ndarray],
     watch: _Stopwatch,
     heartbeat: Any,
     rank: int,
@@ -291,7 +290,7 @@ def _prepared_step(
     watch.lap("model_load")
     if not step.warmed_up:
         heartbeat.phase = "warm_up"
-        step.warm_up(*_features_labels(spec, next(batches())))
+        step.warm_up(*_features_labels(spec, batch))
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
@@ -342,11 +341,6 @@ def _cached_step(payload: Any, clipping: GradientClipping) -> TrainStep:
     model = load_cached(payload)  # the key names the model object: a reloaded model gets a new step
     key = f"{payload_key(payload.value)}/train-step/{clipping!r}/{id(model)}"
     return cached(key, lambda: TrainStep(model, clipping))
-
-
-def _skip(batches: Iterator[List[np.ndarray]], count: int) -> Iterator[List[np.ndarray]]:
-    """Advance the batch stream past the ``count`` batches earlier iterations used."""
-    return itertools.islice(batches, count, None)
 
 
 def _average_non_trainable(model: Any, communicator: Any) -> None:

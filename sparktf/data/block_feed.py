@@ -1,0 +1,141 @@
+"""A training worker's batches from its partition of Blocks, within a memory budget.
+
+The first segment that runs partition ``p`` on an executor spills the Blocks
+Spark sends to local disk (:class:`~sparktf.data.shard_files.ShardFiles`).
+From then on every segment on that executor reads the spill: a shard of at
+most ``memory_budget`` bytes is loaded into memory once per Python worker
+(kept, like the model cache, for later segments; an exact permutation every
+pass), a larger one is streamed through the bounded shuffle window of
+:class:`~sparktf.data.train_batches.TrainBatches`. The copy Spark still sends
+to a later segment is read and dropped on a background thread, so the Python
+worker stays reusable, while training runs. TensorFlow-free.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Iterable, Iterator, List, Optional
+
+import numpy as np
+
+from sparktf.data.batching import Shard
+from sparktf.data.columnar import Block
+from sparktf.data.shard_files import ShardFiles, spill_directory
+from sparktf.data.train_batches import TrainBatches
+from sparktf.errors import TrainingError
+
+__all__ = ["BlockFeed", "FeedStream"]
+
+
+class FeedStream:
+    """A worker's endless batches plus what must end with its task.
+
+    Parameters
+    ----------
+    batches : iterator of list of numpy.ndarray
+        The batches; closed by :meth:`close` when they have a ``close``.
+    drain : threading.Thread, optional
+        A thread reading the task's remaining input.
+    """
+
+    def __init__(self, batches: Iterator[List[np.ndarray]], drain: Optional[threading.Thread] = None):
+        self._batches = batches
+        self._drain = drain
+
+    def __iter__(self) -> "FeedStream":
+        return self
+
+    def __next__(self) -> List[np.ndarray]:
+        return next(self._batches)
+
+    def close(self, wait: bool, timeout: float) -> None:
+        """Stop reading; with ``wait``, first let the task's input be read to its end.
+
+        Raises
+        ------
+        TrainingError
+            If the input is not read to its end within ``timeout`` seconds.
+        """
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+        if wait and self._drain is not None:
+            self._drain.join(timeout)
+            if self._drain.is_alive():
+                raise TrainingError(
+                    f"the training task could not read the rest of its Spark input within {timeout:.0f} s"
+                )
+
+
+class BlockFeed:
+    """Picklable description of how training workers batch their partitions of Blocks.
+
+    Parameters
+    ----------
+    key : str
+        Names the training data on the executors' disks (unique per
+        application and training RDD).
+    shuffle, seed, sequential_order
+        The dataset's ordering options (see :class:`TrainBatches`).
+    memory_budget : int
+        Most bytes of records one worker holds (``spark.sparktf.trainDataMemory``).
+    """
+
+    def __init__(self, key: str, shuffle: bool, seed: int, sequential_order: bool, memory_budget: int):
+        self.key = key
+        self.shuffle = shuffle
+        self.seed = seed
+        self.sequential_order = sequential_order
+        self.memory_budget = memory_budget
+
+    def open(self, rank: int, blocks: Iterable[Block], local_batch: int, start_batch: int) -> FeedStream:
+        """The batches of partition ``rank`` from batch ``start_batch`` on.
+
+        ``blocks`` is the task's input: spilled to disk the first time, read
+        and dropped in the background after that.
+        """
+        directory = spill_directory(self.key, rank)
+        files = ShardFiles.open(directory)
+        drain = None
+        if files is None:
+            files = ShardFiles.write(directory, blocks)
+        else:
+            drain = threading.Thread(target=_read_to_end, args=(blocks,), name="sparktf-input-drain", daemon=True)
+            drain.start()
+        if files.nbytes <= self.memory_budget:
+            source, window = _IN_MEMORY.get(files, self.memory_budget), None
+        else:
+            record_bytes = max(1, files.nbytes // max(1, files.num_records))
+            source, window = files, max(1, self.memory_budget // 2 // record_bytes)
+        batches = TrainBatches(source, local_batch, self.shuffle, self.seed, rank, self.sequential_order,
+                               window_records=window, start_batch=start_batch)
+        return FeedStream(batches, drain)
+
+
+def _read_to_end(blocks: Iterable[Block]) -> None:
+    for _ in blocks:
+        pass
+
+
+class _InMemoryShards:
+    """This process's shards that fit the budget, loaded from their spills; least recently used dropped first."""
+
+    def __init__(self) -> None:
+        self._shards: "collections.OrderedDict[str, Shard]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, files: ShardFiles, budget: int) -> Shard:
+        with self._lock:
+            shard = self._shards.get(files.directory)
+            if shard is not None:
+                self._shards.move_to_end(files.directory)
+                return shard
+            while self._shards and sum(s.nbytes for s in self._shards.values()) + files.nbytes > budget:
+                self._shards.popitem(last=False)
+            shard = Shard(files.read([(0, files.num_records)]))
+            self._shards[files.directory] = shard
+            return shard
+
+
+_IN_MEMORY = _InMemoryShards()

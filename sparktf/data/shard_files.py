@@ -1,0 +1,169 @@
+"""A training partition spilled once to the executor's local disk, read back by record ranges.
+
+A training worker writes its partition's Blocks, as they arrive from Spark,
+into one raw file per leaf (``tf.string`` leaves: the bytes plus an offset
+index) in a folder of the executor's local directories
+(``SPARK_LOCAL_DIRS``, which Spark deletes when the executor stops). Later
+segments and passes read records from these files, memory-mapped, instead of
+through the JVM -> Python socket; every Python worker of the executor shares
+them. The folder appears complete or not at all (written under a temporary
+name, then renamed). TensorFlow-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sparktf.data.columnar import Block
+
+__all__ = ["ShardFiles", "spill_directory"]
+
+_META = "meta.json"
+
+
+def spill_directory(key: str, partition: int) -> str:
+    """The folder of partition ``partition`` of the training data ``key`` on this executor."""
+    local_dirs = os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()
+    return os.path.join(local_dirs.split(",")[0], "sparktf-shards", key, f"part-{partition}")
+
+
+class ShardFiles:
+    """The records of one partition on local disk, one memory-mapped file per leaf.
+
+    Create one with :meth:`write` (from Blocks) or :meth:`open` (an earlier
+    spill).
+
+    Attributes
+    ----------
+    directory : str
+        The folder holding the files.
+    num_records : int
+        Records in the partition.
+    nbytes : int
+        Bytes the records take in memory (string leaves: their bytes and one
+        pointer each).
+    """
+
+    def __init__(self, directory: str, meta: dict):
+        self.directory = directory
+        self.num_records = int(meta["num_records"])
+        self._leaves = meta["leaves"]
+        self._columns = [self._map(index, leaf) for index, leaf in enumerate(self._leaves)]
+        self.nbytes = sum(_column_nbytes(column) for column in self._columns)
+
+    @classmethod
+    def open(cls, directory: str) -> Optional["ShardFiles"]:
+        """The complete spill in ``directory``, or None when there is none."""
+        try:
+            with open(os.path.join(directory, _META)) as meta:
+                return cls(directory, json.load(meta))
+        except FileNotFoundError:
+            return None
+
+    @classmethod
+    def write(cls, directory: str, blocks: Iterable[Block]) -> "ShardFiles":
+        """Write ``blocks`` (one partition, in order) to ``directory`` and open the result.
+
+        Holds one Block in memory at a time. When another process completed
+        the same folder first, its files are kept and this writer's are
+        dropped.
+        """
+        parent = os.path.dirname(directory)
+        os.makedirs(parent, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}-", dir=parent)
+        try:
+            meta = _write_leaves(scratch, blocks)
+            with open(os.path.join(scratch, _META), "w") as out:
+                json.dump(meta, out)
+            try:
+                os.rename(scratch, directory)
+            except OSError:  # another worker finished the same partition first
+                if cls.open(directory) is None:
+                    raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return cls.open(directory)
+
+    def read(self, ranges: Sequence[Tuple[int, int]]) -> List[np.ndarray]:
+        """The records of ``ranges`` (``[start, stop)`` pairs), concatenated in order, one array per leaf.
+
+        The arrays are copies in process memory; a single range covering the
+        whole partition is read in one sequential sweep.
+        """
+        return [_read_column(column, ranges) for column in self._columns]
+
+    def _map(self, index: int, leaf: dict):
+        path = os.path.join(self.directory, f"leaf{index}")
+        if leaf["dtype"] == "object":
+            offsets = np.fromfile(path + ".idx", dtype=np.int64)
+            data = _memmap(path + ".bin", np.uint8, (int(offsets[-1]),))
+            return offsets, data
+        return _memmap(path + ".bin", np.dtype(leaf["dtype"]), (self.num_records, *leaf["shape"]))
+
+
+def _memmap(path: str, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    if int(np.prod(shape)) == 0 or dtype.itemsize == 0:
+        return np.empty(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+def _column_nbytes(column) -> int:
+    if isinstance(column, tuple):  # strings: their bytes and one object pointer each
+        offsets, data = column
+        return int(data.nbytes) + 8 * (len(offsets) - 1)
+    return int(column.nbytes)
+
+
+def _read_column(column, ranges: Sequence[Tuple[int, int]]) -> np.ndarray:
+    if isinstance(column, tuple):
+        offsets, data = column
+        values = [
+            bytes(data[offsets[i] : offsets[i + 1]]) for start, stop in ranges for i in range(start, stop)
+        ]
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+    total = sum(stop - start for start, stop in ranges)
+    out = np.empty((total, *column.shape[1:]), dtype=column.dtype)
+    filled = 0
+    for start, stop in ranges:
+        out[filled : filled + stop - start] = column[start:stop]
+        filled += stop - start
+    return out
+
+
+def _write_leaves(directory: str, blocks: Iterable[Block]) -> dict:
+    files: list = []
+    leaves: list = []
+    offsets: list = []
+    num_records = 0
+    try:
+        for block in blocks:
+            if not files:
+                for index, array in enumerate(block):
+                    files.append(open(os.path.join(directory, f"leaf{index}.bin"), "wb"))
+                    is_object = array.dtype.hasobject
+                    leaves.append({"dtype": "object" if is_object else array.dtype.str,
+                                   "shape": [] if is_object else list(array.shape[1:])})
+                    offsets.append([0] if is_object else None)
+            for out, array, ends in zip(files, block, offsets):
+                if ends is None:
+                    out.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+                else:
+                    for value in array:
+                        out.write(value)
+                        ends.append(ends[-1] + len(value))
+            num_records += len(block[0])
+    finally:
+        for out in files:
+            out.close()
+    for index, ends in enumerate(offsets):
+        if ends is not None:
+            np.asarray(ends, dtype=np.int64).tofile(os.path.join(directory, f"leaf{index}.idx"))
+    return {"num_records": num_records, "leaves": leaves}

@@ -1,0 +1,191 @@
+"""TFRecord files read by the training workers every epoch with ``tf.data`` (``from_tfrecord_file(cache=False)``).
+
+Nothing is cached by Spark: the driver counts the records of each file (one
+small job, no parsing), assigns whole files to the workers so that their
+record counts are as even as it can make them, and every worker streams its
+files pass after pass: the file order reshuffled per pass, reads interleaved,
+a shuffle buffer of raw records (sized from ``spark.sparktf.trainDataMemory``),
+``parse_fn`` mapped in parallel (``AUTOTUNE``), batches of exactly the local
+batch, prefetched. ``parse_fn`` therefore runs on every record every epoch,
+with fresh randomness each time. The stream is seekable: batch ``k`` starts
+at record ``k * local_batch`` of the worker's endless stream, so a relaunch or
+resume starts there without parsing what came before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, List, Sequence, Tuple
+
+import cloudpickle
+import numpy as np
+import tensorflow as tf
+
+from sparktf.data.block_feed import FeedStream
+from sparktf.data.columnar import RecordFormat
+from sparktf.data.tfrecord_io import parsed_block
+from sparktf.errors import DataError
+from sparktf.spark.user_code import pickle_by_value
+
+__all__ = ["TFRecordStream", "TFRecordFeed", "assign_files"]
+
+#: Most raw records in a worker's shuffle buffer (the memory budget may allow fewer).
+MAX_SHUFFLE_BUFFER = 10_000
+_SEED_STRIDE = 1_000_003
+
+
+def assign_files(counts: Sequence[int], num_workers: int) -> List[List[int]]:
+    """File indices per worker: largest files first, each to the worker with the fewest records so far.
+
+    Raises
+    ------
+    DataError
+        If there are fewer files than workers.
+    """
+    if len(counts) < num_workers:
+        raise DataError(
+            f"from_tfrecord_file(cache=False) gives each training worker whole files, but there are "
+            f"{len(counts)} files for {num_workers} workers: write the data into at least "
+            f"{num_workers} files, use fewer workers, or cache=True"
+        )
+    loads = [0] * num_workers
+    files: List[List[int]] = [[] for _ in range(num_workers)]
+    for index in sorted(range(len(counts)), key=lambda i: (-counts[i], i)):
+        worker = min(range(num_workers), key=lambda w: (loads[w], w))
+        files[worker].append(index)
+        loads[worker] += counts[index]
+    return [sorted(indices) for indices in files]
+
+
+class TFRecordStream:
+    """The driver's side: the files, ``parse_fn`` and the record format of a ``cache=False`` dataset.
+
+    Parameters
+    ----------
+    files : list of str
+        TFRecord files, in order.
+    parse_fn : callable
+        The user's ``parse_fn``.
+    record_format : RecordFormat
+        The format traced from ``parse_fn``.
+    """
+
+    def __init__(self, files: List[str], parse_fn: Callable, record_format: RecordFormat):
+        self.files = files
+        self.parse_fn_bytes = pickle_by_value({"parse_fn": parse_fn})
+        self.record_format = record_format
+
+    def count_records(self, sc: Any) -> List[int]:
+        """Records per file, counted on the executors without parsing them."""
+        return sc.parallelize(self.files, len(self.files)).map(_count_file).collect()
+
+    def training_input(self, sc: Any, counts: Sequence[int], num_workers: int, shuffle: bool, seed: int,
+                       memory_budget: int) -> Tuple[Any, "TFRecordFeed"]:
+        """``(rdd, feed)`` for a training job: one tiny partition per worker, and the feed that reads its files."""
+        assignment = assign_files(counts, num_workers)
+        raw_bytes = sum(_file_size(path) for path in self.files)
+        record_bytes = max(1, raw_bytes // max(1, sum(counts)))
+        buffer = int(min(MAX_SHUFFLE_BUFFER, max(1, memory_budget // 2 // record_bytes)))
+        feed = TFRecordFeed(
+            files=[[self.files[i] for i in indices] for indices in assignment],
+            counts=[sum(counts[i] for i in indices) for indices in assignment],
+            parse_fn_bytes=self.parse_fn_bytes,
+            record_format=self.record_format,
+            shuffle=shuffle,
+            seed=seed,
+            shuffle_buffer=buffer,
+        )
+        return sc.parallelize(range(num_workers), num_workers), feed
+
+
+class TFRecordFeed:
+    """Picklable: how training worker ``rank`` streams its files (see the module docstring).
+
+    Parameters
+    ----------
+    files : list of list of str
+        The files of each rank.
+    counts : list of int
+        The records of each rank.
+    parse_fn_bytes : bytes
+        ``parse_fn`` pickled by value.
+    record_format : RecordFormat
+    shuffle : bool
+        Reshuffle files and records every pass.
+    seed : int
+    shuffle_buffer : int
+        Raw records in the shuffle buffer.
+    """
+
+    def __init__(self, files: List[List[str]], counts: List[int], parse_fn_bytes: bytes,
+                 record_format: RecordFormat, shuffle: bool, seed: int, shuffle_buffer: int):
+        self.files = files
+        self.counts = counts
+        self.parse_fn_bytes = parse_fn_bytes
+        self.record_format = record_format
+        self.shuffle = shuffle
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer
+
+    def open(self, rank: int, blocks: Iterable[Any], local_batch: int, start_batch: int) -> FeedStream:
+        """Batches of rank ``rank`` from batch ``start_batch`` on (``blocks``, the rank number, is read and dropped)."""
+        for _ in blocks:
+            pass
+        records = self.counts[rank]
+        if records == 0:
+            raise DataError(
+                f"training worker rank {rank} got no records: its TFRecord files {self.files[rank]} are "
+                "empty; write the data into more even files or use fewer workers"
+            )
+        first = start_batch * local_batch
+        dataset = self._dataset(rank, first // records, first % records, local_batch)
+        return FeedStream(self._batches(rank, dataset))
+
+    def _dataset(self, rank: int, first_pass: int, skip: int, local_batch: int) -> tf.data.Dataset:
+        parse_fn = cloudpickle.loads(self.parse_fn_bytes)["parse_fn"]
+        files = tf.constant(self.files[rank])
+        cycle = min(len(self.files[rank]), 4)
+        seed, shuffle, buffer = self.seed, self.shuffle, self.shuffle_buffer
+
+        def one_pass(pass_number: tf.Tensor) -> tf.data.Dataset:
+            pass_seed = tf.cast(rank * _SEED_STRIDE, tf.int64) + pass_number
+            order = files
+            if shuffle:
+                order = tf.random.experimental.stateless_shuffle(
+                    files, seed=tf.stack([tf.constant(seed, tf.int64), pass_seed]))
+            records = tf.data.Dataset.from_tensor_slices(order).interleave(
+                tf.data.TFRecordDataset, cycle_length=cycle, num_parallel_calls=cycle, deterministic=True)
+            return records.shuffle(buffer, seed=seed * _SEED_STRIDE + pass_seed) if shuffle else records
+
+        stream = tf.data.Dataset.range(first_pass, 1 << 62).flat_map(one_pass).skip(skip)
+        stream = stream.map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return stream.batch(local_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    def _batches(self, rank: int, dataset: tf.data.Dataset) -> Iterator[List[np.ndarray]]:
+        iterator = dataset.as_numpy_iterator()
+        while True:
+            try:
+                element = next(iterator)
+            except tf.errors.OpError as exc:
+                raise _read_error(rank, self.files[rank], exc) from None
+            yield list(parsed_block(self.record_format, element))
+
+
+def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> DataError:
+    message = " ".join(exc.message.split())
+    named = [path for path in files if path in message]
+    where = f"TFRecord file {named[0]}" if named else f"one of the TFRecord files {files}"
+    return DataError(
+        f"training worker rank {rank}: reading or parsing {where} failed: {message[:400]}. "
+        "Check that the file exists and is readable on every executor and that parse_fn accepts its records"
+    )
+
+
+def _count_file(path: str) -> int:
+    try:
+        return int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda count, _: count + 1))
+    except tf.errors.OpError as exc:
+        raise DataError(f"TFRecord file {path} could not be counted: {' '.join(exc.message.split())[:400]}") from None
+
+
+def _file_size(path: str) -> int:
+    return int(tf.io.gfile.stat(path).length)
