@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, List, Optional
 import numpy as np
 
 from sparktf.data.batching import Shard
-from sparktf.data.columnar import Block
+from sparktf.data.columnar import TARGET_BLOCK_BYTES, Block
 from sparktf.data.shard_files import ShardFiles, spill_directory
 from sparktf.data.train_batches import TrainBatches
 from sparktf.errors import TrainingError
@@ -107,10 +107,15 @@ class BlockFeed:
             source, window = _IN_MEMORY.get(files, self.memory_budget), None
         else:
             record_bytes = max(1, files.nbytes // max(1, files.num_records))
-            source, window = files, max(1, self.memory_budget // 2 // record_bytes)
+            source, window = files, max(1, _window_bytes(self.memory_budget) // record_bytes)
         batches = TrainBatches(source, local_batch, self.shuffle, self.seed, rank, self.sequential_order,
                                window_records=window, start_batch=start_batch)
         return FeedStream(batches, drain)
+
+
+def _window_bytes(budget: int) -> int:
+    """Bytes of one streaming window: two windows, a Block arriving from Spark and the batches fit ``budget``."""
+    return max(budget // 4, (budget - TARGET_BLOCK_BYTES) // 2)
 
 
 def _read_to_end(blocks: Iterable[Block]) -> None:

@@ -90,13 +90,21 @@ class ShardFiles:
             shutil.rmtree(scratch, ignore_errors=True)
         return cls.open(directory)
 
-    def read(self, ranges: Sequence[Tuple[int, int]]) -> List[np.ndarray]:
+    def read(self, ranges: Sequence[Tuple[int, int]], buffers: Optional[List[np.ndarray]] = None) -> List[np.ndarray]:
         """The records of ``ranges`` (``[start, stop)`` pairs), concatenated in order, one array per leaf.
 
-        The arrays are copies in process memory; a single range covering the
-        whole partition is read in one sequential sweep.
+        The arrays are copies in process memory: new ones, or views of the
+        front of ``buffers`` (from :meth:`buffers`, with room for the
+        records), so that streaming allocates nothing per window.
         """
-        return [_read_column(column, ranges) for column in self._columns]
+        total = sum(stop - start for start, stop in ranges)
+        buffers = buffers or [None] * len(self._columns)
+        return [_read_column(column, ranges, total, buffer) for column, buffer in zip(self._columns, buffers)]
+
+    def buffers(self, capacity: int) -> List[Optional[np.ndarray]]:
+        """Arrays with room for ``capacity`` records, one per leaf, for :meth:`read` (None for string leaves)."""
+        return [None if isinstance(column, tuple) else np.empty((capacity, *column.shape[1:]), column.dtype)
+                for column in self._columns]
 
     def _map(self, index: int, leaf: dict):
         path = os.path.join(self.directory, f"leaf{index}")
@@ -120,7 +128,7 @@ def _column_nbytes(column) -> int:
     return int(column.nbytes)
 
 
-def _read_column(column, ranges: Sequence[Tuple[int, int]]) -> np.ndarray:
+def _read_column(column, ranges: Sequence[Tuple[int, int]], total: int, buffer: Optional[np.ndarray]) -> np.ndarray:
     if isinstance(column, tuple):
         offsets, data = column
         values = [
@@ -129,8 +137,7 @@ def _read_column(column, ranges: Sequence[Tuple[int, int]]) -> np.ndarray:
         out = np.empty(len(values), dtype=object)
         out[:] = values
         return out
-    total = sum(stop - start for start, stop in ranges)
-    out = np.empty((total, *column.shape[1:]), dtype=column.dtype)
+    out = np.empty((total, *column.shape[1:]), dtype=column.dtype) if buffer is None else buffer[:total]
     filled = 0
     for start, stop in ranges:
         out[filled : filled + stop - start] = column[start:stop]

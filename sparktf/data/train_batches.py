@@ -118,7 +118,7 @@ class TrainBatches:
         first = start_batch * local_batch
         self.passes = first // n  # passes started so far (the current one included, once it starts)
         self._windows = self._window_stream(first // n, first % n)
-        self._reader = _WindowReader(source, self._windows) if self.streamed else None
+        self._reader = _WindowReader(source, self._windows, self.window_records) if self.streamed else None
         self._arrays: List[np.ndarray] = []
         self._order: np.ndarray = np.empty(0, np.int64)
         self._position = 0
@@ -150,6 +150,7 @@ class TrainBatches:
 
     def _next_window(self) -> None:
         if self._reader is not None:
+            self._arrays = []  # let go of the used window before the reader fills its slot
             window, arrays, skip = self._reader.next()
         else:
             window, skip = next(self._windows)
@@ -221,10 +222,11 @@ def _split_spans(spans: Sequence[Tuple[int, int]], size: int) -> List[List[Tuple
 
 
 class _WindowReader:
-    """Reads the next windows on a background thread; at most two are in memory (used + next)."""
+    """Reads the next windows on a background thread into two buffers: the window in use and the next one."""
 
-    def __init__(self, source: Any, windows: Iterator[Tuple[_Window, int]]):
+    def __init__(self, source: Any, windows: Iterator[Tuple[_Window, int]], capacity: int):
         self._source = source
+        self._capacity = capacity
         self._windows = windows
         self._slots = threading.Semaphore(2)
         self._ready: "queue.Queue" = queue.Queue()
@@ -256,10 +258,11 @@ class _WindowReader:
 
     def _run(self) -> None:
         try:
-            for window, skip in self._windows:
-                self._slots.acquire()
+            buffers = [self._source.buffers(self._capacity) for _ in range(2)]
+            for number, (window, skip) in enumerate(self._windows):
+                self._slots.acquire()  # the window read two windows ago is no longer used
                 if self._closed.is_set():
                     return
-                self._ready.put((window, self._source.read(window.ranges), skip))
+                self._ready.put((window, self._source.read(window.ranges, buffers[number % 2]), skip))
         except BaseException as error:  # handed to the consumer, which raises it
             self._ready.put(error)
