@@ -138,21 +138,3 @@ def record_parser(preprocess: Callable[[tf.Tensor, int], tf.Tensor], image_size:
         return preprocess(jpeg, image_size), label
 
     return parse
-
-
-def decode_and_resize(serialized: tf.Tensor, size: int):
-    """``(uint8 image of shape (size, size, 3), 0-based int32 label)`` from one serialized Example.
-
-    The JPEG is decoded and resized to ``size`` x ``size``; the random or
-    central crop and the normalisation are the model's first layers (see
-    ``image_augmentation.RandomCropFlip``).
-    """
-    parsed = tf.io.parse_single_example(serialized, {
-        "image/encoded": tf.io.FixedLenFeature([], tf.string),
-        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
-    })
-    image = tf.io.decode_jpeg(parsed["image/encoded"], channels=3)
-    image = tf.image.resize(image, [size, size], antialias=True)
-    image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-    label = tf.cast(parsed["image/class/label"] - 1, tf.int32)
-    return image, label

@@ -89,8 +89,8 @@ def test_synthetic_imagenet_records_have_the_imagenet_layout(tmp_path):
     serialized = next(iter(tf.data.TFRecordDataset(str(tmp_path / "train-00000-of-00002"))))
     example = tf.train.Example.FromString(serialized.numpy())
     assert example.features.feature["image/encoded"].bytes_list.value[0][:2] == b"\xff\xd8"  # a JPEG
-    image, label = imagenet_records.decode_and_resize(serialized, 16)
-    assert image.shape == (16, 16, 3) and image.dtype == tf.uint8 and 0 <= int(label) < 3
+    image, label = imagenet_records.record_parser(imagenet_records.preprocess_for_evaluation, 16)(serialized)
+    assert image.shape == (16, 16, 3) and image.dtype == tf.float32 and 0 <= int(label) < 3
 
 
 def test_imagenet_training_preprocessing_draws_new_crops_and_evaluation_is_deterministic():
