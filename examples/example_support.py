@@ -102,6 +102,7 @@ def train_and_validate(
     app_name: str,
     train_epochs: int,
     num_workers: Optional[int] = None,
+    validation: Optional[TFDataset] = None,
 ) -> Dict[str, float]:
     """Train ``model`` with summaries and a checkpoint every epoch, resuming from ``model_dir``.
 
@@ -114,7 +115,8 @@ def train_and_validate(
     model : keras.Model
         A compiled model whose first metric is ``accuracy``.
     dataset : TFDataset
-        Training data with a global ``batch_size`` and validation data.
+        Training data with a global ``batch_size``; its validation data, if
+        any, is validated every epoch.
     model_dir : str or None
         Checkpoints go here; TensorBoard logs go to ``model_dir/logs``
         (``None``: a fresh temporary directory).
@@ -124,6 +126,10 @@ def train_and_validate(
         The epoch training ends after (counted across resumes).
     num_workers : int, optional
         Training tasks; default: Spark's default parallelism.
+    validation : TFDataset, optional
+        Validation data of its own (e.g. another preprocessing than
+        ``dataset``'s), evaluated once after training for the accuracy;
+        default: ``dataset``'s validation data.
 
     Returns
     -------
@@ -146,7 +152,10 @@ def train_and_validate(
     history = optimizer.optimize(end_trigger=MaxEpoch(train_epochs), checkpoint_trigger=EveryEpoch())
     seconds = time.perf_counter() - started
     accuracies: List[float] = history.get("val_accuracy", [])
-    accuracy = accuracies[-1] if accuracies else float(optimizer.evaluate(dataset.val_dataset)["accuracy"])
+    if validation is None and accuracies:
+        accuracy = accuracies[-1]
+    else:
+        accuracy = float(optimizer.evaluate(dataset.val_dataset if validation is None else validation)["accuracy"])
     images_per_sec = steady_throughput(train_summary)
     trained = history["iterations"] - resumed_from
     print(f"trained {trained} iterations in {seconds:.1f} s (Spark jobs included); "

@@ -1,8 +1,10 @@
 """Training-time image augmentation as a Keras layer, so it runs inside the training step.
 
-sparktf caches a dataset's parsed records, so augmentation done while parsing
-would be drawn once and then repeated every epoch. Inside the model it is
-drawn afresh for every batch, and switched off for validation and prediction.
+sparktf caches the records of ``resnet_cifar.py``'s dataset, so augmentation
+done before training would be drawn once and then repeated every epoch.
+Inside the model it is drawn afresh for every batch, and switched off for
+validation and prediction. (``imagenet_resnet.py`` instead augments in its
+``parse_fn``, on TFRecords read with ``cache=False``.)
 """
 
 from __future__ import annotations

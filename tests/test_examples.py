@@ -89,8 +89,21 @@ def test_synthetic_imagenet_records_have_the_imagenet_layout(tmp_path):
     serialized = next(iter(tf.data.TFRecordDataset(str(tmp_path / "train-00000-of-00002"))))
     example = tf.train.Example.FromString(serialized.numpy())
     assert example.features.feature["image/encoded"].bytes_list.value[0][:2] == b"\xff\xd8"  # a JPEG
-    image, label = imagenet_records.decode_and_resize(serialized, 16)
-    assert image.shape == (16, 16, 3) and image.dtype == tf.uint8 and 0 <= int(label) < 3
+    image, label = imagenet_records.record_parser(imagenet_records.preprocess_for_evaluation, 16)(serialized)
+    assert image.shape == (16, 16, 3) and image.dtype == tf.float32 and 0 <= int(label) < 3
+
+
+def test_imagenet_training_preprocessing_draws_new_crops_and_evaluation_is_deterministic():
+    import tensorflow as tf
+
+    jpeg = tf.io.encode_jpeg(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    first, *later = (imagenet_records.preprocess_for_training(jpeg, 24).numpy() for _ in range(3))
+    assert first.shape == (24, 24, 3) and first.dtype == np.float32
+    assert any(not np.array_equal(first, crop) for crop in later)  # two same crops and flips in a row can happen
+    evaluated = imagenet_records.preprocess_for_evaluation(jpeg, 24)
+    assert evaluated.shape == (24, 24, 3) and evaluated.dtype == tf.float32
+    np.testing.assert_array_equal(evaluated.numpy(), imagenet_records.preprocess_for_evaluation(jpeg, 24).numpy())
+    assert -2.5 < float(tf.reduce_min(evaluated)) < float(tf.reduce_max(evaluated)) < 3.0  # normalised
 
 
 def test_imagenet_resnet_smoke_prints_images_per_second(spark, tmp_path, capsys):
