@@ -2,7 +2,7 @@
 
 For 28x28x1 and 32x32x3 float32 records (with an integer label), in one run:
 
-* ``iterator``: ``batching.TrainBatches`` over an in-memory ``Shard`` (shuffled,
+* ``iterator``: ``train_batches.TrainBatches`` over an in-memory ``Shard`` (shuffled,
   as in training, and unshuffled) vs a plain NumPy loop slicing the same
   arrays in batches of the same size and copying each batch out (what the
   iterator delivers: arrays the consumer owns; the bare-view loop moves no
@@ -73,7 +73,7 @@ def numpy_slicing(x: np.ndarray, y: np.ndarray, copy: bool = True) -> int:
 
 def train_batches(shard, shuffle: bool) -> int:
     """One pass of ``TrainBatches`` over ``shard``; the number of records delivered."""
-    from sparktf.data.batching import TrainBatches
+    from sparktf.data.train_batches import TrainBatches
 
     steps = shard.num_records // BATCH
     batches = TrainBatches(shard, BATCH, shuffle=shuffle, seed=1, rank=0, sequential_order=True)

@@ -147,3 +147,15 @@ def test_in_memory_stream_resumes_at_any_batch():
     uninterrupted = np.concatenate(take_ids(TrainBatches(shard_of(10), 4, True, 2, 0), 8))
     resumed = np.concatenate(take_ids(TrainBatches(shard_of(10), 4, True, 2, 0, start_batch=3), 5))
     np.testing.assert_array_equal(resumed, uninterrupted[12:])
+
+
+def test_keyed_pieces_arriving_out_of_order_are_spilled_in_key_order(tmp_path):
+    from sparktf.data.columnar import keyed_block
+    from sparktf.data.shard_files import ShardFiles
+
+    ids = np.arange(12)
+    pieces = [((0, p, q), (ids[4 * p + 2 * q : 4 * p + 2 * q + 2],)) for p in range(3) for q in range(2)]
+    arrival = [keyed_block(piece) for piece in reversed(pieces)]
+    files = ShardFiles.write(str(tmp_path / "part-0"), iter(arrival), keyed=True)
+    assert files.read([(0, 12)])[0].tolist() == list(range(12))
+    assert [p.name for p in tmp_path.iterdir()] == ["part-0"]

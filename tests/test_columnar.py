@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from sparktf.data import columnar
-from sparktf.data.columnar import BlockRouter, RecordFormat, block_size, sorted_blocks
+from sparktf.data.columnar import BlockRouter, RecordFormat, block_size, keyed_block
 from sparktf.errors import DataError
 
 IMAGE_LABEL = RecordFormat.from_specs(tf.TensorSpec([2], tf.float32), tf.TensorSpec([], tf.int32))
@@ -102,8 +102,9 @@ def test_router_gives_each_worker_a_contiguous_balanced_range(counts, num_worker
     routed = {w: [] for w in range(num_workers)}
     for p, blocks in reversed(list(enumerate(partitions))):  # arrival order must not matter
         for key, block in router(p, iter(blocks)):
-            routed[key[0]].append((key, block))
+            routed[key[0]].append(keyed_block((key, block)))
     total = sum(counts)
     for w in range(num_workers):
-        records = np.concatenate([b[0] for b in sorted_blocks(routed[w])])
+        in_key_order = sorted(routed[w], key=lambda keyed: tuple(keyed[0]))
+        records = np.concatenate([keyed[1] for keyed in in_key_order])
         np.testing.assert_array_equal(records, np.arange(w * total // num_workers, (w + 1) * total // num_workers))

@@ -128,11 +128,15 @@ def test_training_block_rdd_balances_contiguous_ranges(sc):
     assert ds.partition_counts == [3, 0, 4]
     training = ds.training_block_rdd(2)
     assert training.getNumPartitions() == 2
-    per_worker = training.glom().map(lambda blocks: np.concatenate([b[1] for b in blocks]).tolist()).collect()
-    assert per_worker == [[0, 1, 2], [6, 7, 8, 9]]
+    assert ds.is_keyed(2)  # shuffled blocks carry their key; the worker spills them in key order
+
+    def labels_in_key_order(blocks):
+        return np.concatenate([b[2] for b in sorted(blocks, key=lambda b: tuple(b[0]))]).tolist()
+
+    assert training.glom().map(labels_in_key_order).collect() == [[0, 1, 2], [6, 7, 8, 9]]
     assert ds.training_block_rdd(2) is training
     balanced = TFDataset.from_ndarrays(np.zeros((9, 1)), num_partitions=2)
-    assert balanced.training_block_rdd(2) is balanced.block_rdd
+    assert balanced.training_block_rdd(2) is balanced.block_rdd and not balanced.is_keyed(2)
     with pytest.raises(DataError, match="has 9 records, fewer than the 10 training workers"):
         balanced.training_block_rdd(10)
 

@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import sys
 
 import keras
 import numpy as np
@@ -11,7 +12,9 @@ import tensorflow as tf
 from sparktf import DataError, MaxEpoch, MaxIteration, SeveralIteration, TFDataset, TFOptimizer, TFPredictor
 from sparktf.data.tfrecord_stream import assign_files
 from sparktf.spark.cluster import TRAIN_DATA_MEMORY_CONF
-from worker_memory import PeakSampler, python_workers
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from worker_memory import PeakSampler, python_workers  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from pyspark import RDD
 from sparktf.data import specs
 from sparktf.data.block_feed import BlockFeed
 from sparktf.data.block_serializer import block_rdd, cached
-from sparktf.data.columnar import BlockRouter, RecordFormat, count_records, sorted_blocks
+from sparktf.data.columnar import BlockRouter, RecordFormat, count_records, keyed_block
 from sparktf.errors import DataError
 from sparktf.spark.cluster import train_data_memory
 from sparktf.spark.jobs import unpersist
@@ -254,7 +254,9 @@ class BlockDataset:
 
         Worker ``w`` gets the contiguous records ``[w * n // W, (w + 1) * n //
         W)``; the data is shuffled through Spark only when the partitions are
-        not already like that.
+        not already like that. Shuffled Blocks arrive in no particular order
+        and carry their key as their first array (:func:`~sparktf.data.columnar.keyed_block`):
+        see :meth:`is_keyed`.
 
         Raises
         ------
@@ -274,9 +276,13 @@ class BlockDataset:
             self._training_rdds[num_workers] = block_rdd(
                 self._block_rdd.mapPartitionsWithIndex(BlockRouter(counts, num_workers))
                 .partitionBy(num_workers, itemgetter(0))
-                .mapPartitions(sorted_blocks)
+                .map(keyed_block, preservesPartitioning=True)
             )
         return self._training_rdds[num_workers]
+
+    def is_keyed(self, num_workers: int) -> bool:
+        """Whether :meth:`training_block_rdd` holds keyed Blocks, to be put in key order by the worker."""
+        return self.training_block_rdd(num_workers) is not self._block_rdd
 
     @contextlib.contextmanager
     def training_input(self, num_workers: int) -> Iterator[Tuple[RDD, Any]]:
@@ -299,8 +305,9 @@ class BlockDataset:
         if persisted_here:
             cached(blocks, "training")
         key = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{sc.applicationId}-rdd{blocks.id()}")
+        feed = BlockFeed(key, self._shuffle, self._seed, self._sequential_order, budget, self.is_keyed(num_workers))
         try:
-            yield blocks, BlockFeed(key, self._shuffle, self._seed, self._sequential_order, budget)
+            yield blocks, feed
         finally:
             if persisted_here:
                 unpersist(blocks)

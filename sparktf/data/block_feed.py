@@ -80,14 +80,19 @@ class BlockFeed:
         The dataset's ordering options (see :class:`TrainBatches`).
     memory_budget : int
         Most bytes of records one worker holds (``spark.sparktf.trainDataMemory``).
+    keyed : bool
+        The partitions hold keyed Blocks in no particular order (after a
+        shuffle), put in key order when spilled.
     """
 
-    def __init__(self, key: str, shuffle: bool, seed: int, sequential_order: bool, memory_budget: int):
+    def __init__(self, key: str, shuffle: bool, seed: int, sequential_order: bool, memory_budget: int,
+                 keyed: bool = False):
         self.key = key
         self.shuffle = shuffle
         self.seed = seed
         self.sequential_order = sequential_order
         self.memory_budget = memory_budget
+        self.keyed = keyed
 
     def open(self, rank: int, blocks: Iterable[Block], local_batch: int, start_batch: int) -> FeedStream:
         """The batches of partition ``rank`` from batch ``start_batch`` on.
@@ -99,7 +104,7 @@ class BlockFeed:
         files = ShardFiles.open(directory)
         drain = None
         if files is None:
-            files = ShardFiles.write(directory, blocks)
+            files = ShardFiles.write(directory, blocks, self.keyed)
         else:
             drain = threading.Thread(target=_read_to_end, args=(blocks,), name="sparktf-input-drain", daemon=True)
             drain.start()

@@ -30,7 +30,7 @@ __all__ = [
     "balanced_bounds",
     "count_records",
     "BlockRouter",
-    "sorted_blocks",
+    "keyed_block",
 ]
 
 Block = Tuple[np.ndarray, ...]
@@ -272,14 +272,20 @@ class RecordFormat:
             yield element if self.has_labels else element[0]
 
 
+#: Most bytes of one piece a :class:`BlockRouter` sends through Spark's shuffle: PySpark's
+#: ``partitionBy`` holds about 20 of them per flush, so small pieces keep that small.
+ROUTED_PIECE_BYTES = 4 << 20
+
+
 class BlockRouter:
     """Splits a partition's blocks among ``num_workers`` contiguous, balanced ranges.
 
     Worker ``w`` gets the records ``[w * n // W, (w + 1) * n // W)`` of the
     dataset in its global order (partition by partition). Called with
     ``mapPartitionsWithIndex``, it yields ``((worker, partition, piece),
-    block)`` pairs to ``partitionBy(W, itemgetter(0))`` followed by
-    :func:`sorted_blocks`.
+    block)`` pairs of at most :data:`ROUTED_PIECE_BYTES` to
+    ``partitionBy(W, itemgetter(0))``; :func:`keyed_block` then keeps each
+    piece's key with it, and the worker puts the pieces in key order.
     """
 
     def __init__(self, partition_counts: Sequence[int], num_workers: int):
@@ -293,16 +299,21 @@ class BlockRouter:
         for block in blocks:
             start, end = position, position + block_size(block)
             worker = int(np.searchsorted(self.bounds, start, side="right")) - 1
+            record_bytes = max(1, sum(array.nbytes for array in block) // max(1, block_size(block)))
+            piece_records = max(1, ROUTED_PIECE_BYTES // record_bytes)
             while start < end:
-                stop = min(end, self.bounds[worker + 1])
+                stop = min(end, self.bounds[worker + 1], start + piece_records)
                 if stop > start:
                     yield (worker, partition, piece), slice_block(block, start - position, stop - position)
                     piece += 1
                 start = stop
-                worker += 1
+                if start == self.bounds[worker + 1]:
+                    worker += 1
             position = end
 
 
-def sorted_blocks(keyed_blocks: Iterable[Tuple[tuple, Block]]) -> Iterator[Block]:
-    """The blocks of a routed partition in global record order, without keys."""
-    return (block for _, block in sorted(keyed_blocks, key=itemgetter(0)))
+def keyed_block(routed: Tuple[tuple, Block]) -> Block:
+    """A routed ``(key, block)`` as one Block whose first array is the key (int64)."""
+    key, block = routed
+    return (np.asarray(key, np.int64), *block)
+

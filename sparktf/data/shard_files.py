@@ -67,27 +67,37 @@ class ShardFiles:
             return None
 
     @classmethod
-    def write(cls, directory: str, blocks: Iterable[Block]) -> "ShardFiles":
+    def write(cls, directory: str, blocks: Iterable[Block], keyed: bool = False) -> "ShardFiles":
         """Write ``blocks`` (one partition, in order) to ``directory`` and open the result.
 
-        Holds one Block in memory at a time. When another process completed
-        the same folder first, its files are kept and this writer's are
-        dropped.
+        Holds one Block in memory at a time. With ``keyed``, each Block's
+        first array is its key (see :func:`~sparktf.data.columnar.keyed_block`)
+        and the records are stored in key order (rewritten on disk when they
+        arrived in another). When another process completed the same folder
+        first, its files are kept and this writer's are dropped.
         """
         parent = os.path.dirname(directory)
         os.makedirs(parent, exist_ok=True)
-        scratch = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}-", dir=parent)
+        scratch = [tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}-", dir=parent)]
         try:
-            meta = _write_leaves(scratch, blocks)
-            with open(os.path.join(scratch, _META), "w") as out:
+            meta = _write_leaves(scratch[0], blocks, keyed)
+            pieces = meta.pop("pieces")
+            if pieces != sorted(pieces):  # shuffled pieces: rewrite them in key order, one at a time
+                arrived = cls(scratch[0], meta)
+                scratch.append(tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}-", dir=parent))
+                ordered = (tuple(arrived.read([(start, start + count)])) for *_, start, count in sorted(pieces))
+                meta = _write_leaves(scratch[-1], ordered, keyed=False)
+                del meta["pieces"], arrived
+            with open(os.path.join(scratch[-1], _META), "w") as out:
                 json.dump(meta, out)
             try:
-                os.rename(scratch, directory)
+                os.rename(scratch[-1], directory)
             except OSError:  # another worker finished the same partition first
                 if cls.open(directory) is None:
                     raise
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            for folder in scratch:
+                shutil.rmtree(folder, ignore_errors=True)
         return cls.open(directory)
 
     def read(self, ranges: Sequence[Tuple[int, int]], buffers: Optional[List[np.ndarray]] = None) -> List[np.ndarray]:
@@ -145,13 +155,18 @@ def _read_column(column, ranges: Sequence[Tuple[int, int]], total: int, buffer: 
     return out
 
 
-def _write_leaves(directory: str, blocks: Iterable[Block]) -> dict:
+def _write_leaves(directory: str, blocks: Iterable[Block], keyed: bool) -> dict:
+    """Append the blocks to one file per leaf; the metadata, with ``pieces`` ``[*key, start, count]`` when keyed."""
     files: list = []
     leaves: list = []
     offsets: list = []
+    pieces: list = []
     num_records = 0
     try:
         for block in blocks:
+            if keyed:
+                pieces.append([*block[0].tolist(), num_records, len(block[1])])
+                block = block[1:]
             if not files:
                 for index, array in enumerate(block):
                     files.append(open(os.path.join(directory, f"leaf{index}.bin"), "wb"))
@@ -173,4 +188,4 @@ def _write_leaves(directory: str, blocks: Iterable[Block]) -> dict:
     for index, ends in enumerate(offsets):
         if ends is not None:
             np.asarray(ends, dtype=np.int64).tofile(os.path.join(directory, f"leaf{index}.idx"))
-    return {"num_records": num_records, "leaves": leaves}
+    return {"num_records": num_records, "leaves": leaves, "pieces": pieces}

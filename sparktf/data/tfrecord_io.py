@@ -11,6 +11,7 @@ from sparktf.data import specs
 from sparktf.data.block_serializer import block_rdd, cached
 from sparktf.data.columnar import Block, RecordFormat, records_per_block, to_leaf_column
 from sparktf.errors import DataError
+from sparktf.spark.cluster import use_task_threads
 from sparktf.spark.user_code import pickle_by_value
 
 __all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader", "parsed_block", "file_blocks"]
@@ -93,6 +94,7 @@ class TFRecordReader:
         self.record_format = record_format
 
     def __call__(self, partition: int, paths: Iterable[str]) -> Iterator[Block]:
+        use_task_threads()
         parse_fn = cloudpickle.loads(self.parse_fn_bytes)["parse_fn"]
         leaves = self.record_format.leaves
         batch = min(records_per_block(leaves), MAX_RECORDS_PER_BLOCK)

@@ -24,6 +24,7 @@ from sparktf.data.block_feed import FeedStream
 from sparktf.data.columnar import RecordFormat
 from sparktf.data.tfrecord_io import parsed_block
 from sparktf.errors import DataError
+from sparktf.spark.cluster import use_task_threads
 from sparktf.spark.user_code import pickle_by_value
 
 __all__ = ["TFRecordStream", "TFRecordFeed", "assign_files"]
@@ -181,6 +182,7 @@ def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> DataErro
 
 
 def _count_file(path: str) -> int:
+    use_task_threads()
     try:
         return int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda count, _: count + 1))
     except tf.errors.OpError as exc:

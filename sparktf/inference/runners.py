@@ -19,7 +19,7 @@ from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed
 from sparktf.models.batch_errors import rejected_batch
 from sparktf.models.cache import cached
 from sparktf.models.payload import ModelPayload
-from sparktf.spark.cluster import configure_task_threads
+from sparktf.spark.cluster import use_task_threads
 from sparktf.spark.worker_gc import frozen_after
 
 __all__ = ["KerasRunner", "SignatureRunner", "ModelHandle", "run_batches", "records", "flat_outputs", "partition_id"]
@@ -101,9 +101,7 @@ class ModelHandle:
         compete for the same cores. A freshly loaded model is frozen out of
         the garbage collector's full collections (see :mod:`sparktf.spark.worker_gc`).
         """
-        context = TaskContext.get()
-        if context is not None:
-            configure_task_threads(context.cpus())
+        use_task_threads()
         if self.kind == "keras":
             return cached(
                 "keras-predict:" + self.key,

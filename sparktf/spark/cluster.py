@@ -21,6 +21,7 @@ __all__ = [
     "free_task_slots",
     "wait_for_free_slots",
     "configure_task_threads",
+    "use_task_threads",
     "RENDEZVOUS_CONF",
     "rendezvous_host",
     "WATCHDOG_SLACK_CONF",
@@ -125,6 +126,15 @@ def configure_task_threads(cpus: int) -> int:
                 cpus,
             )
     return threading.get_intra_op_parallelism_threads()
+
+
+def use_task_threads() -> None:
+    """:func:`configure_task_threads` for this Spark task's ``spark.task.cpus``; nothing outside a task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is not None:
+        configure_task_threads(context.cpus())
 
 
 def rendezvous_host(conf: SparkConf) -> str | None:

@@ -1,7 +1,7 @@
 """Record-weighted distributed evaluation of a compiled Keras model.
 
-Each partition runs ``model.evaluate`` over its records (fresh metric state,
-the last batch may be short) and returns the *state variables* of the model's
+Each partition runs ``model.evaluate`` over its records, streamed batch by
+batch (fresh metric state, the last batch may be short), and returns the *state variables* of the model's
 metrics (loss tracker included): totals and counts, confusion counts, ...
 The driver sums them over partitions, loads the sums into its own model's
 metric objects and asks them for ``result()``. The loss tracker weights each
@@ -18,6 +18,7 @@ evaluation never waits forever.
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from functools import partial
 from typing import Any, Dict, Iterable, Iterator, List, Optional
@@ -120,30 +121,31 @@ def _evaluate_partition(
     import keras
     from pyspark import TaskContext
 
-    from sparktf.models.cache import load_cached
-    from sparktf.data.batching import Shard
-    from sparktf.spark.cluster import configure_task_threads
+    from sparktf.data.batching import inference_batches
     from sparktf.data.specs import pack
+    from sparktf.models.cache import load_cached
+    from sparktf.spark.cluster import use_task_threads
 
-    configure_task_threads(TaskContext.get().cpus())
+    use_task_threads()
     partition = TaskContext.get().partitionId()
     heartbeat = state.heartbeat(partition) if state is not None else NoHeartbeat()
     try:
         heartbeat.phase = "data"
-        shard = Shard.from_blocks(blocks)
+        batches = inference_batches(blocks, batch_size)  # one batch in memory at a time
+        first = next(batches, None)
         totals = None
-        if shard.num_records:
+        if first is not None:
             heartbeat.phase = "model_load"
             model = load_cached(payload)
             if state is not None:
                 heartbeat.phase = "state_fetch"
                 state.fetch(partition).apply_to(model)
             heartbeat.phase = "evaluate"
-            element = pack(element_structure, _keras_arrays(shard.arrays))
+            elements = (tuple(pack(element_structure, _keras_arrays(arrays)))
+                        for arrays in itertools.chain([first], batches))
             count_batches = keras.callbacks.LambdaCallback(
                 on_test_batch_end=lambda batch, logs: setattr(heartbeat, "iteration", batch + 1))
-            model.evaluate(element[0], element[1] if len(element) == 2 else None, batch_size=batch_size,
-                           verbose=0, callbacks=[count_batches])
+            model.evaluate(elements, verbose=0, callbacks=[count_batches])
             totals = [np.array(v) for v in _metric_variables(model)]
     except BaseException:
         heartbeat.stop()

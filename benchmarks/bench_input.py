@@ -1,0 +1,231 @@
+"""Input benchmark: training on data read every epoch, and on data larger than a worker's memory budget.
+
+Side by side in one run on ``local[2]``:
+
+(a) **JPEG TFRecords** (2,000 records of 96x96 JPEGs in 8 files; ``parse_fn``
+    decodes, takes a random 64x64 crop and a random flip; a small CNN, global
+    batch 64): sparktf on 2 workers with ``from_tfrecord_file(cache=False)``
+    against the same ``tf.data`` pipeline (interleaved files, shuffle buffer,
+    ``parse_fn`` mapped with ``AUTOTUNE``, prefetch) feeding the same train
+    step in one fresh process on both cores. Images/s over the epochs after a
+    first, untimed one. ``RESULT stream_ratio`` = sparktf / one process
+    (goal >= 0.9).
+(b) **A dataset larger than trainDataMemory**: 2 GB of ``from_rdd`` records
+    (1024 float32 + a label, in 4 partitions; 1 GB per worker) at the default
+    ``spark.sparktf.trainDataMemory`` (512m: streamed through the shuffle
+    window) against 200 MB (100 MB per worker: in memory); a linear model
+    so that the feed shows. Training-batch records/s of a second
+    ``optimize`` call (the first pass spilled the shards), each one's peak
+    worker ``RssAnon`` over both calls, and the second segment's time to its
+    first step (``launch`` + ``data_cache`` + ... + ``connect`` on rank 0).
+    ``RESULT stream_feed_ratio`` = 2 GB records/s / 200 MB records/s (goal >= 0.8).
+
+Run ``python benchmarks/bench_input.py [--quick]`` (``--quick``: 800 JPEGs,
+200 MB at trainDataMemory=32m against 20 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from worker_memory import PeakSampler  # noqa: E402
+
+JPEG_SIZE, CROP, CLASSES, FILES, BATCH = 96, 64, 10, 8, 64
+WIDTH, FEED_BATCH = 1024, 512
+SPARK_CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.python.worker.reuse": "true",
+    "spark.driver.memory": "6g",
+}
+FIRST_STEP_PHASES = ("launch", "threads", "data_cache", "model_load", "warm_up", "state_fetch", "connect")
+
+
+# ---------------------------------------------------------------------------------------- (a) JPEG TFRecords
+
+
+def write_jpeg_records(folder: str, records: int) -> List[str]:
+    """``records`` random 96x96 JPEGs with labels in :data:`FILES` TFRecord files; their paths."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    paths = [os.path.join(folder, f"train-{i:02d}.tfrecord") for i in range(FILES)]
+    writers = [tf.io.TFRecordWriter(path) for path in paths]
+    for index in range(records):
+        smooth = rng.integers(0, 256, size=(12, 12, 3), dtype=np.uint8).repeat(8, 0).repeat(8, 1)
+        jpeg = tf.io.encode_jpeg(smooth, quality=90).numpy()
+        features = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+                    "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[index % CLASSES]))}
+        writers[index % FILES].write(tf.train.Example(features=tf.train.Features(feature=features))
+                                     .SerializeToString())
+    for writer in writers:
+        writer.close()
+    return paths
+
+
+def parse_fn(serialized):
+    """Decode, random 64x64 crop, random flip, scale to [0, 1]."""
+    import tensorflow as tf
+
+    parsed = tf.io.parse_single_example(serialized, {"image": tf.io.FixedLenFeature([], tf.string),
+                                                     "label": tf.io.FixedLenFeature([], tf.int64)})
+    image = tf.io.decode_jpeg(parsed["image"], channels=3)
+    image = tf.image.random_flip_left_right(tf.image.random_crop(image, [CROP, CROP, 3]))
+    return tf.cast(image, tf.float32) / 255.0, tf.cast(parsed["label"], tf.int32)
+
+
+def small_cnn():
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((CROP, CROP, 3)),
+        keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
+        keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(CLASSES, activation="softmax"),
+    ])
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "sparse_categorical_crossentropy")
+    return model
+
+
+def one_process_images_per_second(paths: List[str], records: int, epochs: int) -> float:
+    """The same input pipeline feeding the same train step in this process on all cores (a fresh process)."""
+    import tensorflow as tf
+
+    from bench_train import faster_step
+
+    model = small_cnn()
+    model.optimizer.build(model.trainable_variables)
+    files = tf.data.Dataset.from_tensor_slices(paths).shuffle(len(paths))
+    data = files.interleave(tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=4)
+    data = data.shuffle(2_000).map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    data = data.batch(BATCH, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
+    steps = records // BATCH
+    iterator = iter(data)
+    step = faster_step(model, [next(iterator) for _ in range(5)])  # plain or XLA, as sparktf's workers pick
+    for _ in range(steps):  # the untimed first epoch, as for sparktf
+        step(*next(iterator))
+    started = time.perf_counter()
+    for _ in range(steps * epochs):
+        loss = step(*next(iterator))
+    float(loss)
+    return steps * epochs * BATCH / (time.perf_counter() - started)
+
+
+def sparktf_images_per_second(paths: List[str], records: int, epochs: int) -> Tuple[float, Dict[str, float]]:
+    from sparktf import MaxEpoch, TFDataset, TFOptimizer
+
+    dataset = TFDataset.from_tfrecord_file(paths, parse_fn, batch_size=BATCH, cache=False, seed=0)
+    optimizer = TFOptimizer.from_keras(small_cnn(), dataset, num_workers=2)
+    optimizer.optimize(MaxEpoch(1), verbose=0)  # untimed: tracing, the workers' first pipeline
+    started = time.perf_counter()
+    optimizer.optimize(MaxEpoch(1 + epochs), verbose=0)
+    iterations = epochs * dataset.iterations_per_epoch(2)
+    return iterations * BATCH / (time.perf_counter() - started), optimizer.last_timings
+
+
+# ---------------------------------------------------------------------------------------- (b) larger than memory
+
+
+def wide_records(count: int) -> Callable:
+    """``partition -> records`` for ``flatMap``: ``count`` records of :data:`WIDTH` float32 and a label."""
+
+    def records(partition: int):
+        rng = np.random.default_rng(partition)
+        block = rng.normal(size=(1000, WIDTH)).astype(np.float32)
+        for index in range(count):
+            x = block[index % 1000]
+            yield x, int(x[index % WIDTH] > 0)
+
+    return records
+
+
+def feed_rate(sc, records: int, partitions: int) -> Dict[str, float]:
+    """Records/s of a second ``optimize`` over ``records`` wide records, peak worker RssAnon, first-step time."""
+    import keras
+
+    from sparktf import MaxEpoch, TFDataset, TFOptimizer
+
+    rdd = sc.parallelize(range(partitions), partitions).flatMap(wide_records(records // partitions))
+    dataset = TFDataset.from_rdd(rdd, features=("float32", [WIDTH]), labels=("int32", []),
+                                 batch_size=FEED_BATCH, seed=1)
+    dataset.num_records  # Spark caches the records (not timed)
+    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+    optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2)
+    with PeakSampler() as memory:
+        optimizer.optimize(MaxEpoch(1), verbose=0)  # spills each shard to local disk, first pass
+        first_pass = dict(optimizer.last_timings)
+        started = time.perf_counter()
+        optimizer.optimize(MaxEpoch(2), verbose=0)
+        seconds = time.perf_counter() - started
+    timings = optimizer.last_timings
+    rdd.unpersist()
+    dataset.block_rdd.unpersist()
+    return {
+        "records_per_second": dataset.iterations_per_epoch(2) * FEED_BATCH / seconds,
+        "peak_rss_anon_mb": memory.peak / 2**20,
+        "first_segment_data_cache_s": first_pass.get("data_cache", 0.0),
+        "second_segment_first_step_s": sum(timings.get(phase, 0.0) for phase in FIRST_STEP_PHASES),
+        "second_segment_data_cache_s": timings.get("data_cache", 0.0),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller data (a few minutes)")
+    parser.add_argument("--single", nargs=3, metavar=("FOLDER", "RECORDS", "EPOCHS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.single:
+        folder, records, epochs = args.single[0], int(args.single[1]), int(args.single[2])
+        paths = sorted(os.path.join(folder, name) for name in os.listdir(folder))
+        print(json.dumps({"images_per_second": one_process_images_per_second(paths, records, epochs)}))
+        return
+
+    import sparktf
+    from sparktf.spark.cluster import TRAIN_DATA_MEMORY_CONF
+
+    spark_conf = SPARK_CONF
+    jpegs, epochs = (800, 3) if args.quick else (2000, 5)
+    big, small = ((200 << 20), (20 << 20)) if args.quick else ((2 << 30), (200 << 20))
+    if args.quick:  # the streamed case streams at this size too
+        spark_conf = {**SPARK_CONF, TRAIN_DATA_MEMORY_CONF: "32m"}
+    spark = sparktf.init_spark("local[2]", app_name="bench-input", conf=spark_conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    record_bytes = WIDTH * 4 + 4
+    with tempfile.TemporaryDirectory() as folder:
+        paths = write_jpeg_records(folder, jpegs)
+        single = json.loads(subprocess.run(
+            [sys.executable, __file__, "--single", folder, str(jpegs), str(epochs)],
+            check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])["images_per_second"]
+        distributed, timings = sparktf_images_per_second(paths, jpegs, epochs)
+    print(f"(a) {jpegs} JPEG records, {epochs} timed epochs: one process {single:.0f} images/s, "
+          f"sparktf 2 workers cache=False {distributed:.0f} images/s")
+    print("    where the time went on rank 0: " + " ".join(f"{k}={v:.2f}s" for k, v in timings.items()))
+    rates = {}
+    for name, size in (("streamed", big), ("in_memory", small)):
+        rates[name] = feed_rate(spark.sparkContext, size // record_bytes, 4)
+        print(f"(b) {name}: {size >> 20} MB of records ({size >> 21} MB per worker): "
+              + " ".join(f"{k}={v:.2f}" for k, v in rates[name].items()))
+    print(f"RESULT stream_ratio={distributed / single:.3f}")
+    ratio = rates["streamed"]["records_per_second"] / rates["in_memory"]["records_per_second"]
+    print(f"RESULT stream_feed_ratio={ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
