@@ -40,6 +40,7 @@ class RecordEpochs(keras.callbacks.Callback):
         self.hooks.append(f"epoch_begin {epoch}")
 
     def on_train_batch_end(self, batch, logs=None):
+        self.hooks.append(f"batch {batch}")
         self.batches.append(dict(logs))
 
     def on_epoch_end(self, epoch, logs=None):
@@ -56,9 +57,12 @@ def test_callbacks_see_every_epoch_and_the_history_matches(sc, tmp_path):
     model = linear_model()
     recorder, csv_path = RecordEpochs(), tmp_path / "epochs.csv"
     optimizer = TFOptimizer.from_keras(model, dataset)
-    optimizer.optimize(MaxEpoch(3), callbacks=[recorder, keras.callbacks.CSVLogger(str(csv_path))], verbose=0)
-    assert recorder.hooks == ["train_begin"] + [f"epoch_{e} {i}" for i in range(3) for e in ("begin", "end")] + [
-        "train_end"]
+    history = optimizer.optimize(MaxEpoch(3), callbacks=[recorder, keras.callbacks.CSVLogger(str(csv_path))],
+                                 verbose=0)
+    every_batch = [f"batch {b}" for b in range(4)]  # each of the 4 iterations of an epoch, in order, once
+    assert recorder.hooks == ["train_begin"] + [
+        hook for i in range(3) for hook in (f"epoch_begin {i}", *every_batch, f"epoch_end {i}")] + ["train_end"]
+    assert [logs["loss"] for logs in recorder.batches] == history["loss"]
     assert [sorted(logs) for logs in recorder.logs] == [["loss", "val_loss", "val_mae"]] * 3
     assert optimizer.history.history["loss"] == [logs["loss"] for logs in recorder.logs]
     assert optimizer.history.history["val_mae"] == [logs["val_mae"] for logs in recorder.logs]
@@ -132,6 +136,24 @@ def test_epochs_drawn_after_the_fact_show_their_measured_step_time(capsys):
     assert [line for line in lines if line.startswith("Epoch")] == ["Epoch 1/2", "Epoch 2/2"]
     shown = [float(ms) for ms in re.findall(r"(\d+)ms/step", "\n".join(lines))]
     assert len(shown) == 2 and all(240 <= ms <= 300 for ms in shown), lines  # 0.25 s steps, not ~0 us
+
+
+def test_every_iteration_reaches_on_train_batch_end_once_in_order_live_or_from_the_records():
+    recorder = RecordEpochs()
+    display = DriverCallbacks([recorder], linear_model(), 0, 4, 16, 3, keras.callbacks.History())
+    display.train_begin()
+    display.segment_begins(TrainingProgress(0, 4))
+    display.report({0: RankReport("train", 1, 0.0, 9.0)})  # the next iteration due: delivered live
+    display.report({0: RankReport("train", 6, 0.0, 8.0)})  # skips 2-5: those come with the records first
+    display.segment_ends(1, [9.0, 2.0, 3.0, 4.0, 5.0, 6.0], [0.01] * 6, TrainingProgress(6, 4, 6.0), None)
+    display.segment_begins(TrainingProgress(6, 4, 6.0))  # a second segment, without validation
+    display.segment_ends(7, [7.0, 8.0, 1.0, 1.0, 1.0, 1.0], [0.01] * 6, TrainingProgress(12, 4, 1.0), None)
+    display.train_end()
+    batches = [hook for hook in recorder.hooks if hook.startswith("batch")]
+    assert batches == [f"batch {i % 4}" for i in range(12)]
+    assert [logs["loss"] for logs in recorder.batches][:8] == [9.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert recorder.hooks.index("epoch_end 0") == recorder.hooks.index("epoch_begin 1") - 1
+    assert recorder.hooks[recorder.hooks.index("epoch_end 0") - 1] == "batch 3"
 
 
 def test_verbose_1_shows_each_epoch_once_when_the_live_display_ran_ahead(capsys):

@@ -14,7 +14,7 @@ from sparktf.errors import DataError
 from sparktf.spark.cluster import use_task_threads
 from sparktf.spark.user_code import pickle_by_value
 
-__all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader", "parsed_block", "file_blocks"]
+__all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader", "file_blocks"]
 
 #: Most records per block read from TFRecords: tf.data's ``batch`` slows down
 #: sharply with huge batch sizes (about 2 s for 2M, even on a 5-record file).
@@ -103,7 +103,8 @@ class TFRecordReader:
             first = 0
             try:
                 for element in parsed.batch(batch).as_numpy_iterator():
-                    block = parsed_block(self.record_format, element)
+                    values = specs.flatten(self.record_format.as_element(element))
+                    block = tuple(to_leaf_column(value, leaf) for value, leaf in zip(values, leaves))
                     yield block
                     first += len(block[0])
             except tf.errors.OpError as exc:
@@ -111,12 +112,6 @@ class TFRecordReader:
                     f"TFRecord file {path} (partition {partition}): reading or parsing failed after "
                     f"record {first}: {' '.join(exc.message.split())[:400]}"
                 ) from None
-
-
-def parsed_block(record_format: RecordFormat, element: Any) -> Block:
-    """A batch of ``parse_fn``'s output (as NumPy) as a Block of the dataset's leaves."""
-    values = specs.flatten(record_format.as_element(element))
-    return tuple(to_leaf_column(value, leaf) for value, leaf in zip(values, record_format.leaves))
 
 
 def file_blocks(sc: Any, files: List[str], reader: "TFRecordReader", kind: str, cache: bool = True) -> Any:

@@ -10,10 +10,12 @@ subclasses) on the driver with Keras' own hook names and ``logs``:
   driver's model holding the weights of that epoch end (without callbacks,
   a segment may span epochs: the progress display and the ``History`` still
   get every epoch);
-* ``on_train_batch_end`` while a segment runs, for the newest iteration rank
-  0 reported to the job channel (about once a second, so not for every
-  iteration: calling back into the driver per iteration would stall the
-  ring), with ``logs={"loss": ...}``.
+* ``on_train_batch_end`` for every iteration exactly once, in order, with
+  ``logs={"loss": <that iteration's loss>}``: live while a segment runs when
+  rank 0's report (about once a second: calling back into the driver per
+  iteration would stall the ring) is the next iteration due, and otherwise
+  as soon as the segment's per-iteration records reach the driver, before
+  that epoch's ``on_epoch_end``.
 
 ``model.stop_training = True`` ends training after the epoch; changes a
 callback makes to the model or its optimizer (the learning rate is an
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -119,6 +122,8 @@ class DriverCallbacks:
         self._epoch_seconds = 0.0
         self._progbar: Any = None
         self._reported = 0
+        self._delivered = 0  # the last iteration on_train_batch_end was called for
+        self._lock = threading.Lock()  # reports arrive on the watchdog's thread
         self._rate_mark = (0, time.monotonic())
         self._logs: Dict[str, float] = {}
 
@@ -132,7 +137,7 @@ class DriverCallbacks:
         """Before a segment: opens the epoch it starts in, if not open yet."""
         if self._epoch is None:
             self._open_epoch(progress.epoch, progress.iteration % self._per_epoch)
-        self._reported = progress.iteration
+        self._reported = self._delivered = progress.iteration
         self._rate_mark = (progress.iteration, time.monotonic())
 
     def report(self, reports: Dict[int, Any]) -> None:
@@ -153,7 +158,10 @@ class DriverCallbacks:
                 done = self._per_epoch if self._shown_epoch + 1 < epoch else in_epoch + 1
                 self._show_epoch(self._shown_epoch + 1, 0, seconds_ago=done * step_seconds)
             self._progbar.update(in_epoch + 1, [("loss", latest.loss), ("records/s", rate)])
-        self._list.on_train_batch_end(in_epoch, {"loss": latest.loss})
+        with self._lock:
+            if latest.iteration == self._delivered + 1:  # in order: earlier ones come with the records
+                self._delivered = latest.iteration
+                self._list.on_train_batch_end(in_epoch, {"loss": latest.loss})
 
     def segment_ends(self, first_iteration: int, losses: Sequence[float], step_seconds: Sequence[float],
                      progress: TrainingProgress, validation: Optional[Dict[str, float]]) -> bool:
@@ -166,6 +174,10 @@ class DriverCallbacks:
             self._epoch_losses.append(float(loss))
             self._epoch_seconds += float(seconds)
             iteration = first_iteration + offset
+            with self._lock:
+                if iteration > self._delivered:
+                    self._delivered = iteration
+                    self._list.on_train_batch_end((iteration - 1) % self._per_epoch, {"loss": float(loss)})
             if iteration % self._per_epoch == 0:
                 self._end_epoch(validation if iteration == progress.iteration else None)
                 if iteration < progress.iteration:

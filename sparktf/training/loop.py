@@ -212,6 +212,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         finally:
             communicator.close()
             stream.close(wait=finished, timeout=spec.collective_timeout)  # the task's input read to its end
+            watch.lap("input_close")
     finally:
         heartbeat.stop()
     if rank == 0:
