@@ -16,14 +16,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.spark import cluster
 from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint, save_checkpoint
-from sparktf.errors import DataError, DriverJVMGone, ModelError, TrainingError
+from sparktf.errors import DataError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.inference.feeds import feature_leaves, keras_feed
 from sparktf.training.preflight import check_labels, check_settings, resolve_optimizer
 from sparktf.training.step import GradientClipping
 from sparktf.training.callbacks import DriverCallbacks, default_verbose
 from sparktf.training.loop import SegmentResult, SegmentSpec
-from sparktf.training.segment_job import run_segment_job
+from sparktf.training.segment_job import SLOT_WAIT_SECONDS, SegmentRunner
 from sparktf.triggers import (
     EveryEpoch,
     MaxEpoch,
@@ -37,7 +37,6 @@ from sparktf.triggers import (
 __all__ = ["TFOptimizer"]
 
 _LOG = logging.getLogger(__name__)
-_SLOT_WAIT_SECONDS = 30.0
 
 
 class TFOptimizer:
@@ -93,7 +92,6 @@ class TFOptimizer:
         self.last_score: Optional[float] = None
         self.last_timings: Dict[str, float] = {}
         self._payload = None
-        self._failures = 0
         self.history: Any = None
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
@@ -284,7 +282,7 @@ class TFOptimizer:
             validation_trigger if validation_trigger is not None else checkpoint_trigger,
             "validation_trigger",
         )
-        cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=_SLOT_WAIT_SECONDS)
+        cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=SLOT_WAIT_SECONDS)
         local_batch = self.dataset.local_batch_size(self.num_workers)
         validation = self.dataset.val_dataset
         if validation is None and uses_score(end_trigger):
@@ -300,8 +298,8 @@ class TFOptimizer:
         driver = self._driver_callbacks(callbacks, verbose, end_trigger)
         stops += [EveryEpoch()] if callbacks else []  # callbacks see the model at every epoch end
         history: Dict[str, Any] = {"loss": []}
-        self._failures = 0
         with self.dataset.training_input(self.num_workers) as (data, feed):
+            runner = SegmentRunner(self.sc, data, feed, self.num_workers, self.max_failures)
             progress = self._progress()
             if driver is not None:
                 driver.train_begin()
@@ -309,7 +307,7 @@ class TFOptimizer:
                 if driver is not None:
                     driver.segment_begins(progress)
                 first = progress.iteration + 1
-                result = self._run_segment(data, feed, local_batch, progress, TriggerOr(*stops), driver)
+                result = self._run_segment(runner, local_batch, progress, TriggerOr(*stops), driver)
                 progress = self._finish_segment(result, history)
                 if self.model_dir and checkpoint_trigger(progress):
                     save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir)
@@ -346,36 +344,10 @@ class TFOptimizer:
                                self.dataset.batch_size, epochs, self.history)
 
     def _run_segment(
-        self, data: Any, feed: Any, local_batch: int, progress: TrainingProgress, stop: Trigger,
+        self, runner: SegmentRunner, local_batch: int, progress: TrainingProgress, stop: Trigger,
         driver: Optional[DriverCallbacks] = None,
     ) -> SegmentResult:
-        """Run one segment, relaunching it from the driver's state after a failure.
-
-        ``max_failures`` counts the failures of the whole ``optimize`` call.
-        """
-        while True:
-            try:
-                return self._launch_segment(data, feed, local_batch, progress, stop, driver)
-            except (DataError, ModelError, DriverJVMGone):  # the data or the model would fail again; no JVM
-                raise
-            except Exception as error:  # a worker failed: relaunch from the last good state
-                self._failures += 1
-                if self._failures > self.max_failures:
-                    raise TrainingError(
-                        f"training failed {self._failures} time(s) (max_failures={self.max_failures}) "
-                        f"after iteration {progress.iteration}; the last failure was: {error}"
-                    ) from error
-                _LOG.warning(
-                    "training segment after iteration %d failed (%d of %d allowed), relaunching "
-                    "from the last good state: %s",
-                    progress.iteration, self._failures, self.max_failures, error,
-                )
-                cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=_SLOT_WAIT_SECONDS)
-
-    def _launch_segment(
-        self, data: Any, feed: Any, local_batch: int, progress: TrainingProgress, stop: Trigger,
-        driver: Optional[DriverCallbacks],
-    ) -> SegmentResult:
+        """One segment from the driver's state (relaunched from it after a failure)."""
         spec = SegmentSpec(
             payload=self._payload_broadcast(),
             state=None,
@@ -383,14 +355,13 @@ class TFOptimizer:
             local_batch=local_batch,
             start=progress,
             stop=stop,
-            feed=feed,
+            feed=runner.feed,
             clipping=self.clipping,
             secret=b"",
             directory=None,
             collective_timeout=self.collective_timeout,
         )
-        state = ModelState.capture(self.model, self.iteration)
-        return run_segment_job(self.sc, data, spec, state, self.num_workers, driver and driver.report)
+        return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report)
 
     def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
         """Take the segment's state into the driver's model; log its iterations."""

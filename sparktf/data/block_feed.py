@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Iterable, Iterator, List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 import numpy as np
 

@@ -10,7 +10,6 @@ and never imports TensorFlow.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any, Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Driver side of one training segment: the barrier job, its secret, its job channel and its watchdog.
+"""Driver side of training segments: relaunches, the barrier job, its secret, its job channel and its watchdog.
 
 A segment is one Spark barrier job of ``num_workers`` tasks, each running
 :func:`sparktf.training.loop.run_segment`. This module starts it with a fresh
@@ -27,16 +27,77 @@ from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 from sparktf.collective import JobChannel
-from sparktf.errors import TrainingError
-from sparktf.spark.cluster import rendezvous_host
+from sparktf.errors import DataError, DriverJVMGone, ModelError, TrainingError
+from sparktf.spark.cluster import rendezvous_host, wait_for_free_slots
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment, state_checksums
 from sparktf.training.watchdog import JobWatchdog
 
-__all__ = ["run_segment_job", "job_channel"]
+__all__ = ["SegmentRunner", "run_segment_job", "job_channel", "SLOT_WAIT_SECONDS"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
+#: Seconds a launch waits for task slots that a failed job's tasks still hold.
+SLOT_WAIT_SECONDS = 30.0
+
+
+class SegmentRunner:
+    """The segments of one ``optimize`` call: launched on ``data``, relaunched after worker failures.
+
+    Parameters
+    ----------
+    sc : pyspark.SparkContext
+    data : pyspark.RDD
+        The training RDD, one partition per worker.
+    feed : BlockFeed or TFRecordFeed
+        How the workers batch their partitions.
+    num_workers : int
+    max_failures : int
+        Failed segments relaunched over the whole call before giving up.
+
+    Attributes
+    ----------
+    failures : int
+        The failures so far.
+    """
+
+    def __init__(self, sc: Any, data: Any, feed: Any, num_workers: int, max_failures: int):
+        self.sc = sc
+        self.data = data
+        self.feed = feed
+        self.num_workers = num_workers
+        self.max_failures = max_failures
+        self.failures = 0
+
+    def run(self, spec: SegmentSpec, state: Callable[[], ModelState],
+            on_reports: Optional[Callable[[dict], None]] = None) -> SegmentResult:
+        """Run one segment from ``state()``, the driver's state, relaunching it from there after a failure.
+
+        Raises
+        ------
+        DataError, ModelError, DriverJVMGone
+            At once: the data or the model would fail again, or there is no JVM.
+        TrainingError
+            After more than ``max_failures`` failures, with the last one as cause.
+        """
+        while True:
+            try:
+                return run_segment_job(self.sc, self.data, spec, state(), self.num_workers, on_reports)
+            except (DataError, ModelError, DriverJVMGone):
+                raise
+            except Exception as error:  # a worker failed: relaunch from the last good state
+                self.failures += 1
+                if self.failures > self.max_failures:
+                    raise TrainingError(
+                        f"training failed {self.failures} time(s) (max_failures={self.max_failures}) "
+                        f"after iteration {spec.start.iteration}; the last failure was: {error}"
+                    ) from error
+                _LOG.warning(
+                    "training segment after iteration %d failed (%d of %d allowed), relaunching "
+                    "from the last good state: %s",
+                    spec.start.iteration, self.failures, self.max_failures, error,
+                )
+                wait_for_free_slots(self.sc, self.num_workers, timeout=SLOT_WAIT_SECONDS)
 
 
 def run_segment_job(
