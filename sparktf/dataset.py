@@ -78,7 +78,8 @@ class TFDataset(BlockDataset):
             or a list / tuple / dict of such specs. Records are cast to the
             dtypes; a record of another shape is a ``DataError``.
         batch_size : int
-            Global training batch, a multiple of the number of training workers.
+            Global training batch, split over the training workers (their
+            local batches differ by at most one record).
         batch_per_thread : int
             Per-partition batch for prediction and evaluation.
         val_rdd : pyspark.RDD, optional

@@ -283,7 +283,7 @@ class TFOptimizer:
             "validation_trigger",
         )
         cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=SLOT_WAIT_SECONDS)
-        local_batch = self.dataset.local_batch_size(self.num_workers)
+        local_batches = [self.dataset.local_batch_size(self.num_workers, rank) for rank in range(self.num_workers)]
         validation = self.dataset.val_dataset
         if validation is None and uses_score(end_trigger):
             raise DataError(
@@ -307,7 +307,7 @@ class TFOptimizer:
                 if driver is not None:
                     driver.segment_begins(progress)
                 first = progress.iteration + 1
-                result = self._run_segment(runner, local_batch, progress, TriggerOr(*stops), driver)
+                result = self._run_segment(runner, local_batches, progress, TriggerOr(*stops), driver)
                 progress = self._finish_segment(result, history)
                 if self.model_dir and checkpoint_trigger(progress):
                     save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir)
@@ -344,7 +344,7 @@ class TFOptimizer:
                                self.dataset.batch_size, epochs, self.history)
 
     def _run_segment(
-        self, runner: SegmentRunner, local_batch: int, progress: TrainingProgress, stop: Trigger,
+        self, runner: SegmentRunner, local_batches: List[int], progress: TrainingProgress, stop: Trigger,
         driver: Optional[DriverCallbacks] = None,
     ) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure)."""
@@ -352,7 +352,7 @@ class TFOptimizer:
             payload=self._payload_broadcast(),
             state=None,
             element_structure=self.dataset.element_structure,
-            local_batch=local_batch,
+            local_batches=local_batches,
             start=progress,
             stop=stop,
             feed=runner.feed,

@@ -75,13 +75,14 @@ def nonlinear_model(weights=None):
     return model
 
 
-def test_full_batch_adam_same_weights_on_one_and_two_workers(sc):
-    x, y = regression_data(32, seed=1)
+@pytest.mark.parametrize("records", [32, 31])  # 31: local batches of 15 and 16, a record-weighted mean
+def test_full_batch_adam_same_weights_on_one_and_two_workers(sc, records):
+    x, y = regression_data(records, seed=1)
     y = np.sin(y)
     initial = nonlinear_model().get_weights()
     results = []
     for workers in (1, 2):
-        dataset = TFDataset.from_ndarrays((x, y), batch_size=32, shuffle=True, seed=3)
+        dataset = TFDataset.from_ndarrays((x, y), batch_size=records, shuffle=True, seed=3)
         model = nonlinear_model(initial)
         history = TFOptimizer.from_keras(model, dataset, num_workers=workers).optimize(MaxIteration(4))
         results.append((model.get_weights(), history["loss"]))

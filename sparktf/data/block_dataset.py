@@ -21,7 +21,7 @@ from pyspark import RDD
 from sparktf.data import specs
 from sparktf.data.block_feed import BlockFeed
 from sparktf.data.block_serializer import block_rdd, cached
-from sparktf.data.columnar import BlockRouter, RecordFormat, count_records, keyed_block
+from sparktf.data.columnar import BlockRouter, RecordFormat, balanced_bounds, count_records, keyed_block
 from sparktf.errors import DataError
 from sparktf.spark.cluster import train_data_memory
 from sparktf.spark.jobs import unpersist
@@ -194,29 +194,33 @@ class BlockDataset:
 
     # ------------------------------------------------------------------ batching
 
-    def local_batch_size(self, num_workers: int) -> int:
-        """Records per training worker per iteration: ``batch_size // num_workers``.
+    def local_batch_size(self, num_workers: int, rank: int = 0) -> int:
+        """Records worker ``rank`` takes per iteration: ``batch_size // num_workers``, or one more.
+
+        Split like the records into the workers' shards
+        (:func:`~sparktf.data.columnar.balanced_bounds`): local batches differ
+        by at most one, add up to ``batch_size``, and the workers with one
+        more record per batch are those with one more record in their shard.
 
         Raises
         ------
         DataError
-            If ``batch_size`` is unset, or not a multiple of ``num_workers``
-            (the message gives both numbers).
+            If ``batch_size`` is unset, or smaller than ``num_workers`` (a
+            worker would get no records; the message gives both numbers).
         """
         if self._batch_size == UNSET:
             raise DataError(
-                "training needs batch_size: create the TFDataset with batch_size=<global batch>, "
-                f"a multiple of the number of training workers ({num_workers}); batch_per_thread "
-                "is only for prediction and evaluation"
+                "training needs batch_size: create the TFDataset with batch_size=<global batch over all "
+                "training workers>; batch_per_thread is only for prediction and evaluation"
             )
-        if self._batch_size % num_workers:
-            lower = max(num_workers, self._batch_size - self._batch_size % num_workers)
+        if self._batch_size < num_workers:
             raise DataError(
-                f"batch_size {self._batch_size} is not a multiple of the number of training workers "
-                f"{num_workers}: every worker takes the same share of a batch. Use e.g. batch_size="
-                f"{lower} or {lower + num_workers}, or another number of workers"
+                f"batch_size {self._batch_size} is smaller than the number of training workers "
+                f"{num_workers}: every worker needs at least one record per iteration. Use batch_size >= "
+                f"{num_workers}, or fewer workers"
             )
-        return self._batch_size // num_workers
+        bounds = balanced_bounds(self._batch_size, num_workers)
+        return bounds[rank + 1] - bounds[rank]
 
     def inference_batch_size(self, num_workers: int) -> int:
         """Records per partition per prediction / evaluation batch.

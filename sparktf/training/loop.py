@@ -17,7 +17,8 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
    optimizer variables), streamed from the driver's job channel (or, without
    one, read from a broadcast);
 5. loops, one graph call per iteration (``TrainStep.run``): local batch ->
-   fused gradients + loss -> all-reduce (mean, called from the graph) ->
+   fused gradients + loss, weighted by the rank's share of the global batch
+   -> all-reduce (sum: the record-weighted mean, called from the graph) ->
    global-gradient clipping and ``optimizer.apply``, until the segment's stop
    trigger fires on the (identical) progress every worker sees;
 6. averages the non-trainable float variables (BatchNorm statistics) across
@@ -67,8 +68,9 @@ class SegmentSpec:
         :class:`ModelState` to start from, when there is no job channel.
     element_structure : tuple
         ``(feature_spec, label_spec)`` or ``(feature_spec,)``.
-    local_batch : int
-        Records per worker per iteration.
+    local_batches : list of int
+        Records each rank takes per iteration (they add up to the global
+        batch and differ by at most one).
     start : TrainingProgress
         Progress before the segment's first iteration.
     stop : Trigger
@@ -91,7 +93,7 @@ class SegmentSpec:
     payload: Any
     state: Any
     element_structure: tuple
-    local_batch: int
+    local_batches: List[int]
     start: TrainingProgress
     stop: Trigger
     feed: Any
@@ -183,7 +185,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             stream = None
             try:
                 heartbeat.phase = "data_cache"
-                stream = spec.feed.open(rank, blocks, spec.local_batch, spec.start.iteration)
+                stream = spec.feed.open(rank, blocks, spec.local_batches[rank], spec.start.iteration)
                 first_batch = next(stream)
                 watch.lap("data_cache")
                 with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
@@ -233,6 +235,7 @@ def _train(
     progress = spec.start
     non_finite_iteration = None
     allreduce = _timed_allreduce(communicator, watch)
+    weight = spec.local_batches[rank] / sum(spec.local_batches)  # this rank's share of the global batch
     while True:
         started = time.perf_counter()
         features, labels = _features_labels(spec, next(batches))
@@ -240,7 +243,7 @@ def _train(
         iteration = progress.iteration + 1
         heartbeat.iteration = iteration
         with classified_failures(rank, iteration, warm_up=False):
-            outcome = step.run(features, labels, allreduce)
+            outcome = step.run(features, labels, allreduce, weight)
         ended = watch.lap("apply")
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
             non_finite_iteration = iteration
@@ -267,11 +270,11 @@ def _train(
 
 
 def _timed_allreduce(communicator: Any, watch: _Stopwatch) -> Callable[[np.ndarray], None]:
-    """The in-place mean all-reduce the step calls, timing ``compute`` before it and itself."""
+    """The in-place sum all-reduce of weighted buffers the step calls, timing ``compute`` before it and itself."""
 
     def allreduce(buffer: np.ndarray) -> None:
         watch.lap("compute")
-        communicator.allreduce(buffer, op="mean")
+        communicator.allreduce(buffer, op="sum")
         watch.lap("allreduce")
 
     return allreduce

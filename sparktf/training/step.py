@@ -3,7 +3,8 @@
 :meth:`TrainStep.run` is ONE ``tf.function`` call per iteration: forward pass,
 loss (the compiled loss plus ``model.losses``) and backward pass; every
 gradient flattened (sparse ``IndexedSlices`` densified) into ONE float32
-buffer followed by the loss; the caller's all-reduce (mean over workers) of
+buffer followed by the loss, scaled by the worker's share of the global
+batch; the caller's all-reduce (sum over workers: the record-weighted mean) of
 that buffer, called from the graph through ``tf.numpy_function``; then, only
 if every averaged value is finite, the split back into gradients, clipping of
 the global gradient and ``optimizer.apply`` (which advances
@@ -97,6 +98,8 @@ class TrainStep:
         self.buffer_size = sum(self._sizes) + 1
         self._allreduce: Optional[Callable[[np.ndarray], Any]] = None
         self._allreduce_error: Optional[BaseException] = None
+        self._weight = tf.Variable(1.0, trainable=False, dtype=tf.float32)
+        self._weight_value = 1.0
         self._update_fn = self._compiled_update()
         self._step_fn = tf.function(self._step)
         self.warmed_up = False
@@ -112,7 +115,7 @@ class TrainStep:
         self.warmed_up = True
 
     def run(
-        self, features: Any, labels: Any, allreduce: Callable[[np.ndarray], Any]
+        self, features: Any, labels: Any, allreduce: Callable[[np.ndarray], Any], weight: float = 1.0
     ) -> StepResult:
         """Run one iteration on a local batch.
 
@@ -122,8 +125,12 @@ class TrainStep:
             One batch, nested like the model's inputs and targets (``labels``
             may be None when the loss comes from ``model.losses`` only).
         allreduce : callable
-            Averages a contiguous float32 NumPy buffer over all workers, in
-            place (e.g. ``lambda b: communicator.allreduce(b, op="mean")``).
+            Sums a contiguous float32 NumPy buffer over all workers, in
+            place (e.g. ``lambda b: communicator.allreduce(b, op="sum")``).
+        weight : float
+            This worker's share of the global batch (its records / all
+            records): the gradients and loss are scaled by it before the
+            sum, which is then the record-weighted mean over the workers.
 
         Returns
         -------
@@ -131,6 +138,9 @@ class TrainStep:
             The averaged loss, the learning rate, whether the update was applied.
         """
         self._allreduce, self._allreduce_error = allreduce, None
+        if self._weight_value != weight:
+            self._weight.assign(weight)
+            self._weight_value = weight
         try:
             loss, learning_rate, applied = self._step_fn(features, labels).numpy()
         except tf.errors.OpError as error:
@@ -140,7 +150,7 @@ class TrainStep:
         return StepResult(float(loss), float(learning_rate), bool(applied))
 
     def _step(self, features: Any, labels: Any) -> tf.Tensor:
-        fused = self._fused_gradients(features, labels)
+        fused = self._fused_gradients(features, labels) * self._weight
         averaged = tf.numpy_function(self._allreduce_numpy, [fused], tf.float32, stateful=True)
         averaged.set_shape([self.buffer_size])
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
