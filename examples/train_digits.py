@@ -19,11 +19,12 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import sparktf  # before TensorFlow: keeps its start-up log lines out of the output
+
 import keras
 import numpy as np
 from sklearn.datasets import load_digits
 
-import sparktf
 from sparktf import (
     EveryEpoch,
     MaxEpoch,

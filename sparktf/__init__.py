@@ -15,6 +15,10 @@ if importlib.util.find_spec("tensorflow") is None:  # pragma: no cover - depends
         "pip install 'sparktf[gpu]' (tensorflow[and-cuda])."
     )
 
+from sparktf import tf_startup as _tf_startup
+
+_tf_startup.install()  # TensorFlow's start-up lines stay out of the output (sparktf.tf_startup)
+
 __version__ = "0.1.0"
 
 _EXPORTS = {

@@ -108,6 +108,10 @@ def test_new_sessions_warm_their_python_workers_and_remove_the_shipped_package_f
     assert result["existed"] is True and result["exists_after_stop"] is False
     assert os.path.basename(result["left_at_exit"]).startswith("sparktf-pyfiles-")
     assert not os.path.exists(result["left_at_exit"])  # the second session was never stopped: removed at exit
+    # the warm-up imported TensorFlow in a Python worker after sparktf: none of TensorFlow's start-up lines
+    assert "absl::InitializeLog" not in proc.stderr and "cpu_feature_guard" not in proc.stderr, proc.stderr[-3000:]
+    if not os.path.exists("/proc/driver/nvidia"):
+        assert "cuInit" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_error_hierarchy():
