@@ -11,9 +11,15 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# One TensorFlow per environment: a .venv made with the former [cpu] extra holds tensorflow-cpu
+# beside tensorflow (both write site-packages/tensorflow), so both go before the install.
 $(STAMP): $(PY) setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cpu,test,examples]"
+	@if $(PY) -m pip show --quiet tensorflow-cpu >/dev/null 2>&1; then \
+	  echo "removing tensorflow-cpu and tensorflow from $(VENV) (two TensorFlows; tensorflow is installed again)"; \
+	  $(PY) -m pip uninstall --quiet --yes tensorflow-cpu tensorflow; \
+	fi
+	$(PY) -m pip install --quiet -e ".[test,examples]"
 	touch $(STAMP)
 
 check-java:

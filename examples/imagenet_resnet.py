@@ -27,6 +27,8 @@ from typing import Dict, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import sparktf  # noqa: F401 - before TensorFlow: keeps its start-up log lines out of the output
+
 import keras
 
 import imagenet_records

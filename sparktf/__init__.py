@@ -10,10 +10,14 @@ import importlib.util
 if importlib.util.find_spec("tensorflow") is None:  # pragma: no cover - depends on the install
     raise ImportError(
         "sparktf needs TensorFlow, which is not installed in this Python "
-        "environment. Install it with the extra that fits your machine: "
-        "pip install 'sparktf[cpu]' (tensorflow-cpu) or pip install 'sparktf[gpu]' "
-        "(tensorflow[and-cuda])."
+        "environment (was sparktf installed with --no-deps?). Install it with "
+        "pip install tensorflow, or on a machine with NVIDIA GPUs with "
+        "pip install 'sparktf[gpu]' (tensorflow[and-cuda])."
     )
+
+from sparktf import tf_startup as _tf_startup
+
+_tf_startup.install()  # TensorFlow's start-up lines stay out of the output (sparktf.tf_startup)
 
 __version__ = "0.1.0"
 

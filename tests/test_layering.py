@@ -17,6 +17,7 @@ LAYERS = {
     "sparktf.errors": 0,
     "sparktf.triggers": 0,
     "sparktf.context": 0,
+    "sparktf.tf_startup": 0,
     "sparktf.spark": 1,
     "sparktf.collective": 1,
     "sparktf.data": 2,

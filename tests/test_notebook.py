@@ -41,4 +41,4 @@ def test_notebook_trains_evaluates_and_predicts(tmp_path, monkeypatch):
                       for output in cell.outputs)
     assert "validation accuracy per epoch:" in printed
     accuracy = float(printed.split("TFPredictor accuracy on 297 held-out digits: ")[1].split()[0])
-    assert accuracy > 0.5
+    assert accuracy >= 0.97  # what a newcomer sees on digits (about 0.99; the run is seeded)

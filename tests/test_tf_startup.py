@@ -1,0 +1,50 @@
+"""sparktf.tf_startup drops TensorFlow's start-up lines and nothing else."""
+
+import os
+
+from sparktf.tf_startup import StartupLineFilter, _filtered_stderr
+
+# As TensorFlow 2.21 writes them on a machine without a GPU (absl's prefix: level, date, time, thread).
+STARTUP = [
+    b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+    b"I0000 00:00:1795503853.305627   15556 port.cc:153] oneDNN custom operations are on. You may see slightly "
+    b"different numerical results due to floating-point round-off errors from different computation orders. "
+    b"To turn them off, set the environment variable `TF_ENABLE_ONEDNN_OPTS=0`.\n",
+    b"I0000 00:00:1795503853.305959   15556 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
+    b"GPU will not be used.\n",
+    b"I0000 00:00:1795503853.350561   15556 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use "
+    b"available CPU instructions in performance-critical operations.\n",
+    b"To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with the "
+    b"appropriate compiler flags.\n",
+]
+CUINIT = (b"E0000 00:00:1795503856.166490   15556 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: "
+          b"Failed call to cuInit: UNKNOWN ERROR (303)\n")
+KEPT = [
+    b"E0000 00:00:1795503856.166490   15556 op_kernel.cc:1857] OP_REQUIRES failed at conv_ops.cc:12 : INVALID\n",
+    b"WARNING:sparktf:the training job was cancelled\n",
+    b"Traceback (most recent call last):\n",
+    b"W0000 00:00:1795503856.1   15556 port.cc:153] a warning from port.cc about something else\n",
+]
+
+
+def test_the_start_up_lines_are_dropped_and_other_lines_kept():
+    keep = StartupLineFilter(has_nvidia_driver=True).keep
+    assert not any(keep(line) for line in STARTUP)
+    assert all(keep(line) for line in KEPT)
+
+
+def test_the_cuinit_error_is_dropped_only_without_an_nvidia_driver():
+    assert not StartupLineFilter(has_nvidia_driver=False).keep(CUINIT)
+    assert StartupLineFilter(has_nvidia_driver=True).keep(CUINIT)
+    seen_stub = StartupLineFilter(has_nvidia_driver=True)
+    assert not seen_stub.keep(STARTUP[2])  # "Could not find cuda drivers": no driver after all
+    assert not seen_stub.keep(CUINIT)
+
+
+def test_standard_error_is_filtered_inside_the_block_only(capfd):
+    with _filtered_stderr():
+        for line in STARTUP + KEPT:
+            os.write(2, line)
+        os.write(2, b"an unfinished line")
+    os.write(2, STARTUP[0])
+    assert capfd.readouterr().err.encode() == b"".join(KEPT) + b"an unfinished line" + STARTUP[0]
