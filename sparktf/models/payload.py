@@ -22,6 +22,7 @@ Python worker process for the same content.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import pickle
@@ -188,7 +189,7 @@ class ModelPayload:
         custom_objects = cloudpickle.loads(self.custom_objects)
         config = json.loads(self.config)
         try:
-            with keras.saving.custom_object_scope(custom_objects):
+            with keras.saving.custom_object_scope(custom_objects), _global_policy(config):
                 model = keras.saving.deserialize_keras_object(
                     config, custom_objects=custom_objects, safe_mode=False
                 )
@@ -210,6 +211,30 @@ class ModelPayload:
 
 
 _BODY_FIELDS = ("config", "custom_objects", "weights", "optimizer_variables")
+
+
+@contextlib.contextmanager
+def _global_policy(config: dict) -> Iterator[None]:
+    """Keras' global dtype policy set to the model's own while it is rebuilt and compiled.
+
+    ``compile`` wraps the optimizer in a ``LossScaleOptimizer`` only when the
+    model's policy is ``mixed_float16``, and a rebuilt model takes its policy
+    from the global one: without this, an executor whose global policy is
+    ``float32`` would build a plain optimizer with fewer variables.
+    """
+    import keras
+
+    policy = (config.get("config") or {}).get("dtype")
+    name = policy.get("config", {}).get("name") if isinstance(policy, dict) else policy
+    if not (isinstance(name, str) and name.startswith("mixed_")):
+        yield
+        return
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
 
 
 def _config_native_models() -> tuple:

@@ -42,6 +42,11 @@ class GradientClipping:
     max_value: Optional[float] = None
     clip_norm: Optional[float] = None
 
+    @property
+    def active(self) -> bool:
+        """Whether any clipping is set."""
+        return self.min_value is not None or self.clip_norm is not None
+
     def apply(self, gradients: List[tf.Tensor]) -> List[tf.Tensor]:
         """Return the clipped gradients (inside a ``tf.function``)."""
         if self.min_value is not None:
@@ -62,7 +67,9 @@ class StepResult:
     learning_rate : float
         Learning rate of the update.
     applied : bool
-        False when a gradient or the loss was not finite: nothing was applied.
+        False when a gradient or the loss was not finite: nothing was applied
+        (with loss scaling, only a non-finite loss; the optimizer itself skips
+        a step whose scaled gradients overflowed, and lowers the scale).
     """
 
     loss: float
@@ -98,6 +105,10 @@ class TrainStep:
         self.buffer_size = sum(self._sizes) + 1
         self._allreduce: Optional[Callable[[np.ndarray], Any]] = None
         self._allreduce_error: Optional[BaseException] = None
+        # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
+        # scaled float32 gradients are all-reduced, and its apply() unscales them, skips a
+        # non-finite step (identically on every rank: all hold the same sum) and adjusts the scale
+        self._loss_scaled = hasattr(self.optimizer, "inner_optimizer") and hasattr(self.optimizer, "scale_loss")
         self._weight = tf.Variable(1.0, trainable=False, dtype=tf.float32)
         self._weight_value = 1.0
         self._update_fn = self._compiled_update()
@@ -154,7 +165,8 @@ class TrainStep:
         averaged = tf.numpy_function(self._allreduce_numpy, [fused], tf.float32, stateful=True)
         averaged.set_shape([self.buffer_size])
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        finite = tf.reduce_all(tf.math.is_finite(averaged))
+        # a loss-scaled gradient may overflow (the optimizer skips that step); the loss may not
+        finite = tf.reduce_all(tf.math.is_finite(averaged[-1:] if self._loss_scaled else averaged))
         # never apply an update that would poison the weights
         applied = tf.cond(finite, lambda: self._update_fn(averaged), lambda: tf.constant(False))
         return tf.stack([averaged[-1], learning_rate, tf.cast(applied, tf.float32)])
@@ -176,7 +188,8 @@ class TrainStep:
             loss = self.model.compute_loss(
                 x=features, y=labels, y_pred=predictions, training=True
             )
-        gradients = tape.gradient(loss, self.variables)
+            scaled = self.optimizer.scale_loss(loss) if self._loss_scaled else loss
+        gradients = tape.gradient(scaled, self.variables)
         flat = [
             tf.zeros([size], tf.float32)
             if gradient is None
@@ -205,5 +218,10 @@ class TrainStep:
             tf.cast(tf.reshape(piece, shape), variable.dtype)
             for piece, shape, variable in zip(pieces, self._shapes, self.variables)
         ]
-        self.optimizer.apply(self.clipping.apply(gradients), self.variables)
+        if not self._loss_scaled:
+            gradients = self.clipping.apply(gradients)
+        elif self.clipping.active:  # clip the true gradients; the optimizer takes scaled ones
+            scale = self.optimizer.scale_loss(tf.constant(1.0, tf.float32))
+            gradients = [g * scale for g in self.clipping.apply([g / scale for g in gradients])]
+        self.optimizer.apply(gradients, self.variables)
         return tf.constant(True)
