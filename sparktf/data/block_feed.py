@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Iterable, Iterator, List, Optional
+from typing import Callable, Iterable, Iterator, List, Optional
 
 import numpy as np
 
@@ -37,20 +37,33 @@ class FeedStream:
         The batches; closed by :meth:`close` when they have a ``close``.
     drain : threading.Thread, optional
         A thread reading the task's remaining input.
+    park : callable, optional
+        ``park(next_batch, batches)``: keeps the open batches for the next
+        segment instead of closing them when the segment ends well.
+    start_batch : int
+        The index of the first batch (with ``park``).
     """
 
-    def __init__(self, batches: Iterator[List[np.ndarray]], drain: Optional[threading.Thread] = None):
+    def __init__(self, batches: Iterator[List[np.ndarray]], drain: Optional[threading.Thread] = None,
+                 park: Optional[Callable[[int, Iterator], None]] = None, start_batch: int = 0):
         self._batches = batches
         self._drain = drain
+        self._park = park
+        self._next_batch = start_batch
 
     def __iter__(self) -> "FeedStream":
         return self
 
     def __next__(self) -> List[np.ndarray]:
-        return next(self._batches)
+        batch = next(self._batches)
+        self._next_batch += 1
+        return batch
 
     def close(self, wait: bool, timeout: float) -> None:
-        """Stop reading; with ``wait``, first let the task's input be read to its end.
+        """Stop reading (or park the batches); with ``wait``, first let the task's input be read to its end.
+
+        ``wait`` is for a segment that ended well: only then are the batches
+        parked, positioned at the next segment's first batch.
 
         Raises
         ------
@@ -58,7 +71,9 @@ class FeedStream:
             If the input is not read to its end within ``timeout`` seconds.
         """
         close = getattr(self._batches, "close", None)
-        if close is not None:
+        if wait and self._park is not None:
+            self._park(self._next_batch, self._batches)
+        elif close is not None:
             close()
         if wait and self._drain is not None:
             self._drain.join(timeout)

@@ -14,8 +14,10 @@ resume starts there without parsing what came before.
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import threading
-from typing import Any, Callable, Iterable, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import cloudpickle
 import numpy as np
@@ -127,6 +129,8 @@ class TFRecordFeed:
         self.shuffle = shuffle
         self.seed = seed
         self.shuffle_buffer = shuffle_buffer
+        self.identity = hashlib.sha256(pickle.dumps(
+            (files, counts, parse_fn_bytes, shuffle, seed, shuffle_buffer))).hexdigest()
 
     def open(self, rank: int, blocks: Iterable[Any], local_batch: int, start_batch: int) -> FeedStream:
         """Batches of rank ``rank`` from batch ``start_batch`` on (``blocks``, the rank number, is read and dropped)."""
@@ -138,9 +142,13 @@ class TFRecordFeed:
                 f"training worker rank {rank} got no records: its TFRecord files {self.files[rank]} are "
                 "empty; write the data into more even files or use fewer workers"
             )
-        first = start_batch * local_batch
-        dataset = self._dataset(rank, first // records, first % records, local_batch)
-        return FeedStream(self._batches(rank, dataset))
+        key = (self.identity, rank, local_batch)
+        parked = _PARKED.pop(key, start_batch)
+        if parked is None:
+            first = start_batch * local_batch
+            parked = self._batches(rank, self._dataset(rank, first // records, first % records, local_batch))
+        return FeedStream(parked, park=lambda next_batch, batches: _PARKED.put(key, next_batch, batches),
+                          start_batch=start_batch)
 
     def _dataset(self, rank: int, first_pass: int, skip: int, local_batch: int) -> tf.data.Dataset:
         parse_fn = cloudpickle.loads(self.parse_fn_bytes)["parse_fn"]
@@ -163,27 +171,58 @@ class TFRecordFeed:
         return stream.batch(local_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     def _batches(self, rank: int, dataset: tf.data.Dataset) -> Iterator[List[tf.Tensor]]:
-        """The batches as tensors, one per leaf (already of the traced specs: no NumPy round trip).
-
-        When the batches are closed, the ``tf.data`` iterator is dropped on a
-        thread of its own: its pipeline's threads wind down (up to ~1 s under
-        load) after the task has handed back its result.
-        """
+        """The batches as tensors, one per leaf (already of the traced specs: no NumPy round trip)."""
         iterator = iter(dataset)
-        try:
-            while True:
-                try:
-                    element = next(iterator)
-                except tf.errors.OpError as exc:
-                    raise _read_error(rank, self.files[rank], exc) from None
-                yield specs.flatten(self.record_format.as_element(element))
-        finally:
-            threading.Thread(target=_drop, args=([iterator],), name="sparktf-tf-data-close", daemon=True).start()
-            del iterator
+        while True:
+            try:
+                element = next(iterator)
+            except tf.errors.OpError as exc:
+                raise _read_error(rank, self.files[rank], exc) from None
+            yield specs.flatten(self.record_format.as_element(element))
 
 
-def _drop(holder: list) -> None:
-    holder.clear()
+class _ParkedStream:
+    """The batches a finished segment left open in this process, for the next segment of the same rank.
+
+    A segment ends after its last batch; the next one on the same Python
+    worker usually wants exactly the following batch, and continuing the
+    open ``tf.data`` pipeline spares rebuilding and refilling it. One stream
+    is kept; any other is closed on a thread of its own (winding down a busy
+    pipeline took up to 2 s under load).
+    """
+
+    def __init__(self) -> None:
+        self._parked: Optional[Tuple[Any, int, Iterator]] = None
+        self._lock = threading.Lock()
+
+    def put(self, key: Any, next_batch: int, batches: Iterator) -> None:
+        with self._lock:
+            self._drop_parked()
+            self._parked = (key, next_batch, batches)
+
+    def pop(self, key: Any, start_batch: int) -> Optional[Iterator]:
+        """The parked batches when they are ``key``'s, positioned at ``start_batch``; else None."""
+        with self._lock:
+            parked, self._parked = self._parked, None
+            if parked is not None and parked[:2] == (key, start_batch):
+                return parked[2]
+            if parked is not None:
+                self._parked = parked
+                self._drop_parked()
+            return None
+
+    def _drop_parked(self) -> None:
+        if self._parked is not None:
+            threading.Thread(target=_close, args=(self._parked[2],), name="sparktf-tf-data-close",
+                             daemon=True).start()
+            self._parked = None
+
+
+def _close(batches: Iterator) -> None:
+    batches.close()
+
+
+_PARKED = _ParkedStream()
 
 
 def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> DataError:
