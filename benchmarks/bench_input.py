@@ -7,8 +7,9 @@ Side by side in one run on ``local[2]``:
     batch 64): sparktf on 2 workers with ``from_tfrecord_file(cache=False)``
     against the same ``tf.data`` pipeline (interleaved files, shuffle buffer,
     ``parse_fn`` mapped with ``AUTOTUNE``, prefetch) feeding the same train
-    step in one fresh process on both cores. Images/s over the epochs after a
-    first, untimed one. ``RESULT stream_ratio`` = sparktf / one process
+    step in one fresh process on both cores. Images/s over 5 epochs after a
+    first, untimed one (one ``optimize`` call, its fixed cost included),
+    best of 3 interleaved rounds. ``RESULT stream_ratio`` = sparktf / one process
     (goal >= 0.9).
 (b) **A dataset larger than trainDataMemory**: 2 GB of ``from_rdd`` records
     (1024 float32 + a label, in 4 partitions; 1 GB per worker) at the default
@@ -127,16 +128,37 @@ def one_process_images_per_second(paths: List[str], records: int, epochs: int) -
     return steps * epochs * BATCH / (time.perf_counter() - started)
 
 
-def sparktf_images_per_second(paths: List[str], records: int, epochs: int) -> Tuple[float, Dict[str, float]]:
+def sparktf_optimizer(paths: List[str]):
+    """A 2-worker TFOptimizer over the JPEG records with ``cache=False``, its first (untimed) epoch done."""
     from sparktf import MaxEpoch, TFDataset, TFOptimizer
 
     dataset = TFDataset.from_tfrecord_file(paths, parse_fn, batch_size=BATCH, cache=False, seed=0)
     optimizer = TFOptimizer.from_keras(small_cnn(), dataset, num_workers=2)
     optimizer.optimize(MaxEpoch(1), verbose=0)  # untimed: tracing, the workers' first pipeline
+    return optimizer
+
+
+def sparktf_images_per_second(optimizer, epochs: int) -> float:
+    """Images/s of ``epochs`` more epochs in one ``optimize`` call."""
+    from sparktf import MaxEpoch
+
+    iterations = epochs * optimizer.dataset.iterations_per_epoch(2)
     started = time.perf_counter()
-    optimizer.optimize(MaxEpoch(1 + epochs), verbose=0)
-    iterations = epochs * dataset.iterations_per_epoch(2)
-    return iterations * BATCH / (time.perf_counter() - started), optimizer.last_timings
+    optimizer.optimize(MaxEpoch(optimizer.iteration // optimizer.dataset.iterations_per_epoch(2) + epochs),
+                       verbose=0)
+    return iterations * BATCH / (time.perf_counter() - started)
+
+
+def compare_jpeg_pipelines(folder: str, jpegs: int, epochs: int, rounds: int) -> Tuple[float, float, dict]:
+    """Best images/s of the one-process pipeline and of sparktf over interleaved rounds, and sparktf's timings."""
+    optimizer = sparktf_optimizer(sorted(os.path.join(folder, name) for name in os.listdir(folder)))
+    single = distributed = 0.0
+    for _ in range(rounds):
+        single = max(single, json.loads(subprocess.run(
+            [sys.executable, __file__, "--single", folder, str(jpegs), str(epochs)],
+            check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])["images_per_second"])
+        distributed = max(distributed, sparktf_images_per_second(optimizer, epochs))
+    return single, distributed, optimizer.last_timings
 
 
 # ---------------------------------------------------------------------------------------- (b) larger than memory
@@ -211,13 +233,10 @@ def main() -> None:
     results = []
     if args.part in ("a", "both"):
         with tempfile.TemporaryDirectory() as folder:
-            paths = write_jpeg_records(folder, jpegs)
-            single = json.loads(subprocess.run(
-                [sys.executable, __file__, "--single", folder, str(jpegs), str(epochs)],
-                check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])["images_per_second"]
-            distributed, timings = sparktf_images_per_second(paths, jpegs, epochs)
-        print(f"(a) {jpegs} JPEG records, {epochs} timed epochs: one process {single:.0f} images/s, "
-              f"sparktf 2 workers cache=False {distributed:.0f} images/s")
+            write_jpeg_records(folder, jpegs)
+            single, distributed, timings = compare_jpeg_pipelines(folder, jpegs, epochs, rounds=3)
+        print(f"(a) {jpegs} JPEG records, {epochs} timed epochs, best of 3 interleaved rounds: one process "
+              f"{single:.0f} images/s, sparktf 2 workers cache=False {distributed:.0f} images/s")
         print("    where the time went on rank 0: " + " ".join(f"{k}={v:.2f}s" for k, v in timings.items()))
         results.append(f"RESULT stream_ratio={distributed / single:.3f}")
     if args.part in ("b", "both"):
