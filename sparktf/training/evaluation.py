@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import warnings
 from functools import partial
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
@@ -145,7 +146,9 @@ def _evaluate_partition(
                         for arrays in itertools.chain([first], batches))
             count_batches = keras.callbacks.LambdaCallback(
                 on_test_batch_end=lambda batch, logs: setattr(heartbeat, "iteration", batch + 1))
-            model.evaluate(elements, verbose=0, callbacks=[count_batches])
+            with warnings.catch_warnings():  # a generator's end is how Keras learns the number of batches
+                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                model.evaluate(elements, verbose=0, callbacks=[count_batches])
             totals = [np.array(v) for v in _metric_variables(model)]
     except BaseException:
         heartbeat.stop()
