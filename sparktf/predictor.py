@@ -11,7 +11,10 @@ with the same model skip the load.
 Executor side, a *runner* feeds batches of leaf arrays to the model in the
 model's own input structure and returns its outputs as a flat list of arrays.
 :meth:`TFPredictor.predict` splits them into one element per record;
-:meth:`TFPredictor.predict_dataframe` appends them to Arrow record batches.
+:meth:`TFPredictor.predict_dataframe` appends them to Arrow record batches
+(:func:`dataframe_with_predictions`, which :mod:`sparktf.ml`'s ``KerasModel``
+also uses with the model sources :class:`KerasModelSource` and
+:class:`SavedModelSource`).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ _FEATURE_PREFIX = "__sparktf_feature_"
 # Driver-side model descriptions
 
 
-class _KerasModel:
+class KerasModelSource:
     """A Keras model on the driver: its inputs, outputs and broadcast handle."""
 
     def __init__(self, model: Any):
@@ -67,7 +70,7 @@ class _KerasModel:
         return SINGLE, [TensorInfo.from_tensor("output", spec)]
 
 
-class _SavedModel:
+class SavedModelSource:
     """A SavedModel signature on the driver: its inputs, chosen outputs and broadcast handle."""
 
     def __init__(self, path: str, signature: str, outputs: Union[str, Sequence[str], None]):
@@ -91,6 +94,10 @@ class _SavedModel:
         return self.kind, self.output_infos
 
 
+#: What :class:`TFPredictor` and :mod:`sparktf.ml` run: a Keras model or a SavedModel signature.
+ModelSource = Union[KerasModelSource, SavedModelSource]
+
+
 # --------------------------------------------------------------------------
 # The public class
 
@@ -110,7 +117,7 @@ class TFPredictor:
         :meth:`predict_dataframe`.
     """
 
-    def __init__(self, model: Union[_KerasModel, _SavedModel], dataset: Any):
+    def __init__(self, model: ModelSource, dataset: Any):
         self._model = model
         self.dataset = dataset
         self._dataset_feed()  # check the data against the model before any job runs
@@ -135,7 +142,7 @@ class TFPredictor:
             When the dataset's features do not fit the model's inputs, or no
             batch size is set.
         """
-        return cls(_KerasModel(keras_model), dataset)
+        return cls(KerasModelSource(keras_model), dataset)
 
     @classmethod
     def from_saved_model(
@@ -172,7 +179,7 @@ class TFPredictor:
             For a missing signature or output name, or features that do not
             fit the signature's inputs.
         """
-        return cls(_SavedModel(path, signature, outputs), dataset)
+        return cls(SavedModelSource(path, signature, outputs), dataset)
 
     # ------------------------------------------------------------------ RDD
 
@@ -239,20 +246,59 @@ class TFPredictor:
             model rejects (naming the partition and records).
         """
         columns = [feature_cols] if isinstance(feature_cols, str) else list(feature_cols)
-        if output_col in df.columns:
-            raise DataError(f"column {output_col!r} already exists in the DataFrame; pick another output_col")
-        layouts = arrow_io.column_layouts(df, columns)
-        leaves = [specs.leaf_specs(specs.parse_spec(layout, name), name)[0] for name, layout in zip(columns, layouts)]
-        feed = self._model.feed(leaves, columns)
-        kind, outputs = self._model.outputs(feed)
-        output_type = spark_output_type(kind, outputs)
-        selected, feature_names = _arrow_features(df, columns)
+        check_new_column(df, output_col, "output_col")
+        leaves = column_leaves(df, columns)
         batch = self.dataset.inference_batch_size(df.sparkSession.sparkContext.defaultParallelism)
-        function = DataFramePredict(
-            self._model.handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type
-        )
-        schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
-        return selected.mapInArrow(function, schema)
+        return dataframe_with_predictions(self._model, df, columns, leaves, output_col, batch)
+
+
+def check_new_column(df: DataFrame, name: str, parameter: str) -> None:
+    """Refuse a new column ``name`` that ``df`` already has (``DataError`` naming ``parameter``)."""
+    if name in df.columns:
+        raise DataError(f"column {name!r} already exists in the DataFrame; pick another {parameter}")
+
+
+def column_leaves(df: DataFrame, columns: Sequence[str]) -> List[specs.LeafSpec]:
+    """The dtype and per-row shape of each of ``columns``, array lengths read from the first row (a small job)."""
+    layouts = arrow_io.column_layouts(df, columns)
+    return [specs.leaf_specs(specs.parse_spec(layout, name), name)[0] for name, layout in zip(columns, layouts)]
+
+
+def dataframe_with_predictions(
+    source: ModelSource, df: DataFrame, columns: Sequence[str], leaves: Sequence[specs.LeafSpec],
+    output_col: str, batch: int,
+) -> DataFrame:
+    """``df`` plus the model's output in ``output_col``: a lazy ``mapInArrow``, no Spark job.
+
+    Shared by :meth:`TFPredictor.predict_dataframe` and :mod:`sparktf.ml`.
+
+    Parameters
+    ----------
+    source : KerasModelSource or SavedModelSource
+        The model, broadcast once.
+    df : pyspark.sql.DataFrame
+    columns : list of str
+        The feature columns, one per model input.
+    leaves : list of LeafSpec
+        Per column: the dtype and per-row shape its rows must have.
+    output_col : str
+        The new column (see :meth:`TFPredictor.predict_dataframe` for its type).
+    batch : int
+        Records per model call.
+
+    Raises
+    ------
+    DataError
+        When the columns do not fit the model's inputs, or an output has a
+        dtype Spark cannot hold.
+    """
+    feed = source.feed(leaves, columns)
+    kind, outputs = source.outputs(feed)
+    output_type = spark_output_type(kind, outputs)
+    selected, feature_names = _arrow_features(df, columns)
+    function = DataFramePredict(source.handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type)
+    schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
+    return selected.mapInArrow(function, schema)
 
 
 def _arrow_features(df: DataFrame, columns: Sequence[str]) -> Tuple[DataFrame, List[str]]:

@@ -17,6 +17,7 @@ import example_support  # noqa: E402
 import imagenet_resnet  # noqa: E402
 import imagenet_records  # noqa: E402
 import make_synthetic_imagenet  # noqa: E402
+import ml_pipeline  # noqa: E402
 import resnet_cifar  # noqa: E402
 
 
@@ -49,7 +50,7 @@ def test_cifar10_writer_round_trips_and_a_missing_file_is_named(tmp_path):
         cifar10_data.split_files(str(tmp_path), train=True)
 
 
-@pytest.mark.parametrize("module", [resnet_cifar, imagenet_resnet, batch_inference, make_synthetic_imagenet])
+@pytest.mark.parametrize("module", [resnet_cifar, imagenet_resnet, batch_inference, make_synthetic_imagenet, ml_pipeline])
 def test_example_help_lists_its_flags(module, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
@@ -126,3 +127,15 @@ def test_batch_inference_smoke_writes_parquet_and_counts_classes(spark, capsys):
     assert len(first["prediction"]) == batch_inference.SMOKE_CLASSES
     assert abs(sum(first["prediction"]) - 1.0) < 1e-4
     assert "records per predicted class" in capsys.readouterr().out
+
+
+def test_ml_pipeline_smoke_tunes_saves_and_reloads_the_pipeline(spark, tmp_path, capsys):
+    results = ml_pipeline.main(["--smoke", "--model_dir", str(tmp_path / "iris")])
+    out = capsys.readouterr().out
+    assert "epochs=1: cross-validated accuracy" in out and "epochs=3: cross-validated accuracy" in out
+    assert results["best_epochs"] in (1, 3)
+    assert results["reloaded_accuracy"] == pytest.approx(results["accuracy"])
+    assert results["columns"][:5] == ml_pipeline.MEASURES + ["species"]
+    stages = os.path.join(results["model_dir"], "stages")
+    (keras_stage,) = [name for name in os.listdir(stages) if name.startswith("2_KerasModel")]
+    assert os.path.isfile(os.path.join(stages, keras_stage, "model.keras"))

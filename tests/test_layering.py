@@ -12,7 +12,8 @@ import sparktf
 ROOT = pathlib.Path(sparktf.__file__).parent
 
 # Lower numbers are lower layers. Units in one layer do not import each other,
-# except the public modules (the top layer), which build on one another.
+# except the public modules (layer 5), which build on one another. sparktf.ml,
+# the Spark ML stages, is a public layer on top of them.
 LAYERS = {
     "sparktf.errors": 0,
     "sparktf.triggers": 0,
@@ -31,6 +32,7 @@ LAYERS = {
     "sparktf.predictor": 5,
     "sparktf.net": 5,
     "sparktf.summary": 5,
+    "sparktf.ml": 6,
 }
 PUBLIC_LAYER = 5
 

@@ -29,6 +29,7 @@ from sparktf.errors import DataError
 
 __all__ = [
     "column_layouts",
+    "column_kind",
     "arrow_ready",
     "arrow_batch_rdd",
     "arrow_schema",
@@ -73,7 +74,7 @@ def column_layouts(df: DataFrame, columns: Sequence[str]) -> List[Tuple[str, Tup
     for name in columns:
         if name not in fields:
             raise DataError(f"column {name!r} is not in the DataFrame; its columns are {df.columns}")
-        kinds.append(_column_kind(name, fields[name].dataType))
+        kinds.append(column_kind(name, fields[name].dataType))
     needs_sample = [name for name, (_, depth) in zip(columns, kinds) if depth]
     sample = df.select(*needs_sample).head() if needs_sample else None
     if needs_sample and sample is None:
@@ -87,8 +88,14 @@ def column_layouts(df: DataFrame, columns: Sequence[str]) -> List[Tuple[str, Tup
     return layouts
 
 
-def _column_kind(name: str, data_type: T.DataType) -> Tuple[str, int]:
-    """``(dtype, array depth)`` of a column; vectors have depth 1."""
+def column_kind(name: str, data_type: T.DataType) -> Tuple[str, int]:
+    """``(dtype, array depth)`` of a column of type ``data_type``, from the schema alone; vectors have depth 1.
+
+    Raises
+    ------
+    DataError
+        For a type TensorFlow cannot be fed, naming column ``name`` and its type.
+    """
     if _is_vector(data_type):
         return "float32", 1
     if isinstance(data_type, _TEXT_TYPES):

@@ -1,0 +1,283 @@
+"""``KerasEstimator``: distributed Keras training as a ``pyspark.ml`` Estimator."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from pyspark.ml import Estimator
+from pyspark.ml.util import MLReadable, MLWritable
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from sparktf.dataset import TFDataset
+from sparktf.errors import DataError
+from sparktf.inference.feeds import keras_inputs
+from sparktf.ml.columns import check_label_column, feature_leaves, model_output
+from sparktf.ml.model import KerasModel, load_keras_file
+from sparktf.ml.outputs import CLASSIFICATION, loss_name, task_of
+from sparktf.ml.params import EstimatorParams, init_params
+from sparktf.ml.persistence import StageReader, StageWriter
+from sparktf.models.payload import ModelPayload
+from sparktf.optimizer import TFOptimizer
+from sparktf.triggers import MaxEpoch
+
+__all__ = ["KerasEstimator"]
+
+_LOG = logging.getLogger(__name__)
+#: One fit trains at a time in a driver: a barrier job takes the task slots it needs all at once.
+_TRAINING = threading.Lock()
+_KERAS_FILE = "model.keras"
+_CLASS_INDEX_LOSSES = ("sparse_categorical_crossentropy",)
+_BINARY_LOSSES = ("binary_crossentropy", "binary_focal_crossentropy")
+
+
+class KerasEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
+    """Trains a copy of a compiled Keras model on a DataFrame with :class:`~sparktf.optimizer.TFOptimizer`.
+
+    A ``pyspark.ml`` Estimator: it goes into a ``Pipeline``, its Params
+    (``est.epochs``, ``est.learningRate``, ...) into a ``ParamGridBuilder``
+    and ``CrossValidator``, and it saves and loads with ``write()`` / ``load``.
+
+    Parameters
+    ----------
+    model : keras.Model
+        A compiled model; ``fit`` trains a copy and never changes it.
+    featuresCol : str
+        A Vector or array column (a number for a scalar input).
+    labelCol : str
+        Class indices (e.g. from ``StringIndexer``) for a model compiled with
+        a sparse or binary cross-entropy; otherwise numbers, Vectors or arrays
+        of the output's shape.
+    predictionCol, probabilityCol : str
+        The columns the fitted :class:`~sparktf.ml.model.KerasModel` adds.
+    featureCols : list of str, optional
+        One column per input of a multi-input model, instead of ``featuresCol``.
+    batchSize : int
+        The global training batch (records per iteration over all workers).
+    epochs : int
+        Passes over the training rows.
+    learningRate : float, optional
+        Replaces the compiled optimizer's learning rate.
+    numWorkers : int, optional
+        Training tasks (default: ``sc.defaultParallelism``).
+    validationFraction : float
+        The share of rows held out and evaluated after every epoch
+        (``val_*`` in the model's ``history``); 0 for none.
+    callbacks : list of keras.callbacks.Callback, optional
+        Run on the driver as in ``TFOptimizer.optimize`` (not saved).
+    verbose : int
+        0 silent, 1 a progress bar per epoch, 2 one line per epoch.
+    seed : int
+        Seeds the validation split and the shuffling.
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        featuresCol: str = "features",
+        labelCol: str = "label",
+        predictionCol: str = "prediction",
+        probabilityCol: str = "probability",
+        featureCols: Optional[List[str]] = None,
+        batchSize: int = 32,
+        epochs: int = 1,
+        learningRate: Optional[float] = None,
+        numWorkers: Optional[int] = None,
+        validationFraction: float = 0.0,
+        callbacks: Optional[List[Any]] = None,
+        verbose: int = 0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        init_params(self, KerasEstimator.__init__, locals())
+
+    def setParams(self, **params: Any) -> "KerasEstimator":
+        """Set any of the constructor's Params by name."""
+        return self._set(**params)
+
+    # ------------------------------------------------------------------ fit
+
+    def _fit(self, dataset: DataFrame) -> KerasModel:
+        model = self._compiled_model()
+        self._check_settings()
+        columns = self.feature_columns()
+        declared = keras_inputs(model)
+        feature_leaves(dataset, columns, None if declared is None else declared[0], self.feature_columns_param())
+        task, from_logits = task_of(model)
+        loss = loss_name(model.loss)
+        check_label_column(dataset, self.getLabelCol(), model_output(model), loss, task == CLASSIFICATION)
+        with _one_training_at_a_time():
+            trained, history = self._train(model, dataset, columns, loss)
+        fitted = KerasModel.from_keras(
+            trained, task=task, fromLogits=from_logits, featuresCol=self.getFeaturesCol(),
+            featureCols=self.getFeatureCols(), predictionCol=self.getPredictionCol(),
+            probabilityCol=self.getProbabilityCol(),
+        )
+        fitted._history = history
+        return fitted
+
+    def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[Dict[Any, Any]]) -> Iterator[Tuple[int, KerasModel]]:
+        """Fit one model per param map, one after the other, all on the first ``next()``.
+
+        ``CrossValidator`` and ``TrainValidationSplit`` with ``parallelism > 1``
+        call ``next()`` from several threads and evaluate each model as soon
+        as they get it. Training every model first keeps the training jobs
+        (which need their task slots all at once) from competing with those
+        evaluations; the evaluations still run in parallel.
+        """
+        return _SequentialFits(self, dataset, list(paramMaps))
+
+    def _compiled_model(self) -> Any:
+        import keras
+
+        model = self.getModel()
+        if not isinstance(model, keras.Model):
+            raise DataError(f"KerasEstimator needs a compiled keras.Model as model=..., got {model!r}")
+        if not getattr(model, "compiled", False):
+            raise DataError(
+                f"the Keras model {model.name!r} is not compiled: call model.compile(optimizer=..., "
+                "loss=...) before KerasEstimator.fit"
+            )
+        return model
+
+    def _check_settings(self) -> None:
+        checks = {
+            "epochs": self.getEpochs() >= 1,
+            "batchSize": self.getBatchSize() >= 1,
+            "validationFraction": 0.0 <= self.getValidationFraction() < 1.0,
+            "learningRate": self.getLearningRate() is None or self.getLearningRate() > 0,
+            "numWorkers": self.getNumWorkers() is None or self.getNumWorkers() >= 1,
+            "verbose": self.getVerbose() in (0, 1, 2),
+        }
+        for name, fine in checks.items():
+            if not fine:
+                raise DataError(
+                    f"{name}={self.getOrDefault(name)!r} is out of range: epochs, batchSize and numWorkers "
+                    "are >= 1, 0 <= validationFraction < 1, learningRate > 0, verbose is 0, 1 or 2"
+                )
+
+    def _train(self, model: Any, df: DataFrame, columns: List[str], loss: Optional[str]) -> Tuple[Any, Dict]:
+        """Train a copy of ``model``; return it and its per-epoch logs."""
+        copy = ModelPayload.from_model(model).build()
+        label = self.getLabelCol()
+        data = df.select(*columns, _label_column(label, loss))
+        validation = None
+        fraction = self.getValidationFraction()
+        if fraction > 0:
+            data, validation = data.randomSplit([1.0 - fraction, fraction], seed=self.getSeed())
+        dataset = TFDataset.from_dataframe(
+            data, columns, label, batch_size=self.getBatchSize(), validation_df=validation, seed=self.getSeed()
+        )
+        optimizer = TFOptimizer.from_keras(
+            copy, dataset, optimizer=_with_learning_rate(copy.optimizer, self.getLearningRate()),
+            num_workers=self.getNumWorkers(),
+        )
+        result = optimizer.optimize(MaxEpoch(self.getEpochs()), callbacks=self.getCallbacks(),
+                                    verbose=self.getVerbose())
+        return copy, epoch_logs(result, dataset.iterations_per_epoch(optimizer.num_workers))
+
+    # ------------------------------------------------------------------ persistence
+
+    def write(self) -> StageWriter:
+        """Saves the Params as JSON metadata and the model as ``model.keras`` beside it (callbacks are not saved)."""
+        return StageWriter(self)
+
+    @classmethod
+    def read(cls) -> StageReader:
+        return StageReader(cls)
+
+    def stage_metadata(self) -> Dict[str, Any]:
+        return {}
+
+    def write_model_files(self, directory: str) -> Optional[str]:
+        model = self.getModel()
+        if model is None:
+            return None
+        model.save(f"{directory}/{_KERAS_FILE}")
+        return _KERAS_FILE
+
+    def restore(self, metadata: Dict[str, Any], local_file: Optional[str]) -> None:
+        if local_file is not None:
+            self._set(model=load_keras_file(local_file))
+
+
+@contextlib.contextmanager
+def _one_training_at_a_time() -> Iterator[None]:
+    """Hold the driver's training lock; a fit that has to wait for another one says so."""
+    if not _TRAINING.acquire(blocking=False):
+        _LOG.warning(
+            "KerasEstimator.fit waits for another fit in this driver to finish: sparktf trains one model at a "
+            "time (a training job needs its task slots all at once). CrossValidator over a Pipeline with "
+            "parallelism > 1 gets here; parallelism=1 does the same work without the wait"
+        )
+        _TRAINING.acquire()
+    try:
+        yield
+    finally:
+        _TRAINING.release()
+
+
+def _label_column(label: str, loss: Optional[str]) -> Column:
+    """The label as the loss takes it: class indices as int, binary targets as float."""
+    if loss in _CLASS_INDEX_LOSSES:
+        return F.col(label).cast("int").alias(label)
+    if loss in _BINARY_LOSSES:
+        return F.col(label).cast("float").alias(label)
+    return F.col(label)
+
+
+def _with_learning_rate(optimizer: Any, learning_rate: Optional[float]) -> Any:
+    """A fresh optimizer like ``optimizer`` with ``learning_rate``, or None to keep the compiled one."""
+    if learning_rate is None:
+        return None
+    return type(optimizer).from_config({**optimizer.get_config(), "learning_rate": float(learning_rate)})
+
+
+def epoch_logs(result: Dict[str, Any], iterations_per_epoch: int) -> Dict[str, List[float]]:
+    """Per-epoch logs from ``optimize``'s result: the mean training loss per epoch and the ``val_*`` values."""
+    losses = [float(loss) for loss in result["loss"]]
+    logs = {"loss": [sum(chunk) / len(chunk) for chunk in _chunks(losses, iterations_per_epoch)]}
+    logs.update({name: [float(v) for v in values] for name, values in result.items() if name.startswith("val_")})
+    return logs
+
+
+def _chunks(values: List[float], size: int) -> Iterator[List[float]]:
+    for start in range(0, len(values), size):
+        yield values[start:start + size]
+
+
+class _SequentialFits:
+    """``fitMultiple``'s thread-safe iterator: every model trained, in order, on the first ``next()``."""
+
+    def __init__(self, estimator: KerasEstimator, dataset: DataFrame, param_maps: List[Dict[Any, Any]]):
+        self._estimator = estimator
+        self._dataset = dataset
+        self._param_maps = param_maps
+        self._lock = threading.Lock()
+        self._models: Optional[List[Optional[KerasModel]]] = None
+        self._error: Optional[BaseException] = None
+        self._handed_out = 0
+
+    def __iter__(self) -> "_SequentialFits":
+        return self
+
+    def __next__(self) -> Tuple[int, KerasModel]:
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._models is None:
+                try:
+                    self._models = [self._estimator.fit(self._dataset, params) for params in self._param_maps]
+                except BaseException as error:
+                    self._error = error
+                    raise
+            index = self._handed_out
+            if index >= len(self._models):
+                raise StopIteration
+            self._handed_out += 1
+            model, self._models[index] = self._models[index], None  # the caller keeps it, not us
+            return index, model
