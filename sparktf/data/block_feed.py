@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Iterator, List, Optional
 import numpy as np
 
 from sparktf.data.batching import Shard
+from sparktf.data.block_serializer import skipping_blocks
 from sparktf.data.columnar import TARGET_BLOCK_BYTES, Block
 from sparktf.data.shard_files import ShardFiles, spill_directory
 from sparktf.data.train_batches import TrainBatches
@@ -139,8 +140,9 @@ def _window_bytes(budget: int) -> int:
 
 
 def _read_to_end(blocks: Iterable[Block]) -> None:
-    for _ in blocks:
-        pass
+    with skipping_blocks():
+        for _ in blocks:
+            pass
 
 
 class _InMemoryShards:

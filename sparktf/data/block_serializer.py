@@ -18,9 +18,11 @@ themselves, not re-serialized).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import struct
+import threading
 from typing import Any, BinaryIO, Iterable, Iterator, List
 
 import numpy as np
@@ -29,7 +31,7 @@ from pyspark.serializers import Serializer, SpecialLengths
 
 from sparktf.data.columnar import Block
 
-__all__ = ["BlockSerializer", "block_rdd", "cached"]
+__all__ = ["BlockSerializer", "block_rdd", "cached", "skipping_blocks"]
 
 _INT = struct.Struct("!i")
 
@@ -58,6 +60,11 @@ class BlockSerializer(Serializer):
             (length,) = _INT.unpack(length)
             if length == SpecialLengths.END_OF_DATA_SECTION:
                 return
+            scratch = getattr(_SKIPPING, "scratch", None)
+            if scratch is not None:  # this thread only reads the stream to its end
+                _skip(stream, length, scratch)
+                yield ()
+                continue
             (header_length,) = _INT.unpack(_read_exactly(stream, _INT.size))
             header = json.loads(_read_exactly(stream, header_length))
             yield tuple(_read_array(stream, dtype, shape, nbytes) for dtype, shape, nbytes in header)
@@ -91,6 +98,31 @@ def _read_array(stream: BinaryIO, dtype: str, shape: List[int], nbytes: int) -> 
             raise EOFError(f"the stream ended inside a Block array ({filled} of {nbytes} bytes)")
         filled += read
     return array
+
+
+_SKIPPING = threading.local()
+
+
+@contextlib.contextmanager
+def skipping_blocks() -> Iterator[None]:
+    """Blocks read on this thread meanwhile are skipped (yielded as empty tuples), not built.
+
+    Their bytes pass through one reused 1 MB buffer, so reading a partition
+    to its end costs no memory beyond it.
+    """
+    _SKIPPING.scratch = memoryview(bytearray(1 << 20))
+    try:
+        yield
+    finally:
+        del _SKIPPING.scratch
+
+
+def _skip(stream: BinaryIO, size: int, scratch: memoryview) -> None:
+    while size:
+        read = stream.readinto(scratch[: min(size, len(scratch))])
+        if not read:
+            raise EOFError(f"the stream ended inside a Block frame ({size} bytes missing)")
+        size -= read
 
 
 def _read_exactly(stream: BinaryIO, size: int) -> bytes:

@@ -273,7 +273,7 @@ class RecordFormat:
 
 #: Most bytes of one piece a :class:`BlockRouter` sends through Spark's shuffle: PySpark's
 #: ``partitionBy`` holds about 20 of them per flush, so small pieces keep that small.
-ROUTED_PIECE_BYTES = 4 << 20
+ROUTED_PIECE_BYTES = 1 << 20
 
 
 class BlockRouter:
