@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 
 _MAX_PEER_CHARS = 1024
+_MAX_PHASE_CHARS = 4200  # a phase, or a deterministic failure's class and message (training.failures)
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ class JobChannel:
         op = header.get("op")
         if op == "report":
             loss = header.get("loss")
-            self._record_report(rank, str(header["phase"])[:64], int(header["iteration"]),
+            self._record_report(rank, str(header["phase"])[:_MAX_PHASE_CHARS], int(header["iteration"]),
                                 None if loss is None else float(loss))
         elif op == "register":
             self._register(sock, rank, str(header["peer"]))

@@ -15,14 +15,17 @@ This module runs on executors: it never imports driver-only modules.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import tensorflow as tf
 
 from sparktf.errors import DataError, ModelError, SparkTFError
 from sparktf.models.batch_errors import essential_line
 
-__all__ = ["classified_failures", "deterministic_failure"]
+__all__ = ["classified_failures", "deterministic_failure", "failure_report", "reported_failure"]
+
+_REPORT = "failed "
+_REPORTABLE = {cls.__name__: cls for cls in (DataError, ModelError)}
 
 # What a batch that does not fit the model raises, at trace time or at run time.
 _BATCH_ERRORS = (
@@ -90,6 +93,25 @@ def deterministic_failure(
             "model.train_on_batch on a few records locally). The worker's traceback is in this "
             "error's __cause__."
         )
+    return None
+
+
+def failure_report(error: SparkTFError) -> str:
+    """A rank's last heartbeat phase for a deterministic failure: its class and message.
+
+    The rank that failed sends it to the driver's job channel before its task
+    ends; its peers only see a connection close, and Spark may report one of
+    their errors first.
+    """
+    return f"{_REPORT}{type(error).__name__}: {str(error)[:4000]}"
+
+
+def reported_failure(phases: Iterable[str]) -> Optional[SparkTFError]:
+    """The deterministic error a rank reported with :func:`failure_report`, if any phase is one."""
+    for phase in phases:
+        name, _, message = phase[len(_REPORT):].partition(": ")
+        if phase.startswith(_REPORT) and name in _REPORTABLE:
+            return _REPORTABLE[name](message)
     return None
 
 

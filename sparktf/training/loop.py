@@ -47,7 +47,8 @@ from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
 from sparktf.spark.cluster import configure_task_threads
-from sparktf.training.failures import classified_failures
+from sparktf.errors import DataError, ModelError
+from sparktf.training.failures import classified_failures, failure_report
 from sparktf.training.state_source import StateSource
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.triggers import TrainingProgress, Trigger
@@ -171,6 +172,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     rank = context.partitionId()
     world_size = len(context.getTaskInfos())
     heartbeat = start_heartbeat(spec.directory, rank, world_size, spec.secret, spec.collective_timeout)
+    failure = None
     try:
         configure_task_threads(context.cpus())
         watch.lap("threads")
@@ -215,8 +217,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             communicator.close()
             stream.close(wait=finished, timeout=spec.collective_timeout)  # the task's input read to its end
             watch.lap("input_close")
+    except (DataError, ModelError) as error:  # told to the driver: the other ranks only see a peer vanish
+        failure = failure_report(error)
+        raise
     finally:
-        heartbeat.stop()
+        heartbeat.stop(failure)
     if rank == 0:
         result.timings = watch.seconds
         yield result

@@ -31,6 +31,7 @@ from sparktf.errors import DataError, DriverJVMGone, ModelError, TrainingError
 from sparktf.spark.cluster import rendezvous_host, wait_for_free_slots
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
+from sparktf.training.failures import reported_failure
 from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment, state_checksums
 from sparktf.training.watchdog import JobWatchdog
 
@@ -141,7 +142,15 @@ def run_segment_job(
             channel.serve_state(*state.to_wire())
             job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
             watchdog = JobWatchdog(sc, channel, num_workers, spec.collective_timeout, on_reports)
-            result = _only_result(watchdog.run(partial(_collect, blocks, job_spec), what))
+            try:
+                result = _only_result(watchdog.run(partial(_collect, blocks, job_spec), what))
+            except (DataError, ModelError):
+                raise
+            except Exception as error:  # a rank that failed deterministically said so before its peers failed
+                reported = reported_failure(report.phase for _, report in sorted(channel.reports().items()))
+                if reported is not None:
+                    raise reported from error
+                raise
             result.state = _uploaded_state(channel, what)
     worker_seconds = sum(result.timings.values())
     result.timings["launch"] = time.perf_counter() - started - worker_seconds
