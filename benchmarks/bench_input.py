@@ -42,18 +42,12 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bench_feed  # noqa: E402
 from worker_memory import PeakSampler  # noqa: E402
 
 JPEG_SIZE, CROP, CLASSES, FILES, BATCH = 96, 64, 10, 8, 64
 WIDTH, FEED_BATCH = 1024, 512
-SPARK_CONF = {
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.python.worker.reuse": "true",
-    "spark.driver.memory": "6g",
-}
+SPARK_CONF = {**bench_feed.SPARK_CONF, "spark.driver.memory": "6g"}
 FIRST_STEP_PHASES = ("threads", "data_cache", "model_load", "warm_up", "state_fetch", "connect")
 
 

@@ -8,7 +8,6 @@ import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from pyspark.ml import Estimator
-from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -19,7 +18,7 @@ from sparktf.ml.columns import check_label_column, feature_leaves, model_output
 from sparktf.ml.model import KerasModel, load_keras_file
 from sparktf.ml.outputs import CLASSIFICATION, loss_name, task_of
 from sparktf.ml.params import EstimatorParams, init_params
-from sparktf.ml.persistence import StageReader, StageWriter
+from sparktf.ml.persistence import SavedStage
 from sparktf.models.payload import ModelPayload
 from sparktf.optimizer import TFOptimizer
 from sparktf.triggers import MaxEpoch
@@ -34,7 +33,7 @@ _CLASS_INDEX_LOSSES = ("sparse_categorical_crossentropy",)
 _BINARY_LOSSES = ("binary_crossentropy", "binary_focal_crossentropy")
 
 
-class KerasEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
+class KerasEstimator(Estimator, EstimatorParams, SavedStage):
     """Trains a copy of a compiled Keras model on a DataFrame with :class:`~sparktf.optimizer.TFOptimizer`.
 
     A ``pyspark.ml`` Estimator: it goes into a ``Pipeline``, its Params
@@ -181,14 +180,6 @@ class KerasEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         return copy, epoch_logs(result, dataset.iterations_per_epoch(optimizer.num_workers))
 
     # ------------------------------------------------------------------ persistence
-
-    def write(self) -> StageWriter:
-        """Saves the Params as JSON metadata and the model as ``model.keras`` beside it (callbacks are not saved)."""
-        return StageWriter(self)
-
-    @classmethod
-    def read(cls) -> StageReader:
-        return StageReader(cls)
 
     def stage_metadata(self) -> Dict[str, Any]:
         return {}

@@ -8,7 +8,6 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from pyspark.ml import Model
-from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame
 
 from sparktf.errors import DataError
@@ -16,7 +15,7 @@ from sparktf.inference.feeds import SINGLE, TensorInfo, keras_inputs
 from sparktf.ml.columns import feature_leaves
 from sparktf.ml.outputs import CLASSIFICATION, REGRESSION, task_of, with_prediction_columns
 from sparktf.ml.params import TASKS, ModelParams, init_params
-from sparktf.ml.persistence import StageReader, StageWriter
+from sparktf.ml.persistence import SavedStage
 from sparktf.models.saved_model_archive import SavedModelArchive
 from sparktf.predictor import (
     KerasModelSource,
@@ -35,7 +34,7 @@ _KERAS_FILE = "model.keras"
 _SAVED_MODEL_DIR = "saved_model"
 
 
-class KerasModel(Model, ModelParams, MLReadable, MLWritable):
+class KerasModel(Model, ModelParams, SavedStage):
     """A Keras model (or a SavedModel signature) that adds predictions to DataFrames.
 
     ``KerasEstimator.fit`` returns one; :meth:`from_keras` and
@@ -210,14 +209,6 @@ class KerasModel(Model, ModelParams, MLReadable, MLWritable):
         return outputs[0] if kind == SINGLE else None
 
     # ------------------------------------------------------------------ persistence
-
-    def write(self) -> StageWriter:
-        """Saves the Params as JSON metadata and the model as ``model.keras`` (or ``saved_model/``) beside it."""
-        return StageWriter(self)
-
-    @classmethod
-    def read(cls) -> StageReader:
-        return StageReader(cls)
 
     def stage_metadata(self) -> Dict[str, Any]:
         saved = self._saved_model or {}

@@ -17,16 +17,28 @@ import shutil
 import tempfile
 from typing import Any, Dict, Optional, Type
 
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import SparkSession
 
 from sparktf.errors import DataError
 from sparktf.ml.params import OBJECT_PARAMS
 
-__all__ = ["StageWriter", "StageReader", "METADATA_KEY"]
+__all__ = ["SavedStage", "StageWriter", "StageReader", "METADATA_KEY"]
 
 #: The metadata entry holding the stage's own fields (model file, history, ...).
 METADATA_KEY = "sparktf"
+
+
+class SavedStage(MLReadable, MLWritable):
+    """``write()`` / ``read()`` of a stage that has ``stage_metadata()`` and ``write_model_files(local_dir)``."""
+
+    def write(self) -> "StageWriter":
+        """Saves the Params as JSON metadata and the model's own files beside them."""
+        return StageWriter(self)
+
+    @classmethod
+    def read(cls) -> "StageReader":
+        return StageReader(cls)
 
 
 class StageWriter(MLWriter):
