@@ -43,7 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_feed  # noqa: E402
-from worker_memory import PeakSampler  # noqa: E402
+from worker_memory import PeakSampler, python_workers  # noqa: E402
 
 JPEG_SIZE, CROP, CLASSES, FILES, BATCH = 96, 64, 10, 8, 64
 WIDTH, FEED_BATCH = 1024, 512
@@ -171,18 +171,28 @@ def wide_records(count: int) -> Callable:
     return records
 
 
-def feed_rate(sc, records: int, partitions: int) -> Dict[str, float]:
-    """Records/s of a second ``optimize`` over ``records`` wide records, peak worker RssAnon, first-step time."""
+def feed_rate(spark_conf: Dict[str, str], records: int, partitions: int) -> Dict[str, float]:
+    """Records/s of a second ``optimize`` over ``records`` wide records, peak worker RssAnon, first-step time.
+
+    In a session of its own (fresh Python workers); ``baseline_rss_anon_mb`` is a worker's after training
+    the same model on 64 records (TensorFlow, the model, its traced step).
+    """
     import keras
 
-    from sparktf import MaxEpoch, TFDataset, TFOptimizer
+    import sparktf
+    from sparktf import MaxEpoch, MaxIteration, TFDataset, TFOptimizer
 
-    rdd = sc.parallelize(range(partitions), partitions).flatMap(wide_records(records // partitions))
+    spark = sparktf.init_spark("local[2]", app_name="bench-input-feed", conf=spark_conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
+    x, y = map(np.array, zip(*wide_records(64)(0)))
+    TFOptimizer.from_keras(model, TFDataset.from_ndarrays((x, y), batch_size=32)).optimize(MaxIteration(2), verbose=0)
+    baseline = max(python_workers().values())
+    rdd = spark.sparkContext.parallelize(range(partitions), partitions).flatMap(wide_records(records // partitions))
     dataset = TFDataset.from_rdd(rdd, features=("float32", [WIDTH]), labels=("int32", []),
                                  batch_size=FEED_BATCH, seed=1)
     dataset.num_records  # Spark caches the records (not timed)
-    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(2, activation="softmax")])
-    model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy")
     optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2)
     with PeakSampler() as memory:
         optimizer.optimize(MaxEpoch(1), verbose=0)  # spills each shard to local disk, first pass
@@ -191,10 +201,11 @@ def feed_rate(sc, records: int, partitions: int) -> Dict[str, float]:
         optimizer.optimize(MaxEpoch(2), verbose=0)
         seconds = time.perf_counter() - started
     timings = optimizer.last_timings
-    rdd.unpersist()
-    dataset.block_rdd.unpersist()
+    iterations = dataset.iterations_per_epoch(2)
+    spark.stop()
     return {
-        "records_per_second": dataset.iterations_per_epoch(2) * FEED_BATCH / seconds,
+        "records_per_second": iterations * FEED_BATCH / seconds,
+        "baseline_rss_anon_mb": baseline / 2**20,
         "peak_rss_anon_mb": memory.peak / 2**20,
         "first_segment_data_cache_s": first_pass.get("data_cache", 0.0),
         "second_segment_first_step_s": sum(timings.get(phase, 0.0) for phase in FIRST_STEP_PHASES),
@@ -222,10 +233,10 @@ def main() -> None:
     big, small = ((200 << 20), (20 << 20)) if args.quick else ((2 << 30), (200 << 20))
     if args.quick:  # the streamed case streams at this size too
         spark_conf = {**SPARK_CONF, TRAIN_DATA_MEMORY_CONF: "32m"}
-    spark = sparktf.init_spark("local[2]", app_name="bench-input", conf=spark_conf)
-    spark.sparkContext.setLogLevel("ERROR")
     results = []
     if args.part in ("a", "both"):
+        spark = sparktf.init_spark("local[2]", app_name="bench-input", conf=spark_conf)
+        spark.sparkContext.setLogLevel("ERROR")
         with tempfile.TemporaryDirectory() as folder:
             write_jpeg_records(folder, jpegs)
             single, distributed, timings = compare_jpeg_pipelines(folder, jpegs, epochs, rounds=3)
@@ -233,10 +244,11 @@ def main() -> None:
               f"{single:.0f} images/s, sparktf 2 workers cache=False {distributed:.0f} images/s")
         print("    where the time went on rank 0: " + " ".join(f"{k}={v:.2f}s" for k, v in timings.items()))
         results.append(f"RESULT stream_ratio={distributed / single:.3f}")
+        spark.stop()
     if args.part in ("b", "both"):
         rates = {}
         for name, size in (("streamed", big), ("in_memory", small)):
-            rates[name] = feed_rate(spark.sparkContext, size // (WIDTH * 4 + 4), 4)
+            rates[name] = feed_rate(spark_conf, size // (WIDTH * 4 + 4), 4)
             print(f"(b) {name}: {size >> 20} MB of records ({size >> 21} MB per worker): "
                   + " ".join(f"{k}={v:.2f}" for k, v in rates[name].items()))
         ratio = rates["streamed"]["records_per_second"] / rates["in_memory"]["records_per_second"]
