@@ -182,6 +182,7 @@ def _write_leaves(directory: str, blocks: Iterable[Block], keyed: bool) -> dict:
                         out.write(value)
                         ends.append(ends[-1] + len(value))
             num_records += len(block[0])
+            del block, array  # not held while the next Block arrives
     finally:
         for out in files:
             out.close()
