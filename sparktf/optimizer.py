@@ -339,7 +339,7 @@ class TFOptimizer:
                 if validation is not None and (validation_trigger(progress) or epoch_end):
                     progress, results = self._validate(validation, progress, history)
                 if driver is not None and driver.segment_ends(first, result.losses, result.step_seconds,
-                                                              progress, results):
+                                                              progress, results, result.workers):
                     break
             if driver is not None:
                 driver.train_end()
@@ -359,8 +359,9 @@ class TFOptimizer:
 
         epochs = end_trigger.n if isinstance(end_trigger, MaxEpoch) else None
         self.history = keras.callbacks.History()
+        elastic = self.num_workers if self.min_workers < self.num_workers else None
         return DriverCallbacks(callbacks, self.model, verbose, self.dataset.iterations_per_epoch(self.num_workers),
-                               self.dataset.batch_size, epochs, self.history)
+                               self.dataset.batch_size, epochs, self.history, elastic)
 
     def _run_segment(
         self, runner: SegmentRunner, progress: TrainingProgress, stop: Trigger,
@@ -369,7 +370,9 @@ class TFOptimizer:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
         spec = SegmentSpec(self._payload_broadcast(), self.dataset.element_structure, progress, stop, self.clipping,
                            self.collective_timeout)
-        return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report)
+        on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
+        return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report,
+                          on_launch)
 
     def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
         """Take the segment's state into the driver's model; log its iterations."""
@@ -383,7 +386,7 @@ class TFOptimizer:
         if self.train_summary is not None:
             columns = (result.losses, result.learning_rates, result.wall_times, result.step_seconds)
             self.train_summary.add_iterations(first, self.dataset.iterations_per_epoch(self.num_workers),
-                                              self.dataset.batch_size, self.last_score, columns)
+                                              self.dataset.batch_size, self.last_score, columns, result.workers)
         if result.non_finite_iteration is not None:
             raise TrainingError(
                 f"the training loss or gradient is not finite at iteration {result.non_finite_iteration}: "
