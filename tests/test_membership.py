@@ -14,6 +14,7 @@ from sparktf.spark.cluster import TaskSlots
 from sparktf.training import segment_job
 from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.membership import FLAP_LIMIT, FLAP_WINDOW, Membership
+from sparktf.training.preflight import check_membership
 from sparktf.training.segment_job import SegmentRunner
 from sparktf.triggers import EveryEpoch, MaxIteration, TrainingProgress, TriggerOr
 
@@ -175,6 +176,18 @@ def test_changes_spread_over_more_than_the_window_are_allowed():
 def test_min_workers_out_of_range_is_refused():
     with pytest.raises(ValueError, match="min_workers"):
         membership(FakeCluster(total=3), num_workers=3, min_workers=4)
+
+
+@pytest.mark.parametrize("min_workers, replace_wait", [(4, 60), (0, 60), (2.5, 60), (2, -1), (2, float("inf")),
+                                                       (2, "60")])
+def test_tfoptimizer_settings_out_of_range_are_refused_naming_them(min_workers, replace_wait):
+    name = "replace_wait" if min_workers == 2 else "min_workers"
+    with pytest.raises(ValueError, match=name):
+        check_membership(3, min_workers, replace_wait)
+
+
+def test_min_workers_defaults_to_num_workers():
+    assert check_membership(3, None, 60) == 3 and check_membership(3, 1, 0) == 1
 
 
 # ---------------------------------------------------------------------- the runner's failure counting
