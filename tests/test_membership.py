@@ -11,6 +11,7 @@ import pytest
 
 from sparktf.errors import DataError, SparkTFError, TrainingError
 from sparktf.spark.cluster import TaskSlots
+from sparktf.training import membership as membership_module
 from sparktf.training import segment_job
 from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.membership import FLAP_LIMIT, FLAP_WINDOW, Membership
@@ -109,14 +110,18 @@ def test_slots_that_come_back_within_replace_wait_keep_every_worker():
     assert 4.0 <= cluster.slept < 4.5 and members.changes == 0
 
 
-def test_busy_slots_are_waited_for_without_counting_as_lost():
-    cluster = FakeCluster(total=3, busy=2)  # a finished job's tasks not yet counted as ended
+def test_busy_slots_are_not_lost_ones_and_are_waited_for_separately(monkeypatch):
+    cluster = FakeCluster(total=3, busy=2)  # e.g. a finished job's tasks not yet counted as ended
     prepared = []
     members = membership(cluster, prepare=prepared.append)
     members.current = 2
-    cluster.at(0.6, lambda: setattr(cluster, "busy", 0))
-    assert members.next_launch(3) == 2  # waited for the busy slots; growth comes at a later boundary
-    assert prepared == [] and 0.6 <= cluster.slept < 1 and members.changes == 0
+    assert members.next_launch(3) == 2  # not grown (one slot free), not waited for (none is gone)
+    assert cluster.slept == 0 and prepared == [] and members.changes == 0
+    monkeypatch.setattr(membership_module, "SLOT_WAIT_SECONDS", 0.3)
+    with pytest.raises(SparkTFError, match=r"busy: exec:1 runs 2\). The busy slots were not released within 0.3 s"):
+        members.wait_free(2)
+    cluster.busy = 0
+    members.wait_free(3)
 
 
 def test_a_degraded_run_grows_back_at_the_next_boundary_without_waiting(caplog):
@@ -269,6 +274,21 @@ def test_start_decides_the_first_launch_before_any_job(monkeypatch):
     cluster = FakeCluster(total=3)
     runner = SegmentRunner(FakeContext(), FakeInputs(), membership(cluster), max_failures=3)
     assert runner.start(0) == 3
-    cluster.total = 2  # the decision stands for the first segment
+    probes = []
+    runner.membership.next_launch = lambda *args, **kwargs: probes.append(args)  # must not be asked again
     calls = scripted_jobs(monkeypatch, [result()])
-    assert runner.run(spec(), lambda: None).workers == 3 and calls[0][2] == 3
+    assert runner.run(spec(), lambda: None).workers == 3 and calls[0][2] == 3 and probes == []
+
+
+def test_busy_slots_are_waited_for_once_the_launch_data_is_ready(monkeypatch):
+    cluster = FakeCluster(total=3, busy=3)  # a layout job, built while waiting, holds the slots
+
+    class LayoutInputs(FakeInputs):
+        def get(self, workers):
+            cluster.busy = 0  # joining the layout job: it ends
+            return super().get(workers)
+
+    monkeypatch.setattr(membership_module, "SLOT_WAIT_SECONDS", 0.2)
+    runner = SegmentRunner(FakeContext(), LayoutInputs(), membership(cluster), max_failures=0)
+    scripted_jobs(monkeypatch, [result()])
+    assert runner.run(spec(), lambda: None).workers == 3

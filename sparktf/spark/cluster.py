@@ -24,6 +24,7 @@ __all__ = [
     "busy_task_slots",
     "free_task_slots",
     "wait_for_free_slots",
+    "slot_shortage",
     "configure_task_threads",
     "use_task_threads",
     "RENDEZVOUS_CONF",
@@ -121,20 +122,36 @@ def wait_for_free_slots(
     deadline = time.monotonic() + timeout
     while True:
         slots = probe()
-        total, free = slots.total, slots.free
-        if num_workers <= free:
+        if num_workers <= slots.free:
             return
-        if total < num_workers or time.monotonic() >= deadline:
+        if slots.total < num_workers or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
+    raise slot_shortage(sc, "num_workers", num_workers, slots, timeout)
+
+
+def slot_shortage(sc: SparkContext, setting: str, needed: int, slots: TaskSlots, waited: float = 0.0) -> SparkTFError:
+    """The error for ``needed`` barrier tasks that ``slots`` cannot hold, naming ``setting`` (e.g. ``"num_workers"``).
+
+    Parameters
+    ----------
+    sc : pyspark.SparkContext
+    setting : str
+        The parameter that asked for ``needed`` workers.
+    needed : int
+    slots : TaskSlots
+        What the cluster had.
+    waited : float
+        Seconds waited for busy slots (said when the slots exist but are busy).
+    """
     busy = slots.describe_busy()
-    raise SparkTFError(
-        f"num_workers={num_workers} training workers need {num_workers} free task slots, "
-        f"but the cluster has only {free} free (of {total} in total, at "
+    return SparkTFError(
+        f"{setting}={needed} training workers need {needed} free task slots, "
+        f"but the cluster has only {slots.free} free (of {slots.total} in total, at "
         f"spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each"
         + (f"; busy: {busy}" if busy else "") + "). "
-        + (f"Use num_workers <= {total}, or add executors / cores." if total < num_workers else
-           f"The busy slots were not released within {timeout:g} s: end the Spark jobs that hold them.")
+        + (f"Use {setting} <= {slots.total}, or add executors / cores." if slots.total < needed else
+           f"The busy slots were not released within {waited:g} s: end the Spark jobs that hold them.")
     )
 
 

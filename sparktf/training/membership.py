@@ -7,15 +7,19 @@ segment to the next. :class:`Membership` picks it before every launch:
 * the first launch of an ``optimize`` call refuses at once a cluster with
   fewer task slots than ``min_workers`` (it is too small); otherwise it
   wants ``num_workers``;
-* a launch that finds fewer free slots than it wants (the workers of the
-  last launch, or ``num_workers`` at the first one) waits up to
-  ``replace_wait`` seconds for them to come back, then goes on with the most
-  workers the live executors hold, at least ``min_workers`` (below that:
-  :class:`~sparktf.errors.TrainingError` naming the slots needed and left);
-  while it waits, the training data's layout for that count is built
-  (``prepare``), so the wait and Spark's shuffle overlap;
+* a launch that finds fewer task slots than it wants (the workers of the
+  last launch, or ``num_workers`` at the first one) on the live executors
+  waits up to ``replace_wait`` seconds for them to come back, then goes on
+  with the most workers the live executors hold, at least ``min_workers``
+  (below that: :class:`~sparktf.errors.TrainingError` naming the slots
+  needed and left); while it waits, the training data's layout for that
+  count is built (``prepare``), so the wait and Spark's shuffle overlap;
 * a launch after a segment that ran on fewer than ``num_workers`` grows back
   to as many as are free then, without waiting.
+
+Slots that exist but are busy (tasks of a failed job still ending, the
+layout's own job) are waited for separately, once the launch's data is
+ready: :meth:`Membership.wait_free`, at most :data:`SLOT_WAIT_SECONDS`.
 
 A change of the worker count is not a failure (``max_failures`` does not
 count it); more than :data:`FLAP_LIMIT` changes within :data:`FLAP_WINDOW`
@@ -32,8 +36,8 @@ import logging
 import time
 from typing import Any, Callable, Deque, Optional
 
-from sparktf.errors import SparkTFError, TrainingError
-from sparktf.spark.cluster import TaskSlots, task_slots, wait_for_free_slots
+from sparktf.errors import TrainingError
+from sparktf.spark.cluster import TaskSlots, slot_shortage, task_slots, wait_for_free_slots
 
 __all__ = ["Membership", "FLAP_LIMIT", "FLAP_WINDOW", "SLOT_WAIT_SECONDS"]
 
@@ -126,7 +130,7 @@ class Membership:
         ------
         SparkTFError
             At the first launch, when the cluster has fewer task slots than
-            ``min_workers``; or busy slots are not released in time.
+            ``min_workers``.
         TrainingError
             Fewer than ``min_workers`` slots are left after ``replace_wait``,
             or the count changed more than :data:`FLAP_LIMIT` times within
@@ -144,18 +148,11 @@ class Membership:
     # ------------------------------------------------------------------ choices
 
     def _first(self) -> int:
-        if not self.elastic:  # too small fails at once; slots busy with other tasks are waited for
-            self._wait_free(self.num_workers)
-            return self.num_workers
         slots = self._probe()
         if slots.total < self.min_workers:
-            raise SparkTFError(
-                f"min_workers={self.min_workers} training workers need {self.min_workers} free task slots, but "
-                f"the cluster has only {slots.free} free (of {slots.total} in total, at spark.task.cpus="
-                f"{self.sc.getConf().get('spark.task.cpus', '1')} cores each{self._busy(slots)}). Use "
-                f"min_workers <= {slots.total}, or add executors / cores."
-            )
-        return self._wanted_or_fewer(self.num_workers)
+            setting = "min_workers" if self.elastic else "num_workers"
+            raise slot_shortage(self.sc, setting, self.min_workers, slots)
+        return self._wanted_or_fewer(self.num_workers) if self.elastic else self.num_workers
 
     def _grown(self) -> Optional[int]:
         """More workers than the last launch when slots are free for them now, else None."""
@@ -165,31 +162,27 @@ class Membership:
         return grown if grown > self.current else None
 
     def _wanted_or_fewer(self, wanted: int) -> int:
-        """``wanted`` once its slots are free; after ``replace_wait``, what the live executors hold."""
+        """``wanted`` once the live executors hold its slots; after ``replace_wait``, what they hold."""
         deadline = self._clock() + self.replace_wait
         warned = False
         prepared = set()
         while True:
             slots = self._probe()
-            if slots.free >= wanted:
+            if slots.total >= wanted:
                 return wanted
             left = deadline - self._clock()
             if left <= 0:
                 break
-            if slots.total < wanted:  # slots are gone, not just busy
-                if not warned:
-                    _LOG.warning(
-                        "%d of the %d task slots training wants are gone; waiting up to %g s for them to come "
-                        "back (replace_wait)", wanted - slots.total, wanted, self.replace_wait,
-                    )
-                    warned = True
-                fallback = min(self.num_workers, slots.total)
-                if self._prepare is not None and fallback >= self.min_workers and fallback not in prepared:
-                    prepared.add(fallback)
-                    self._prepare(fallback)
+            if not warned:
+                _LOG.warning("%d of the %d task slots training wants are gone; waiting up to %g s for them to "
+                             "come back (replace_wait)", wanted - slots.total, wanted, self.replace_wait)
+                warned = True
+            fallback = slots.total  # what the launch goes on with unless slots come back
+            if self._prepare is not None and fallback >= self.min_workers and fallback not in prepared:
+                prepared.add(fallback)
+                self._prepare(fallback)
             self._sleep(min(_POLL_SECONDS, left))
-        workers = min(wanted, slots.total)
-        if workers < self.min_workers:
+        if slots.total < self.min_workers:
             raise TrainingError(
                 f"training needs at least min_workers={self.min_workers} free task slots, but only "
                 f"{slots.total} are left (of the {wanted} it wants) after waiting replace_wait="
@@ -197,11 +190,16 @@ class Membership:
                 "and resume from the driver's model (or model_dir), or allow fewer workers with a lower "
                 "min_workers"
             )
-        self._wait_free(workers)
-        return workers
+        return slots.total
 
-    def _wait_free(self, workers: int) -> None:
-        """Wait (at most :data:`SLOT_WAIT_SECONDS`) for running tasks, e.g. a failed job's, to free ``workers`` slots."""
+    def wait_free(self, workers: int) -> None:
+        """Wait (at most :data:`SLOT_WAIT_SECONDS`) until ``workers`` slots are free of running tasks.
+
+        Raises
+        ------
+        SparkTFError
+            The slots are not all free in time (naming the busy executors).
+        """
         wait_for_free_slots(self.sc, workers, timeout=SLOT_WAIT_SECONDS, probe=self._probe)
 
     # ------------------------------------------------------------------ changes

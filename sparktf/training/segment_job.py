@@ -104,7 +104,8 @@ class SegmentRunner:
         """
         workers, self._next = self._next or self.membership.next_launch(spec.start.iteration), None
         while True:
-            data, feed = self.inputs.get(workers)
+            data, feed = self.inputs.get(workers)  # finishes (or cancels) a layout built while waiting
+            self.membership.wait_free(workers)  # e.g. a failed job's tasks still ending
             if on_launch is not None:
                 on_launch(workers)
             try:
