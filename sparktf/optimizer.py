@@ -6,7 +6,9 @@ driver's current state until the first iteration where the end, checkpoint or
 validation trigger fires, then hands the state back. Between segments the
 driver writes summaries and checkpoints, validates, and decides whether to go
 on. A failed segment is relaunched from the last good state (the latest
-checkpoint or later) up to ``max_failures`` times. See ``docs/design/training.md``.
+checkpoint or later) up to ``max_failures`` times; with ``min_workers <
+num_workers`` training goes on with fewer workers while executors are gone
+(``training.membership``). See ``docs/design/training.md``.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from sparktf.spark import cluster
+from sparktf.spark.cluster import watchdog_slack
 from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint, save_checkpoint
 from sparktf.errors import DataError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.inference.feeds import feature_leaves, keras_feed
-from sparktf.training.preflight import check_labels, check_settings, resolve_optimizer
+from sparktf.training.preflight import check_labels, check_membership, check_settings, resolve_optimizer
 from sparktf.training.step import GradientClipping
 from sparktf.training.callbacks import DriverCallbacks, default_verbose
+from sparktf.training.inputs import WorkerInputs
 from sparktf.training.loop import SegmentResult, SegmentSpec
-from sparktf.training.segment_job import SLOT_WAIT_SECONDS, SegmentRunner
+from sparktf.training.membership import Membership
+from sparktf.training.segment_job import SegmentRunner
 from sparktf.triggers import (
     EveryEpoch,
     MaxEpoch,
@@ -60,6 +64,12 @@ class TFOptimizer:
         How many failed segments are relaunched before giving up.
     collective_timeout : float
         Seconds a worker waits for its peers in an all-reduce.
+    min_workers : int, optional
+        Elastic training: the fewest workers training goes on with when
+        executors are lost (default ``num_workers``: never fewer).
+    replace_wait : float
+        Seconds a launch waits for lost task slots to come back before it
+        goes on with fewer workers (or, below ``min_workers``, gives up).
     """
 
     def __init__(
@@ -70,6 +80,8 @@ class TFOptimizer:
         num_workers: Optional[int] = None,
         max_failures: int = 3,
         collective_timeout: float = 300,
+        min_workers: Optional[int] = None,
+        replace_wait: float = 60,
     ):
         from pyspark import SparkContext
 
@@ -82,6 +94,8 @@ class TFOptimizer:
         self.dataset = dataset
         self.model_dir = model_dir
         self.num_workers = int(num_workers or self.sc.defaultParallelism)
+        self.min_workers = check_membership(self.num_workers, min_workers, replace_wait)
+        self.replace_wait = float(replace_wait)
         self.max_failures = int(max_failures)
         self.collective_timeout = float(collective_timeout)
         self.clipping = GradientClipping()
@@ -109,6 +123,8 @@ class TFOptimizer:
         num_workers: Optional[int] = None,
         max_failures: int = 3,
         collective_timeout: float = 300,
+        min_workers: Optional[int] = None,
+        replace_wait: float = 60,
     ) -> "TFOptimizer":
         """Train a compiled Keras model with its own loss, optimizer and metrics.
 
@@ -125,7 +141,7 @@ class TFOptimizer:
             Directory for checkpoints.
         metrics : list, optional
             Replaces the compiled metrics (used by validation and evaluate).
-        num_workers, max_failures, collective_timeout
+        num_workers, max_failures, collective_timeout, min_workers, replace_wait
             See the class description.
 
         Returns
@@ -151,7 +167,8 @@ class TFOptimizer:
             if metrics is not None:
                 settings["metrics"] = metrics
             keras_model.compile(**settings)
-        return cls(keras_model, dataset, model_dir, num_workers, max_failures, collective_timeout)
+        return cls(keras_model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
+                   replace_wait)
 
     @classmethod
     def from_loss(
@@ -165,6 +182,8 @@ class TFOptimizer:
         num_workers: Optional[int] = None,
         max_failures: int = 3,
         collective_timeout: float = 300,
+        min_workers: Optional[int] = None,
+        replace_wait: float = 60,
     ) -> "TFOptimizer":
         """Train a Keras model with a loss function and an optimizer.
 
@@ -184,7 +203,7 @@ class TFOptimizer:
             Training data.
         metrics : list, optional
             Metrics for validation and evaluate.
-        model_dir, num_workers, max_failures, collective_timeout
+        model_dir, num_workers, max_failures, collective_timeout, min_workers, replace_wait
             See the class description.
 
         Returns
@@ -194,7 +213,8 @@ class TFOptimizer:
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable(y_true, y_pred), got {loss_fn!r}")
         model.compile(optimizer=resolve_optimizer(optim_method, "optim_method"), loss=loss_fn, metrics=metrics)
-        return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout)
+        return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
+                   replace_wait)
 
     # ------------------------------------------------------------------ settings
 
@@ -271,10 +291,12 @@ class TFOptimizer:
             When the dataset has no ``batch_size`` (or it does not fit
             ``num_workers``).
         SparkTFError
-            When ``num_workers`` is more than the free task slots.
+            When ``min_workers`` (default ``num_workers``) is more than the
+            cluster's task slots.
         TrainingError
-            When the loss becomes non-finite, or training failed more than
-            ``max_failures`` times.
+            When the loss becomes non-finite, training failed more than
+            ``max_failures`` times, or fewer than ``min_workers`` slots are
+            left after ``replace_wait``.
         """
         end_trigger = check_trigger(end_trigger, "end_trigger")
         checkpoint_trigger = check_trigger(checkpoint_trigger, "checkpoint_trigger")
@@ -282,8 +304,7 @@ class TFOptimizer:
             validation_trigger if validation_trigger is not None else checkpoint_trigger,
             "validation_trigger",
         )
-        cluster.wait_for_free_slots(self.sc, self.num_workers, timeout=SLOT_WAIT_SECONDS)
-        local_batches = [self.dataset.local_batch_size(self.num_workers, rank) for rank in range(self.num_workers)]
+        self.dataset.local_batch_size(self.num_workers)  # no batch_size, or one too small: DataError before any job
         validation = self.dataset.val_dataset
         if validation is None and uses_score(end_trigger):
             raise DataError(
@@ -298,8 +319,10 @@ class TFOptimizer:
         driver = self._driver_callbacks(callbacks, verbose, end_trigger)
         stops += [EveryEpoch()] if callbacks else []  # callbacks see the model at every epoch end
         history: Dict[str, Any] = {"loss": []}
-        with self.dataset.training_input(self.num_workers) as (data, feed):
-            runner = SegmentRunner(self.sc, data, feed, self.num_workers, self.max_failures)
+        with WorkerInputs(self.dataset, self.collective_timeout + watchdog_slack(self.sc)) as inputs:
+            membership = Membership(self.sc, self.num_workers, self.min_workers, self.replace_wait, inputs.prepare)
+            runner = SegmentRunner(self.sc, inputs, membership, self.max_failures)
+            runner.start(self.iteration)  # too few task slots: fails before any job
             progress = self._progress()
             if driver is not None:
                 driver.train_begin()
@@ -307,7 +330,7 @@ class TFOptimizer:
                 if driver is not None:
                     driver.segment_begins(progress)
                 first = progress.iteration + 1
-                result = self._run_segment(runner, local_batches, progress, TriggerOr(*stops), driver)
+                result = self._run_segment(runner, progress, TriggerOr(*stops), driver)
                 progress = self._finish_segment(result, history)
                 if self.model_dir and checkpoint_trigger(progress):
                     save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir)
@@ -316,7 +339,7 @@ class TFOptimizer:
                 if validation is not None and (validation_trigger(progress) or epoch_end):
                     progress, results = self._validate(validation, progress, history)
                 if driver is not None and driver.segment_ends(first, result.losses, result.step_seconds,
-                                                              progress, results):
+                                                              progress, results, result.workers):
                     break
             if driver is not None:
                 driver.train_end()
@@ -325,12 +348,8 @@ class TFOptimizer:
         return history
 
     def _progress(self) -> TrainingProgress:
-        return TrainingProgress(
-            self.iteration,
-            self.dataset.iterations_per_epoch(self.num_workers),
-            self.last_loss,
-            self.last_score,
-        )
+        per_epoch = self.dataset.iterations_per_epoch(self.num_workers)
+        return TrainingProgress(self.iteration, per_epoch, self.last_loss, self.last_score)
 
     def _driver_callbacks(self, callbacks: List[Any], verbose: int, end_trigger: Trigger) -> Optional[DriverCallbacks]:
         """The callbacks and progress display of an ``optimize`` call (None: neither)."""
@@ -340,28 +359,20 @@ class TFOptimizer:
 
         epochs = end_trigger.n if isinstance(end_trigger, MaxEpoch) else None
         self.history = keras.callbacks.History()
+        elastic = self.num_workers if self.min_workers < self.num_workers else None
         return DriverCallbacks(callbacks, self.model, verbose, self.dataset.iterations_per_epoch(self.num_workers),
-                               self.dataset.batch_size, epochs, self.history)
+                               self.dataset.batch_size, epochs, self.history, elastic)
 
     def _run_segment(
-        self, runner: SegmentRunner, local_batches: List[int], progress: TrainingProgress, stop: Trigger,
+        self, runner: SegmentRunner, progress: TrainingProgress, stop: Trigger,
         driver: Optional[DriverCallbacks] = None,
     ) -> SegmentResult:
-        """One segment from the driver's state (relaunched from it after a failure)."""
-        spec = SegmentSpec(
-            payload=self._payload_broadcast(),
-            state=None,
-            element_structure=self.dataset.element_structure,
-            local_batches=local_batches,
-            start=progress,
-            stop=stop,
-            feed=runner.feed,
-            clipping=self.clipping,
-            secret=b"",
-            directory=None,
-            collective_timeout=self.collective_timeout,
-        )
-        return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report)
+        """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
+        spec = SegmentSpec(self._payload_broadcast(), self.dataset.element_structure, progress, stop, self.clipping,
+                           self.collective_timeout)
+        on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
+        return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report,
+                          on_launch)
 
     def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
         """Take the segment's state into the driver's model; log its iterations."""
@@ -373,13 +384,9 @@ class TFOptimizer:
         if len(result.losses):
             self.last_loss = float(result.losses[-1])
         if self.train_summary is not None:
-            self.train_summary.add_iterations(
-                first,
-                self.dataset.iterations_per_epoch(self.num_workers),
-                self.dataset.batch_size,
-                self.last_score,
-                (result.losses, result.learning_rates, result.wall_times, result.step_seconds),
-            )
+            columns = (result.losses, result.learning_rates, result.wall_times, result.step_seconds)
+            self.train_summary.add_iterations(first, self.dataset.iterations_per_epoch(self.num_workers),
+                                              self.dataset.batch_size, self.last_score, columns, result.workers)
         if result.non_finite_iteration is not None:
             raise TrainingError(
                 f"the training loss or gradient is not finite at iteration {result.non_finite_iteration}: "

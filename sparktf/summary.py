@@ -143,10 +143,12 @@ class Summary:
 
 
 class TrainSummary(Summary):
-    """Training summaries: ``Loss``, ``Throughput`` (records/s) and ``LearningRate`` per iteration.
+    """Training summaries: ``Loss``, ``Throughput`` (records/s), ``LearningRate`` and ``Workers`` per iteration.
 
     Written to ``log_dir/app_name/train``; attach with
-    ``TFOptimizer.set_train_summary``.
+    ``TFOptimizer.set_train_summary``. ``Workers`` is the number of workers
+    that ran the iteration (fewer than ``num_workers`` while elastic training
+    goes on without lost executors).
     """
 
     kind = "train"
@@ -158,17 +160,21 @@ class TrainSummary(Summary):
         global_batch: int,
         score: Optional[float],
         columns: Sequence[Sequence[float]],
+        workers: Optional[int] = None,
     ) -> None:
         """Write the scalars of consecutive iterations from ``first`` on and flush.
 
         ``columns`` are the per-iteration losses, learning rates, wall times
-        and step seconds, in that order.
+        and step seconds, in that order; ``workers``, when given, is written
+        as ``Workers`` for each of them.
         """
         for offset, (loss, rate, wall_time, seconds) in enumerate(zip(*columns)):
             progress = TrainingProgress(first + offset, iterations_per_epoch, float(loss), score)
             self.add_scalar("Loss", loss, progress, wall_time)
             self.add_scalar("Throughput", global_batch / seconds, progress, wall_time)
             self.add_scalar("LearningRate", rate, progress, wall_time)
+            if workers is not None:
+                self.add_scalar("Workers", workers, progress, wall_time)
         self.flush()
 
 

@@ -166,3 +166,34 @@ def test_verbose_1_shows_each_epoch_once_when_the_live_display_ran_ahead(capsys)
     assert shown.count("Epoch 1/2") == 1 and shown.count("Epoch 2/2") == 1, shown
     assert "val_loss: 0.5" in shown
     assert history.history["loss"] == [3.0, 1.0] and history.history["val_loss"] == [0.5]
+
+
+def test_an_elastic_call_shows_worker_changes_and_logs_the_fewest_workers_of_each_epoch(capsys):
+    history = keras.callbacks.History()
+    display = DriverCallbacks([], linear_model(), 2, 4, 16, 3, history, num_workers=3)
+    display.train_begin()
+    display.segment_begins(TrainingProgress(0, 4))
+    display.launching(3, 0)
+    display.segment_ends(1, [3.0] * 4, [0.01] * 4, TrainingProgress(4, 4, 3.0), None, workers=3)
+    display.segment_begins(TrainingProgress(4, 4, 3.0))
+    display.launching(3, 4)
+    display.launching(2, 4)  # the launch failed: relaunched on fewer
+    display.segment_ends(5, [2.0] * 2, [0.01] * 2, TrainingProgress(6, 4, 2.0), None, workers=2)
+    display.segment_begins(TrainingProgress(6, 4, 2.0))
+    display.launching(3, 6)  # grown back within the epoch
+    display.segment_ends(7, [1.0] * 6, [0.01] * 6, TrainingProgress(12, 4, 1.0), None, workers=3)
+    display.train_end()
+    shown = capsys.readouterr().out
+    assert "continuing on 2 of 3 workers from iteration 5" in shown
+    assert "continuing on 3 of 3 workers from iteration 7" in shown
+    assert shown.count("continuing on") == 2
+    assert history.history["workers"] == [3, 2, 3]
+
+
+def test_a_call_that_is_not_elastic_logs_no_workers(capsys):
+    history = keras.callbacks.History()
+    display = driver_display(verbose=2, history=history)
+    display.launching(2, 0)
+    display.segment_ends(1, [1.0] * 8, [0.01] * 8, TrainingProgress(8, 4, 1.0), None, workers=2)
+    display.train_end()
+    assert "workers" not in history.history and "continuing" not in capsys.readouterr().out

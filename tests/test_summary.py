@@ -56,3 +56,13 @@ def test_reopened_summary_appends_a_new_file(tmp_path):
     second = TrainSummary(str(tmp_path), "app")
     second.add_scalar("Loss", 2.0, progress(2))
     np.testing.assert_array_equal(second.read_scalar("Loss")[:, :2], [[1, 1.0], [2, 2.0]])
+
+
+def test_train_summary_writes_the_workers_of_every_iteration(tmp_path):
+    summary = TrainSummary(str(tmp_path), "app")
+    columns = ([0.5, 0.4], [0.1, 0.1], [1000.0, 1001.0], [0.2, 0.25])
+    summary.add_iterations(7, 4, 64, None, columns, workers=2)
+    summary.add_iterations(9, 4, 64, None, ([0.3], [0.1], [1002.0], [0.2]), workers=3)
+    workers = summary.read_scalar("Workers")
+    np.testing.assert_array_equal(workers[:, :2], [[7, 2], [8, 2], [9, 3]])
+    np.testing.assert_allclose(summary.read_scalar("Throughput")[:, 1], [320, 256, 320])

@@ -10,16 +10,21 @@ import logging
 import math
 import re
 import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
 
 from pyspark import SparkConf, SparkContext
 
 from sparktf.errors import SparkTFError
 
 __all__ = [
+    "TaskSlots",
+    "task_slots",
     "total_task_slots",
     "busy_task_slots",
     "free_task_slots",
     "wait_for_free_slots",
+    "slot_shortage",
     "configure_task_threads",
     "use_task_threads",
     "RENDEZVOUS_CONF",
@@ -59,10 +64,43 @@ def busy_task_slots(sc: SparkContext) -> dict:
 
 def free_task_slots(sc: SparkContext) -> int:
     """Task slots not taken by the tasks running right now."""
-    return total_task_slots(sc) - sum(busy_task_slots(sc).values())
+    return task_slots(sc).free
 
 
-def wait_for_free_slots(sc: SparkContext, num_workers: int, timeout: float = 0.0) -> None:
+@dataclass(frozen=True)
+class TaskSlots:
+    """The cluster's task slots at one moment.
+
+    Attributes
+    ----------
+    total : int
+        Tasks of the default resource profile the live executors run at once
+        (an executor being removed no longer counts).
+    busy : dict
+        Running tasks per executor (``"host:port"``), see :func:`busy_task_slots`.
+    """
+
+    total: int
+    busy: Dict[str, int]
+
+    @property
+    def free(self) -> int:
+        """Slots a barrier job could take now."""
+        return self.total - sum(self.busy.values())
+
+    def describe_busy(self) -> str:
+        """``"host:port runs 1, ..."`` for a message (empty when nothing runs)."""
+        return ", ".join(f"{executor} runs {count}" for executor, count in sorted(self.busy.items()))
+
+
+def task_slots(sc: SparkContext) -> TaskSlots:
+    """The total and busy task slots right now."""
+    return TaskSlots(total_task_slots(sc), busy_task_slots(sc))
+
+
+def wait_for_free_slots(
+    sc: SparkContext, num_workers: int, timeout: float = 0.0, probe: Optional[Callable[[], TaskSlots]] = None
+) -> None:
     """Return once ``num_workers`` barrier tasks can start; raise ``SparkTFError`` otherwise.
 
     A cluster with fewer task slots in total fails at once. Slots taken by
@@ -77,24 +115,43 @@ def wait_for_free_slots(sc: SparkContext, num_workers: int, timeout: float = 0.0
         Number of barrier tasks (one per training worker).
     timeout : float
         Seconds to wait for busy slots to be released; 0 checks once.
+    probe : callable, optional
+        Returns the :class:`TaskSlots` to check (default: :func:`task_slots` of ``sc``).
     """
+    probe = probe or (lambda: task_slots(sc))
     deadline = time.monotonic() + timeout
     while True:
-        total = total_task_slots(sc)
-        free = total - sum(busy_task_slots(sc).values())
-        if num_workers <= free:
+        slots = probe()
+        if num_workers <= slots.free:
             return
-        if total < num_workers or time.monotonic() >= deadline:
+        if slots.total < num_workers or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
-    busy = ", ".join(f"{executor} runs {count}" for executor, count in sorted(busy_task_slots(sc).items()))
-    raise SparkTFError(
-        f"num_workers={num_workers} training workers need {num_workers} free task slots, "
-        f"but the cluster has only {free} free (of {total} in total, at "
+    raise slot_shortage(sc, "num_workers", num_workers, slots, timeout)
+
+
+def slot_shortage(sc: SparkContext, setting: str, needed: int, slots: TaskSlots, waited: float = 0.0) -> SparkTFError:
+    """The error for ``needed`` barrier tasks that ``slots`` cannot hold, naming ``setting`` (e.g. ``"num_workers"``).
+
+    Parameters
+    ----------
+    sc : pyspark.SparkContext
+    setting : str
+        The parameter that asked for ``needed`` workers.
+    needed : int
+    slots : TaskSlots
+        What the cluster had.
+    waited : float
+        Seconds waited for busy slots (said when the slots exist but are busy).
+    """
+    busy = slots.describe_busy()
+    return SparkTFError(
+        f"{setting}={needed} training workers need {needed} free task slots, "
+        f"but the cluster has only {slots.free} free (of {slots.total} in total, at "
         f"spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each"
         + (f"; busy: {busy}" if busy else "") + "). "
-        + (f"Use num_workers <= {total}, or add executors / cores." if total < num_workers else
-           f"The busy slots were not released within {timeout:g} s: end the Spark jobs that hold them.")
+        + (f"Use {setting} <= {slots.total}, or add executors / cores." if slots.total < needed else
+           f"The busy slots were not released within {waited:g} s: end the Spark jobs that hold them.")
     )
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional, TypeVar
 from sparktf.errors import DriverJVMGone, SparkTFError
 from sparktf.spark.remote_errors import reraise_remote
 
-__all__ = ["run_job", "worker_traceback", "jvm_gone"]
+__all__ = ["run_job", "worker_traceback", "jvm_gone", "unpersist", "fully_cached"]
 
 T = TypeVar("T")
 
@@ -48,6 +48,15 @@ def unpersist(rdd) -> None:
     except Exception as error:
         if not jvm_gone(error):
             raise
+
+
+def fully_cached(rdd) -> bool:
+    """Whether every partition of the persisted ``rdd`` is in Spark's cache right now."""
+    target = rdd.id()
+    for info in rdd.context._jsc.sc().getRDDStorageInfo():
+        if info.id() == target:
+            return info.numCachedPartitions() >= info.numPartitions()
+    return False
 
 
 def run_job(action: Callable[[], T], what: str = "a Spark job") -> T:

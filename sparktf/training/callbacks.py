@@ -17,6 +17,10 @@ subclasses) on the driver with Keras' own hook names and ``logs``:
   as soon as the segment's per-iteration records reach the driver, before
   that epoch's ``on_epoch_end``.
 
+In an elastic call (``min_workers < num_workers``) every epoch's ``logs``
+also hold ``workers``, the fewest workers that trained in the epoch, and
+the display prints a line whenever the count changes.
+
 ``model.stop_training = True`` ends training after the epoch; changes a
 callback makes to the model or its optimizer (the learning rate is an
 optimizer variable) reach the workers with the next segment's state.
@@ -85,6 +89,9 @@ class DriverCallbacks:
         The last epoch, when the end trigger names one (for "Epoch 3/10").
     history : keras.callbacks.History
         Receives every epoch's logs.
+    num_workers : int, optional
+        Given for an elastic call: epochs log ``workers`` and changes of the
+        worker count are shown.
     """
 
     def __init__(
@@ -96,6 +103,7 @@ class DriverCallbacks:
         global_batch: int,
         epochs: Optional[int],
         history: Any,
+        num_workers: Optional[int] = None,
     ):
         import keras
 
@@ -126,6 +134,9 @@ class DriverCallbacks:
         self._lock = threading.Lock()  # reports arrive on the watchdog's thread
         self._rate_mark = (0, time.monotonic())
         self._logs: Dict[str, float] = {}
+        self._num_workers = num_workers
+        self._workers: Optional[int] = None  # of the last launch
+        self._epoch_workers: Optional[int] = None  # the fewest in the open epoch
 
     # ------------------------------------------------------------------ optimize's hooks
 
@@ -139,6 +150,16 @@ class DriverCallbacks:
             self._open_epoch(progress.epoch, progress.iteration % self._per_epoch)
         self._reported = self._delivered = progress.iteration
         self._rate_mark = (progress.iteration, time.monotonic())
+
+    def launching(self, workers: int, iteration: int) -> None:
+        """Before every launch (relaunches included) on ``workers`` after ``iteration``: shows a change."""
+        if self._num_workers is None:
+            return
+        changed = workers != self._workers if self._workers is not None else workers < self._num_workers
+        if changed and self._verbose:
+            print(f"continuing on {workers} of {self._num_workers} workers from iteration {iteration + 1}",
+                  flush=True)
+        self._workers = workers
 
     def report(self, reports: Dict[int, Any]) -> None:
         """Rank 0's newest report, while a segment runs (called from the watchdog's thread)."""
@@ -164,13 +185,17 @@ class DriverCallbacks:
                 self._list.on_train_batch_end(in_epoch, {"loss": latest.loss})
 
     def segment_ends(self, first_iteration: int, losses: Sequence[float], step_seconds: Sequence[float],
-                     progress: TrainingProgress, validation: Optional[Dict[str, float]]) -> bool:
+                     progress: TrainingProgress, validation: Optional[Dict[str, float]],
+                     workers: Optional[int] = None) -> bool:
         """After a segment (and the validation that followed it): ends the epochs it completed.
 
-        ``losses`` and ``step_seconds`` are the segment's per iteration.
-        Returns True when a callback set ``model.stop_training``.
+        ``losses`` and ``step_seconds`` are the segment's per iteration,
+        ``workers`` the workers it ran on. Returns True when a callback set
+        ``model.stop_training``.
         """
         for offset, (loss, seconds) in enumerate(zip(losses, step_seconds)):
+            if workers is not None:
+                self._epoch_workers = min(workers, self._epoch_workers or workers)
             self._epoch_losses.append(float(loss))
             self._epoch_seconds += float(seconds)
             iteration = first_iteration + offset
@@ -193,6 +218,7 @@ class DriverCallbacks:
 
     def _open_epoch(self, epoch: int, start: int) -> None:
         self._epoch, self._epoch_start, self._epoch_losses, self._epoch_seconds = epoch, start, [], 0.0
+        self._epoch_workers = None
         self._list.on_epoch_begin(epoch)
         if epoch > self._shown_epoch:  # verbose=1 may have shown it already, live
             self._show_epoch(epoch, start)
@@ -218,7 +244,8 @@ class DriverCallbacks:
         """
         import keras
 
-        progbar = keras.utils.Progbar(self._per_epoch, verbose=self._verbose, stateful_metrics=["records/s"])
+        progbar = keras.utils.Progbar(self._per_epoch, verbose=self._verbose,
+                                      stateful_metrics=["records/s", "workers"])
         if seconds_ago > 0:
             progbar._start = progbar._time_at_epoch_start = time.time() - seconds_ago
         return progbar
@@ -226,6 +253,8 @@ class DriverCallbacks:
     def _end_epoch(self, validation: Optional[Dict[str, float]]) -> None:
         logs = {"loss": float(np.mean(self._epoch_losses))}
         logs.update({f"val_{name}": value for name, value in (validation or {}).items()})
+        if self._num_workers is not None and self._epoch_workers is not None:
+            logs["workers"] = self._epoch_workers
         if self._verbose and self._shown_epoch <= self._epoch:  # verbose=1 closed the epochs it moved past
             fell_behind = self._shown_epoch < self._epoch  # no report came in this epoch
             if fell_behind:

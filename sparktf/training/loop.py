@@ -61,47 +61,51 @@ __all__ = ["SegmentSpec", "SegmentResult", "run_segment", "state_checksums"]
 class SegmentSpec:
     """What every barrier task of a segment needs (pickled into the task closure).
 
+    The driver fills in the launch's fields (``state``, ``local_batches``,
+    ``feed``, ``secret``, ``directory``) for each launch: they depend on its
+    worker count and job channel.
+
     Attributes
     ----------
     payload : pyspark.Broadcast
         ``ModelPayload`` bytes of the model (architecture, compile config).
-    state : pyspark.Broadcast, optional
-        :class:`ModelState` to start from, when there is no job channel.
     element_structure : tuple
         ``(feature_spec, label_spec)`` or ``(feature_spec,)``.
-    local_batches : list of int
-        Records each rank takes per iteration (they add up to the global
-        batch and differ by at most one).
     start : TrainingProgress
         Progress before the segment's first iteration.
     stop : Trigger
         The segment ends after the first iteration where it fires.
+    clipping : GradientClipping
+        Clipping of the global gradient.
+    collective_timeout : float
+        Seconds a worker waits for its peers in a collective operation.
+    state : pyspark.Broadcast, optional
+        :class:`ModelState` to start from, when there is no job channel.
+    local_batches : list of int
+        Records each rank takes per iteration (they add up to the global
+        batch and differ by at most one).
     feed : BlockFeed or TFRecordFeed
         ``feed.open(rank, partition, local_batch, start_batch)`` gives the
         worker's batches.
-    clipping : GradientClipping
-        Clipping of the global gradient.
     secret : bytes
         Shared secret authenticating the collective's connections.
     directory : str, optional
         ``"host:port"`` of the driver's job channel (peer directory, start
         and final state, heartbeats); None to exchange addresses with
         ``BarrierTaskContext.allGather`` and take the state from ``state``.
-    collective_timeout : float
-        Seconds a worker waits for its peers in a collective operation.
     """
 
     payload: Any
-    state: Any
     element_structure: tuple
-    local_batches: List[int]
     start: TrainingProgress
     stop: Trigger
-    feed: Any
     clipping: GradientClipping
-    secret: bytes
-    directory: Optional[str]
     collective_timeout: float
+    state: Any = None
+    local_batches: List[int] = field(default_factory=list)
+    feed: Any = None
+    secret: bytes = b""
+    directory: Optional[str] = None
 
 
 @dataclass
@@ -126,6 +130,8 @@ class SegmentResult:
         ``model_load``, ``warm_up``, ``state_fetch``, ``connect``,
         ``batches``, ``compute``, ``allreduce``, ``apply``, ``finish``,
         ``state_upload``) on rank 0.
+    workers : int
+        The workers the segment ran on (set by the driver).
     """
 
     iteration: int
@@ -136,6 +142,7 @@ class SegmentResult:
     wall_times: np.ndarray
     step_seconds: np.ndarray
     timings: Dict[str, float] = field(default_factory=dict)
+    workers: int = 0
 
 
 class _Stopwatch:

@@ -17,7 +17,7 @@ from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.specs import LeafSpec
 from sparktf.errors import DataError
 
-__all__ = ["check_settings", "resolve_optimizer", "check_labels"]
+__all__ = ["check_settings", "check_membership", "resolve_optimizer", "check_labels"]
 
 # Losses whose label shape per record follows from the output shape.
 _CLASS_ID_LOSSES = {"sparse_categorical_crossentropy"}
@@ -53,6 +53,26 @@ def check_settings(
         )
     if model_dir is not None:
         _check_model_dir(model_dir)
+
+
+def check_membership(num_workers: int, min_workers: Optional[int], replace_wait: float) -> int:
+    """``min_workers`` resolved (None: ``num_workers``), after refusing values that cannot work.
+
+    Raises
+    ------
+    ValueError
+        ``min_workers`` not an integer in ``[1, num_workers]``, or
+        ``replace_wait`` not a finite number of seconds >= 0.
+    """
+    if min_workers is not None and not (isinstance(min_workers, numbers.Integral)
+                                        and 1 <= min_workers <= num_workers):
+        raise ValueError(
+            f"min_workers must be an integer from 1 to num_workers={num_workers} (or None for num_workers), "
+            f"got {min_workers!r}"
+        )
+    if not (isinstance(replace_wait, numbers.Real) and math.isfinite(replace_wait) and replace_wait >= 0):
+        raise ValueError(f"replace_wait must be a finite number of seconds >= 0 (e.g. 60), got {replace_wait!r}")
+    return num_workers if min_workers is None else int(min_workers)
 
 
 def _check_model_dir(model_dir: str) -> None:

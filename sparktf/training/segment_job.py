@@ -1,7 +1,9 @@
-"""Driver side of training segments: relaunches, the barrier job, its secret, its job channel and its watchdog.
+"""Driver side of training segments: launches on a worker count, relaunches, the barrier job, its channel and watchdog.
 
-A segment is one Spark barrier job of ``num_workers`` tasks, each running
-:func:`sparktf.training.loop.run_segment`. This module starts it with a fresh
+A segment is one Spark barrier job, each task running
+:func:`sparktf.training.loop.run_segment`, on as many workers as
+:class:`~sparktf.training.membership.Membership` picks (``num_workers``
+unless elastic training goes on with fewer). This module starts it with a fresh
 secret and, on ``spark.driver.host``, a :class:`~sparktf.collective.JobChannel`
 through which the ranks find each other, fetch the start state, report
 their progress (watched by :class:`~sparktf.training.watchdog.JobWatchdog`)
@@ -27,78 +29,126 @@ from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 from sparktf.collective import JobChannel
-from sparktf.errors import DataError, DriverJVMGone, ModelError, TrainingError
-from sparktf.spark.cluster import rendezvous_host, wait_for_free_slots
+from sparktf.errors import DataError, DriverJVMGone, ModelError, SparkTFError, TrainingError
+from sparktf.spark.cluster import rendezvous_host
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.failures import reported_failure
+from sparktf.training.inputs import WorkerInputs
 from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment, state_checksums
+from sparktf.training.membership import Membership
 from sparktf.training.watchdog import JobWatchdog
+from sparktf.triggers import EveryEpoch, TriggerOr
 
-__all__ = ["SegmentRunner", "run_segment_job", "job_channel", "SLOT_WAIT_SECONDS"]
+__all__ = ["SegmentRunner", "run_segment_job", "job_channel"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
-#: Seconds a launch waits for task slots that a failed job's tasks still hold.
-SLOT_WAIT_SECONDS = 30.0
 
 
 class SegmentRunner:
-    """The segments of one ``optimize`` call: launched on ``data``, relaunched after worker failures.
+    """The segments of one ``optimize`` call: launched, relaunched after worker failures, on a changing worker count.
 
     Parameters
     ----------
     sc : pyspark.SparkContext
-    data : pyspark.RDD
-        The training RDD, one partition per worker.
-    feed : BlockFeed or TFRecordFeed
-        How the workers batch their partitions.
-    num_workers : int
+    inputs : WorkerInputs
+        The training data and local batches for each worker count.
+    membership : Membership
+        Picks the worker count of every launch (waiting for lost slots).
     max_failures : int
-        Failed segments relaunched over the whole call before giving up.
+        Failed segments relaunched over the whole call before giving up; a
+        failure after which training goes on with a different worker count
+        is a membership change instead (bounded by ``Membership`` itself).
 
     Attributes
     ----------
     failures : int
-        The failures so far.
+        The failures counted so far.
     """
 
-    def __init__(self, sc: Any, data: Any, feed: Any, num_workers: int, max_failures: int):
+    def __init__(self, sc: Any, inputs: WorkerInputs, membership: Membership, max_failures: int):
         self.sc = sc
-        self.data = data
-        self.feed = feed
-        self.num_workers = num_workers
+        self.inputs = inputs
+        self.membership = membership
         self.max_failures = max_failures
         self.failures = 0
+        self._next: Optional[int] = None
+
+    def start(self, iteration: int) -> int:
+        """Decide the first launch's worker count now, before any job (too few task slots fail here).
+
+        Parameters
+        ----------
+        iteration : int
+            The driver's iteration (the first segment starts after it).
+        """
+        self._next = self.membership.next_launch(iteration)
+        return self._next
 
     def run(self, spec: SegmentSpec, state: Callable[[], ModelState],
-            on_reports: Optional[Callable[[dict], None]] = None) -> SegmentResult:
+            on_reports: Optional[Callable[[dict], None]] = None,
+            on_launch: Optional[Callable[[int], None]] = None) -> SegmentResult:
         """Run one segment from ``state()``, the driver's state, relaunching it from there after a failure.
+
+        ``spec``'s ``local_batches`` and ``feed`` are set here for the
+        launch's worker count; while that count is below ``num_workers`` the
+        segment also ends at the epoch's end, so that growth is noticed.
+        ``on_launch(workers)`` is called before every launch.
 
         Raises
         ------
         DataError, ModelError, DriverJVMGone
             At once: the data or the model would fail again, or there is no JVM.
         TrainingError
-            After more than ``max_failures`` failures, with the last one as cause.
+            After more than ``max_failures`` failures (the last one as
+            cause), or when fewer than ``min_workers`` task slots are left.
         """
+        workers, self._next = self._next or self.membership.next_launch(spec.start.iteration), None
         while True:
+            data, feed = self.inputs.get(workers)  # finishes (or cancels) a layout built while waiting
+            self.membership.wait_free(workers)  # e.g. a failed job's tasks still ending
+            if on_launch is not None:
+                on_launch(workers)
             try:
-                return run_segment_job(self.sc, self.data, spec, state(), self.num_workers, on_reports)
+                result = run_segment_job(self.sc, data, self._spec_for(spec, workers, feed), state(), workers,
+                                         on_reports)
+                result.workers = workers
+                return result
             except (DataError, ModelError, DriverJVMGone):
                 raise
             except Exception as error:  # a worker failed: relaunch from the last good state
-                self.failures += 1
-                if self.failures > self.max_failures:
-                    raise TrainingError(
-                        f"training failed {self.failures} time(s) (max_failures={self.max_failures}) "
-                        f"after iteration {spec.start.iteration}; the last failure was: {error}"
-                    ) from error
-                _LOG.warning(
-                    "training segment after iteration %d failed (%d of %d allowed), relaunching "
-                    "from the last good state: %s",
-                    spec.start.iteration, self.failures, self.max_failures, error,
-                )
-                wait_for_free_slots(self.sc, self.num_workers, timeout=SLOT_WAIT_SECONDS)
+                workers = self._relaunch(spec, workers, error)
+
+    def _spec_for(self, spec: SegmentSpec, workers: int, feed: Any) -> SegmentSpec:
+        stop = spec.stop if workers >= self.membership.num_workers else TriggerOr(spec.stop, EveryEpoch())
+        return dataclasses.replace(spec, local_batches=self.inputs.local_batches(workers), feed=feed, stop=stop)
+
+    def _relaunch(self, spec: SegmentSpec, workers: int, error: Exception) -> int:
+        """The worker count of the relaunch after ``error``; raises when training cannot go on."""
+        self.failures += 1
+        if self.failures > self.max_failures and not self.membership.lost_slots():
+            raise self._gave_up(spec, error) from error
+        _LOG.warning(
+            "training segment after iteration %d failed on %d workers, relaunching from the last good state: %s",
+            spec.start.iteration, workers, error,
+        )
+        try:
+            relaunch = self.membership.next_launch(spec.start.iteration, failed=True)
+        except SparkTFError as stopped:
+            raise stopped from error
+        if relaunch != workers:
+            self.failures -= 1  # a change of membership, counted apart from max_failures
+        elif self.failures > self.max_failures:
+            raise self._gave_up(spec, error) from error
+        else:
+            _LOG.warning("that was failure %d of the %d allowed (max_failures)", self.failures, self.max_failures)
+        return relaunch
+
+    def _gave_up(self, spec: SegmentSpec, error: Exception) -> TrainingError:
+        return TrainingError(
+            f"training failed {self.failures} time(s) (max_failures={self.max_failures}) "
+            f"after iteration {spec.start.iteration}; the last failure was: {error}"
+        )
 
 
 def run_segment_job(

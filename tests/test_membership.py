@@ -1,0 +1,294 @@
+"""Elastic membership on the driver, without Spark: worker counts, waits, the flapping bound, failure counting.
+
+The cluster is a fake: its task slots are whatever the test sets, and time
+advances only when the code under test sleeps.
+"""
+
+import logging
+
+import numpy as np
+import pytest
+
+from sparktf.errors import DataError, SparkTFError, TrainingError
+from sparktf.spark.cluster import TaskSlots
+from sparktf.training import membership as membership_module
+from sparktf.training import segment_job
+from sparktf.training.loop import SegmentResult, SegmentSpec
+from sparktf.training.membership import FLAP_LIMIT, FLAP_WINDOW, Membership
+from sparktf.training.preflight import check_membership
+from sparktf.training.segment_job import SegmentRunner
+from sparktf.triggers import EveryEpoch, MaxIteration, TrainingProgress, TriggerOr
+
+
+class FakeConf(dict):
+    pass
+
+
+class FakeContext:
+    def getConf(self):
+        return FakeConf({"spark.task.cpus": "1"})
+
+
+class FakeCluster:
+    """Task slots set by the test; ``sleep`` advances the clock and runs the test's timed events."""
+
+    def __init__(self, total, busy=0):
+        self.total, self.busy, self.now = total, busy, 0.0
+        self.events = []  # (time, function) run once the clock passes time
+        self.slept = 0.0
+
+    def probe(self):
+        return TaskSlots(self.total, {"exec:1": self.busy} if self.busy else {})
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+        self.slept += seconds
+        for event in [e for e in self.events if e[0] <= self.now]:
+            self.events.remove(event)
+            event[1]()
+
+    def at(self, when, function):
+        self.events.append((when, function))
+
+
+def membership(cluster, num_workers=3, min_workers=2, replace_wait=10.0, prepare=None):
+    return Membership(FakeContext(), num_workers, min_workers, replace_wait, prepare, probe=cluster.probe,
+                      clock=cluster.clock, sleep=cluster.sleep)
+
+
+def test_a_full_cluster_launches_every_worker_without_waiting():
+    cluster = FakeCluster(total=3)
+    members = membership(cluster)
+    assert members.next_launch(0) == 3 and members.next_launch(4) == 3
+    assert cluster.slept == 0 and members.changes == 0
+
+
+def test_first_launch_on_a_cluster_smaller_than_min_workers_fails_at_once_naming_the_numbers():
+    cluster = FakeCluster(total=2)
+    with pytest.raises(SparkTFError, match=r"num_workers=3 training workers need 3 free task slots.*only 2 free"):
+        membership(cluster, min_workers=3).next_launch(0)
+    with pytest.raises(SparkTFError, match=r"min_workers=3 .* only 1 free .*Use min_workers <= 1"):
+        membership(FakeCluster(total=1), num_workers=4, min_workers=3).next_launch(0)
+    assert cluster.slept == 0
+
+
+def test_first_launch_with_slots_missing_waits_replace_wait_then_goes_on_with_fewer(caplog):
+    cluster = FakeCluster(total=2)
+    prepared = []
+    members = membership(cluster, replace_wait=10, prepare=prepared.append)
+    with caplog.at_level(logging.WARNING, logger="sparktf.optimizer"):
+        assert members.next_launch(0) == 2
+    assert 10 <= cluster.slept < 10.5
+    assert prepared == [2]  # the layout for 2 workers was started while waiting, once
+    assert "continuing on 2 of 3 workers from iteration 1" in caplog.text
+    assert members.changes == 0  # starting with fewer is not a change
+
+
+def test_a_lost_executor_after_a_failure_waits_then_continues_on_fewer_and_counts_a_change(caplog):
+    cluster = FakeCluster(total=3)
+    prepared = []
+    members = membership(cluster, replace_wait=15, prepare=prepared.append)
+    assert members.next_launch(0) == 3
+    cluster.total = 2
+    assert members.lost_slots()
+    with caplog.at_level(logging.WARNING, logger="sparktf.optimizer"):
+        assert members.next_launch(6, failed=True) == 2
+    assert 15 <= cluster.slept < 15.5 and prepared == [2] and members.changes == 1
+    assert "waiting up to 15 s" in caplog.text and "continuing on 2 of 3 workers from iteration 7" in caplog.text
+
+
+def test_slots_that_come_back_within_replace_wait_keep_every_worker():
+    cluster = FakeCluster(total=2)
+    members = membership(cluster, num_workers=2, min_workers=1, replace_wait=20)
+    members.current = 2
+    cluster.total = 1
+    cluster.at(4.0, lambda: setattr(cluster, "total", 2))
+    assert members.next_launch(5, failed=True) == 2
+    assert 4.0 <= cluster.slept < 4.5 and members.changes == 0
+
+
+def test_busy_slots_are_not_lost_ones_and_are_waited_for_separately(monkeypatch):
+    cluster = FakeCluster(total=3, busy=2)  # e.g. a finished job's tasks not yet counted as ended
+    prepared = []
+    members = membership(cluster, prepare=prepared.append)
+    members.current = 2
+    assert members.next_launch(3) == 2  # not grown (one slot free), not waited for (none is gone)
+    assert cluster.slept == 0 and prepared == [] and members.changes == 0
+    monkeypatch.setattr(membership_module, "SLOT_WAIT_SECONDS", 0.3)
+    with pytest.raises(SparkTFError, match=r"busy: exec:1 runs 2\). The busy slots were not released within 0.3 s"):
+        members.wait_free(2)
+    cluster.busy = 0
+    members.wait_free(3)
+
+
+def test_a_degraded_run_grows_back_at_the_next_boundary_without_waiting(caplog):
+    cluster = FakeCluster(total=2)
+    members = membership(cluster)
+    members.current = 2
+    assert members.next_launch(4) == 2 and cluster.slept == 0  # nothing came back: no wait
+    cluster.total = 3
+    with caplog.at_level(logging.WARNING, logger="sparktf.optimizer"):
+        assert members.next_launch(8) == 3
+    assert cluster.slept == 0 and members.changes == 1
+    assert "continuing on 3 of 3 workers from iteration 9: task slots came back" in caplog.text
+
+
+def test_after_a_failure_a_degraded_run_does_not_grow():
+    cluster = FakeCluster(total=3)
+    members = membership(cluster, replace_wait=0)
+    members.current = 2
+    assert members.next_launch(4, failed=True) == 2
+
+
+def test_below_min_workers_after_replace_wait_is_a_training_error_naming_the_slots():
+    cluster = FakeCluster(total=3)
+    members = membership(cluster, min_workers=3, replace_wait=12)
+    assert members.next_launch(0) == 3
+    cluster.total = 2
+    assert not members.lost_slots()  # not elastic: a loss is a failure like any other
+    with pytest.raises(TrainingError, match=r"min_workers=3 free task slots, but only 2 are left .* replace_wait=12 s"):
+        members.next_launch(4, failed=True)
+    assert 12 <= cluster.slept < 12.5
+
+
+def test_changes_beyond_the_flapping_bound_end_training():
+    cluster = FakeCluster(total=3)
+    members = membership(cluster, replace_wait=0)
+    members.next_launch(0)
+    for change in range(FLAP_LIMIT):
+        cluster.total = 2 if change % 2 == 0 else 3
+        members.next_launch(change, failed=cluster.total == 2)
+    assert members.changes == FLAP_LIMIT
+    cluster.total = 2
+    with pytest.raises(TrainingError, match=rf"changed {FLAP_LIMIT + 1} times within {FLAP_WINDOW:g} s"):
+        members.next_launch(99, failed=True)
+
+
+def test_changes_spread_over_more_than_the_window_are_allowed():
+    cluster = FakeCluster(total=3)
+    members = membership(cluster, replace_wait=0)
+    members.next_launch(0)
+    for change in range(3 * FLAP_LIMIT):
+        cluster.now += FLAP_WINDOW / 4
+        cluster.total = 2 if change % 2 == 0 else 3
+        members.next_launch(change, failed=cluster.total == 2)
+    assert members.changes == 3 * FLAP_LIMIT
+
+
+def test_min_workers_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="min_workers"):
+        membership(FakeCluster(total=3), num_workers=3, min_workers=4)
+
+
+@pytest.mark.parametrize("min_workers, replace_wait", [(4, 60), (0, 60), (2.5, 60), (2, -1), (2, float("inf")),
+                                                       (2, "60")])
+def test_tfoptimizer_settings_out_of_range_are_refused_naming_them(min_workers, replace_wait):
+    name = "replace_wait" if min_workers == 2 else "min_workers"
+    with pytest.raises(ValueError, match=name):
+        check_membership(3, min_workers, replace_wait)
+
+
+def test_min_workers_defaults_to_num_workers():
+    assert check_membership(3, None, 60) == 3 and check_membership(3, 1, 0) == 1
+
+
+# ---------------------------------------------------------------------- the runner's failure counting
+
+
+class FakeInputs:
+    def __init__(self):
+        self.opened = []
+
+    def get(self, workers):
+        self.opened.append(workers)
+        return f"rdd-{workers}", f"feed-{workers}"
+
+    def local_batches(self, workers):
+        return [64 // workers + (1 if rank < 64 % workers else 0) for rank in range(workers)]
+
+
+def spec():
+    return SegmentSpec(None, (), TrainingProgress(4, 4, None, None), MaxIteration(100), None, 1.0)
+
+
+def result(iteration=5):
+    empty = np.zeros(0)
+    return SegmentResult(iteration, None, None, empty, empty, empty, empty)
+
+
+def scripted_jobs(monkeypatch, outcomes, cluster=None, lose_on_failure=False):
+    """``run_segment_job`` replaced: each call takes the next outcome (an exception to raise, or a result)."""
+    calls = []
+
+    def fake(sc, data, job_spec, state, workers, on_reports=None):
+        calls.append((data, job_spec, workers))
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            if lose_on_failure:
+                cluster.total -= 1
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(segment_job, "run_segment_job", fake)
+    return calls
+
+
+def test_a_failure_that_changes_the_count_is_not_counted_in_max_failures(monkeypatch):
+    cluster = FakeCluster(total=3)
+    inputs = FakeInputs()
+    runner = SegmentRunner(FakeContext(), inputs, membership(cluster, replace_wait=5), max_failures=0)
+    calls = scripted_jobs(monkeypatch, [RuntimeError("executor lost"), result()], cluster, lose_on_failure=True)
+    launches = []
+    done = runner.run(spec(), lambda: None, on_launch=launches.append)
+    assert done.workers == 2 and launches == [3, 2] and runner.failures == 0
+    assert inputs.opened == [3, 2]
+    (_, first, _), (data, second, workers) = calls
+    assert first.local_batches == [22, 21, 21] and first.feed == "feed-3" and repr(first.stop) == "MaxIteration(100)"
+    assert data == "rdd-2" and workers == 2 and second.local_batches == [32, 32] and second.feed == "feed-2"
+    assert repr(second.stop) == repr(TriggerOr(MaxIteration(100), EveryEpoch()))  # degraded: ends with the epoch
+
+
+def test_a_failure_on_the_same_count_is_counted_and_max_failures_stops_at_once(monkeypatch):
+    cluster = FakeCluster(total=3)
+    runner = SegmentRunner(FakeContext(), FakeInputs(), membership(cluster, replace_wait=60), max_failures=1)
+    scripted_jobs(monkeypatch, [RuntimeError("flaky"), result()])
+    assert runner.run(spec(), lambda: None).workers == 3 and runner.failures == 1
+    scripted_jobs(monkeypatch, [RuntimeError("flaky again")])
+    with pytest.raises(TrainingError, match=r"failed 2 time\(s\) \(max_failures=1\).*flaky again"):
+        runner.run(spec(), lambda: None)
+    assert cluster.slept == 0  # no waiting before giving up
+
+
+def test_deterministic_errors_are_not_relaunched(monkeypatch):
+    runner = SegmentRunner(FakeContext(), FakeInputs(), membership(FakeCluster(total=3)), max_failures=3)
+    scripted_jobs(monkeypatch, [DataError("bad record")])
+    with pytest.raises(DataError):
+        runner.run(spec(), lambda: None)
+    assert runner.failures == 0
+
+
+def test_start_decides_the_first_launch_before_any_job(monkeypatch):
+    cluster = FakeCluster(total=3)
+    runner = SegmentRunner(FakeContext(), FakeInputs(), membership(cluster), max_failures=3)
+    assert runner.start(0) == 3
+    probes = []
+    runner.membership.next_launch = lambda *args, **kwargs: probes.append(args)  # must not be asked again
+    calls = scripted_jobs(monkeypatch, [result()])
+    assert runner.run(spec(), lambda: None).workers == 3 and calls[0][2] == 3 and probes == []
+
+
+def test_busy_slots_are_waited_for_once_the_launch_data_is_ready(monkeypatch):
+    cluster = FakeCluster(total=3, busy=3)  # a layout job, built while waiting, holds the slots
+
+    class LayoutInputs(FakeInputs):
+        def get(self, workers):
+            cluster.busy = 0  # joining the layout job: it ends
+            return super().get(workers)
+
+    monkeypatch.setattr(membership_module, "SLOT_WAIT_SECONDS", 0.2)
+    runner = SegmentRunner(FakeContext(), LayoutInputs(), membership(cluster), max_failures=0)
+    scripted_jobs(monkeypatch, [result()])
+    assert runner.run(spec(), lambda: None).workers == 3
