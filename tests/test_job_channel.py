@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import secrets
 import socket
-import time
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -76,6 +76,10 @@ def test_a_rank_that_registers_again_replaces_its_entry():
         with socket.create_connection(parse_peer(directory.address), timeout=WAIT) as first:
             client_handshake(first, SECRET, 0, 2, 2)
             send_message(first, {"op": "register", "peer": "127.0.0.1:7"})
+            deadline = time.monotonic() + WAIT  # the first registration must be in before the relaunch's
+            while 0 not in directory._registered:
+                assert time.monotonic() < deadline, "the directory never recorded rank 0's first registration"
+                time.sleep(0.01)
             # rank 0 is relaunched: its new registration replaces (and closes) the first one
             again = pool.submit(directory_peers, directory.address, 0, 2, "127.0.0.1:8", SECRET, WAIT, WAIT)
             assert answer_of(first) == b""
