@@ -39,11 +39,6 @@ class Shard:
         blocks = list(blocks)
         return cls(concat_blocks(blocks) if blocks else ())
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the arrays (string leaves: one pointer per record, not counting the strings)."""
-        return sum(array.nbytes for array in self.arrays)
-
     def read(self, ranges: Sequence[Tuple[int, int]]) -> List[np.ndarray]:
         """The records of ``ranges`` (``[start, stop)`` pairs) in order; the arrays themselves for the whole shard."""
         if list(ranges) == [(0, self.num_records)]:

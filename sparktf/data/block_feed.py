@@ -170,19 +170,19 @@ class _InMemoryShards:
     """This process's shards that fit the budget, loaded from their spills; least recently used dropped first."""
 
     def __init__(self) -> None:
-        self._shards: "collections.OrderedDict[str, Shard]" = collections.OrderedDict()
+        self._shards: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()  # spill -> (bytes, Shard)
         self._lock = threading.Lock()
 
     def get(self, files: ShardFiles, budget: int) -> Shard:
+        """The shard of ``files`` in memory; the spills' own sizes count against ``budget``."""
         with self._lock:
-            shard = self._shards.get(files.directory)
-            if shard is not None:
+            if files.directory in self._shards:
                 self._shards.move_to_end(files.directory)
-                return shard
-            while self._shards and sum(s.nbytes for s in self._shards.values()) + files.nbytes > budget:
+                return self._shards[files.directory][1]
+            while self._shards and sum(size for size, _ in self._shards.values()) + files.nbytes > budget:
                 self._shards.popitem(last=False)
             shard = Shard(files.read([(0, files.num_records)]))
-            self._shards[files.directory] = shard
+            self._shards[files.directory] = (files.nbytes, shard)
             return shard
 
 
