@@ -33,6 +33,7 @@ from sparktf.data.sources import (
     tf_dtype_of,
 )
 from sparktf.errors import DataError
+from sparktf.spark.task_devices import gpu_plan
 
 __all__ = ["TFDataset"]
 
@@ -302,7 +303,7 @@ class TFDataset(BlockDataset):
         sc = init_spark().sparkContext
         feature_spec, label_spec = tfrecord_io.trace_parse_fn(parse_fn)
         record_format = RecordFormat.from_specs(feature_spec, label_spec)
-        reader = tfrecord_io.TFRecordReader(parse_fn, record_format)
+        reader = tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(sc))
 
         def file_blocks(file_paths, kind: str) -> RDD:
             return tfrecord_io.file_blocks(sc, tfrecord_io.expand_paths(file_paths), reader, kind, cache)

@@ -22,6 +22,7 @@ from sparktf.data.columnar import balanced_bounds, slice_block
 from sparktf.errors import DataError
 from sparktf.models.frozen_graph import FrozenGraph, normalize_tensor_name, one_or_list, predict_partition, record_blocks
 from sparktf.spark.raising_rdd import raising_sparktf_errors
+from sparktf.spark.task_devices import gpu_plan
 
 __all__ = ["TFNet", "export_tf"]
 
@@ -352,6 +353,7 @@ class TFNet(keras.layers.Layer):
             graph_key=self._graph.key,
             batch=batch,
             num_inputs=len(self.input_names),
+            gpus=gpu_plan(block_rdd.context),
         )
         return raising_sparktf_errors(block_rdd, run, preservesPartitioning=True)
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from sparktf.spark.cluster import watchdog_slack
+from sparktf.spark.cluster import task_slots, watchdog_slack
+from sparktf.spark.resources import ResourceProfileLike, stage_profile
+from sparktf.spark.task_devices import gpu_plan
 from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint, save_checkpoint
 from sparktf.errors import DataError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.inference.feeds import feature_leaves, keras_feed
-from sparktf.training.preflight import check_labels, check_membership, check_settings, resolve_optimizer
+from sparktf.training.preflight import check_labels, check_membership, check_settings, compile_with_loss, recompile
 from sparktf.training.step import GradientClipping
 from sparktf.training.callbacks import DriverCallbacks, default_verbose
 from sparktf.training.inputs import WorkerInputs
@@ -70,6 +72,10 @@ class TFOptimizer:
     replace_wait : float
         Seconds a launch waits for lost task slots to come back before it
         goes on with fewer workers (or, below ``min_workers``, gives up).
+    resource_profile : pyspark.resource.ResourceProfile or dict, optional
+        What each training task needs, e.g. ``{"cpus": 4, "gpus": 1}``: only
+        the training (and its validation) stages ask for it, ETL stages keep
+        the session's defaults; see ``docs/guides/gpu.md``. Not in local mode.
     """
 
     def __init__(
@@ -82,6 +88,8 @@ class TFOptimizer:
         collective_timeout: float = 300,
         min_workers: Optional[int] = None,
         replace_wait: float = 60,
+        *,
+        resource_profile: ResourceProfileLike = None,
     ):
         from pyspark import SparkContext
 
@@ -98,6 +106,7 @@ class TFOptimizer:
         self.replace_wait = float(replace_wait)
         self.max_failures = int(max_failures)
         self.collective_timeout = float(collective_timeout)
+        self.resource_profile = stage_profile(self.sc, resource_profile)
         self.clipping = GradientClipping()
         self.train_summary: Optional[TrainSummary] = None
         self.val_summary: Optional[ValidationSummary] = None
@@ -125,6 +134,8 @@ class TFOptimizer:
         collective_timeout: float = 300,
         min_workers: Optional[int] = None,
         replace_wait: float = 60,
+        *,
+        resource_profile: ResourceProfileLike = None,
     ) -> "TFOptimizer":
         """Train a compiled Keras model with its own loss, optimizer and metrics.
 
@@ -141,7 +152,7 @@ class TFOptimizer:
             Directory for checkpoints.
         metrics : list, optional
             Replaces the compiled metrics (used by validation and evaluate).
-        num_workers, max_failures, collective_timeout, min_workers, replace_wait
+        num_workers, max_failures, collective_timeout, min_workers, replace_wait, resource_profile
             See the class description.
 
         Returns
@@ -153,22 +164,9 @@ class TFOptimizer:
         DataError
             When the model is not compiled and no ``optimizer`` is given.
         """
-        compiled = getattr(keras_model, "compiled", False)
-        if not compiled and optimizer is None:
-            raise DataError(
-                f"the Keras model {keras_model.name!r} is not compiled: call "
-                "model.compile(optimizer=..., loss=...) before TFOptimizer.from_keras, "
-                "or pass optimizer=..."
-            )
-        if optimizer is not None or metrics is not None:
-            settings = dict(keras_model._compile_config.config) if compiled else {}
-            if optimizer is not None:
-                settings["optimizer"] = resolve_optimizer(optimizer, "optimizer")
-            if metrics is not None:
-                settings["metrics"] = metrics
-            keras_model.compile(**settings)
+        recompile(keras_model, optimizer, metrics)
         return cls(keras_model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
-                   replace_wait)
+                   replace_wait, resource_profile=resource_profile)
 
     @classmethod
     def from_loss(
@@ -184,6 +182,8 @@ class TFOptimizer:
         collective_timeout: float = 300,
         min_workers: Optional[int] = None,
         replace_wait: float = 60,
+        *,
+        resource_profile: ResourceProfileLike = None,
     ) -> "TFOptimizer":
         """Train a Keras model with a loss function and an optimizer.
 
@@ -203,18 +203,16 @@ class TFOptimizer:
             Training data.
         metrics : list, optional
             Metrics for validation and evaluate.
-        model_dir, num_workers, max_failures, collective_timeout, min_workers, replace_wait
+        model_dir, num_workers, max_failures, collective_timeout, min_workers, replace_wait, resource_profile
             See the class description.
 
         Returns
         -------
         TFOptimizer
         """
-        if not callable(loss_fn):
-            raise TypeError(f"loss_fn must be callable(y_true, y_pred), got {loss_fn!r}")
-        model.compile(optimizer=resolve_optimizer(optim_method, "optim_method"), loss=loss_fn, metrics=metrics)
+        compile_with_loss(model, loss_fn, optim_method, metrics)
         return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
-                   replace_wait)
+                   replace_wait, resource_profile=resource_profile)
 
     # ------------------------------------------------------------------ settings
 
@@ -320,8 +318,9 @@ class TFOptimizer:
         stops += [EveryEpoch()] if callbacks else []  # callbacks see the model at every epoch end
         history: Dict[str, Any] = {"loss": []}
         with WorkerInputs(self.dataset, self.collective_timeout + watchdog_slack(self.sc)) as inputs:
-            membership = Membership(self.sc, self.num_workers, self.min_workers, self.replace_wait, inputs.prepare)
-            runner = SegmentRunner(self.sc, inputs, membership, self.max_failures)
+            membership = Membership(self.sc, self.num_workers, self.min_workers, self.replace_wait, inputs.prepare,
+                                    probe=lambda: task_slots(self.sc, self.resource_profile))
+            runner = SegmentRunner(self.sc, inputs, membership, self.max_failures, self.resource_profile)
             runner.start(self.iteration)  # too few task slots: fails before any job
             progress = self._progress()
             if driver is not None:
@@ -369,7 +368,7 @@ class TFOptimizer:
     ) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
         spec = SegmentSpec(self._payload_broadcast(), self.dataset.element_structure, progress, stop, self.clipping,
-                           self.collective_timeout)
+                           self.collective_timeout, gpus=gpu_plan(self.sc, self.resource_profile))
         on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
         return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report,
                           on_launch)
@@ -402,7 +401,7 @@ class TFOptimizer:
             batch = validation.inference_batch_size(self.num_workers)
         except DataError:
             batch = self.dataset.local_batch_size(self.num_workers)
-        results = self._evaluate_blocks(validation, batch)
+        results = self._evaluate_blocks(validation, batch, self.resource_profile)
         for name, value in results.items():
             history.setdefault(f"val_{name}", []).append(value)
             if self.val_summary is not None:
@@ -416,7 +415,8 @@ class TFOptimizer:
 
     # ------------------------------------------------------------------ evaluation and state
 
-    def evaluate(self, dataset: Any = None, batch_per_thread: Optional[int] = None) -> Dict[str, float]:
+    def evaluate(self, dataset: Any = None, batch_per_thread: Optional[int] = None, *,
+                 resource_profile: ResourceProfileLike = None) -> Dict[str, float]:
         """Compute the compiled loss and metrics over every record of ``dataset``.
 
         Parameters
@@ -426,6 +426,8 @@ class TFOptimizer:
         batch_per_thread : int, optional
             Records per batch in each partition (default: the dataset's
             ``batch_per_thread``, else ``batch_size // num_workers``).
+        resource_profile : pyspark.resource.ResourceProfile or dict, optional
+            What each evaluation task needs (default: the optimizer's own).
 
         Returns
         -------
@@ -435,9 +437,10 @@ class TFOptimizer:
         """
         dataset = self.dataset if dataset is None else dataset
         batch = batch_per_thread or dataset.inference_batch_size(self.num_workers)
-        return self._evaluate_blocks(dataset, int(batch))
+        profile = self.resource_profile if resource_profile is None else stage_profile(self.sc, resource_profile)
+        return self._evaluate_blocks(dataset, int(batch), profile)
 
-    def _evaluate_blocks(self, dataset: Any, batch: int) -> Dict[str, float]:
+    def _evaluate_blocks(self, dataset: Any, batch: int, profile: Any) -> Dict[str, float]:
         from sparktf.training.evaluation import evaluate_blocks
 
         return evaluate_blocks(
@@ -448,6 +451,7 @@ class TFOptimizer:
             self._payload_broadcast(),
             ModelState.capture(self.model, self.iteration, include_optimizer=False),
             self.collective_timeout,
+            profile,
         )
 
     def load_checkpoint(self, path: Optional[str] = None, version: Optional[int] = None) -> None:

@@ -19,6 +19,7 @@ also uses with the model sources :class:`KerasModelSource` and
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from pyspark import RDD
@@ -33,6 +34,8 @@ from sparktf.inference.runners import ModelHandle, records, run_batches
 from sparktf.models.payload import ModelPayload
 from sparktf.models.saved_model_archive import SavedModelArchive, load_saved_model
 from sparktf.spark.raising_rdd import raising_sparktf_errors
+from sparktf.spark.resources import ResourceProfileLike, stage_profile, with_profile
+from sparktf.spark.task_devices import gpu_plan
 
 __all__ = ["TFPredictor", "TensorInfo"]
 
@@ -183,8 +186,15 @@ class TFPredictor:
 
     # ------------------------------------------------------------------ RDD
 
-    def predict(self) -> RDD:
+    def predict(self, *, resource_profile: ResourceProfileLike = None) -> RDD:
         """Predictions for the dataset's records, in order.
+
+        Parameters
+        ----------
+        resource_profile : pyspark.resource.ResourceProfile or dict, optional
+            What each prediction task needs, e.g. ``{"cpus": 4, "gpus": 1}``
+            (stage-level scheduling: only this stage asks for it; see
+            ``docs/guides/gpu.md``). Default: the session's task resources.
 
         Returns
         -------
@@ -193,19 +203,25 @@ class TFPredictor:
             ndarray, or a list / dict of ndarrays for several outputs. Lazy:
             a bad record raises ``DataError`` (inside Spark's exception) when
             the RDD is computed.
+
+        Raises
+        ------
+        SparkTFError
+            A ``resource_profile`` Spark cannot run here (e.g. in local mode).
         """
         feed = self._dataset_feed()
         block_rdd = self.dataset.block_rdd
         batch = self.dataset.inference_batch_size(block_rdd.getNumPartitions())
         num_features = len(feed.order)
-        handle = self._model.handle
+        profile = stage_profile(block_rdd.context, resource_profile)
+        handle = dataclasses.replace(self._model.handle, gpus=gpu_plan(block_rdd.context, profile))
 
         def predict_partition(partition: int, blocks: Iterator[tuple]) -> Iterator[Any]:
             features = (block[:num_features] for block in blocks)
             for size, output in run_batches(handle, feed, batching.inference_batches(features, batch), partition):
                 yield from records(output, size)
 
-        return raising_sparktf_errors(block_rdd, predict_partition, preservesPartitioning=True)
+        return with_profile(raising_sparktf_errors(block_rdd, predict_partition, preservesPartitioning=True), profile)
 
     def _dataset_feed(self) -> Feed:
         return self._model.feed(*feature_leaves(self.dataset.feature_spec))
@@ -213,7 +229,8 @@ class TFPredictor:
     # ------------------------------------------------------------------ DataFrame
 
     def predict_dataframe(
-        self, df: DataFrame, feature_cols: Union[str, Sequence[str]], output_col: str = "prediction"
+        self, df: DataFrame, feature_cols: Union[str, Sequence[str]], output_col: str = "prediction", *,
+        resource_profile: ResourceProfileLike = None,
     ) -> DataFrame:
         """``df`` with a prediction column appended, computed through Arrow.
 
@@ -230,6 +247,8 @@ class TFPredictor:
             Name of the new column: a number for scalar predictions, an
             ``array<float>`` (nested for higher ranks) for array-valued ones,
             a struct of those (one field per output) for several outputs.
+        resource_profile : pyspark.resource.ResourceProfile or dict, optional
+            What each prediction task needs (see :meth:`predict`).
 
         Returns
         -------
@@ -244,12 +263,15 @@ class TFPredictor:
             any job runs). While computing: a null, a row of another array
             length (naming the column, partition and row) or a batch the
             model rejects (naming the partition and records).
+        SparkTFError
+            A ``resource_profile`` Spark cannot run here (e.g. in local mode).
         """
         columns = [feature_cols] if isinstance(feature_cols, str) else list(feature_cols)
         check_new_column(df, output_col, "output_col")
+        profile = stage_profile(df.sparkSession.sparkContext, resource_profile)
         leaves = column_leaves(df, columns)
         batch = self.dataset.inference_batch_size(df.sparkSession.sparkContext.defaultParallelism)
-        return dataframe_with_predictions(self._model, df, columns, leaves, output_col, batch)
+        return dataframe_with_predictions(self._model, df, columns, leaves, output_col, batch, profile)
 
 
 def check_new_column(df: DataFrame, name: str, parameter: str) -> None:
@@ -266,7 +288,7 @@ def column_leaves(df: DataFrame, columns: Sequence[str]) -> List[specs.LeafSpec]
 
 def dataframe_with_predictions(
     source: ModelSource, df: DataFrame, columns: Sequence[str], leaves: Sequence[specs.LeafSpec],
-    output_col: str, batch: int,
+    output_col: str, batch: int, profile: Any = None,
 ) -> DataFrame:
     """``df`` plus the model's output in ``output_col``: a lazy ``mapInArrow``, no Spark job.
 
@@ -285,6 +307,8 @@ def dataframe_with_predictions(
         The new column (see :meth:`TFPredictor.predict_dataframe` for its type).
     batch : int
         Records per model call.
+    profile : pyspark.resource.ResourceProfile, optional
+        The prediction stage's resource profile (None: the session's defaults).
 
     Raises
     ------
@@ -296,9 +320,10 @@ def dataframe_with_predictions(
     kind, outputs = source.outputs(feed)
     output_type = spark_output_type(kind, outputs)
     selected, feature_names = _arrow_features(df, columns)
-    function = DataFramePredict(source.handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type)
+    handle = dataclasses.replace(source.handle, gpus=gpu_plan(df.sparkSession.sparkContext, profile))
+    function = DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type)
     schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
-    return selected.mapInArrow(function, schema)
+    return selected.mapInArrow(function, schema, profile=profile)
 
 
 def _arrow_features(df: DataFrame, columns: Sequence[str]) -> Tuple[DataFrame, List[str]]:

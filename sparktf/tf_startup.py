@@ -11,7 +11,9 @@ the driver and from every Spark Python worker.
 after it (by ``keras``, sparktf or user code, on the driver or in a Python
 worker) runs with file descriptor 2 read by a thread that drops exactly those
 lines and passes every other line on unchanged, lists the devices during that
-time, and leaves ``TF_CPP_MIN_LOG_LEVEL`` at ``1`` (no C++ INFO lines such as
+time (in a Spark task: later, once :func:`list_devices_quietly` is called,
+after the task's GPUs are chosen, since TensorFlow reads
+``CUDA_VISIBLE_DEVICES`` when it lists them), and leaves ``TF_CPP_MIN_LOG_LEVEL`` at ``1`` (no C++ INFO lines such as
 "XLA service ... initialized") unless it is set already. The cuInit error is
 dropped only where the machine has no NVIDIA driver. Set
 ``SPARKTF_SHOW_TF_STARTUP=1`` to see everything.
@@ -28,7 +30,7 @@ import sys
 import threading
 from typing import Iterator, List, Tuple
 
-__all__ = ["install", "StartupLineFilter"]
+__all__ = ["install", "list_devices_quietly", "StartupLineFilter"]
 
 SHOW_ENV = "SPARKTF_SHOW_TF_STARTUP"
 
@@ -118,10 +120,34 @@ class _QuietLoader(importlib.abc.Loader):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         with _filtered_stderr():
             self._loader.exec_module(module)
-            try:
-                module.config.list_physical_devices()  # where the cuInit error is logged
-            except Exception:  # noqa: BLE001 - TensorFlow raises it again where devices are used
-                pass
+            if not _in_spark_task():
+                _list_devices(module)
+
+
+def _in_spark_task() -> bool:
+    taskcontext = sys.modules.get("pyspark.taskcontext")
+    return taskcontext is not None and taskcontext.TaskContext.get() is not None
+
+
+def _list_devices(tensorflow) -> None:
+    try:
+        tensorflow.config.list_physical_devices()  # where the cuInit error is logged
+    except Exception:  # noqa: BLE001 - TensorFlow raises it again where devices are used
+        pass
+
+
+def list_devices_quietly() -> None:
+    """Have TensorFlow list its devices now, with its start-up lines filtered as in :func:`install`.
+
+    Spark tasks call it once their ``CUDA_VISIBLE_DEVICES`` is set.
+    """
+    import tensorflow
+
+    if os.environ.get(SHOW_ENV, "0") not in ("", "0"):
+        _list_devices(tensorflow)
+        return
+    with _filtered_stderr():
+        _list_devices(tensorflow)
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from sparktf import TFDataset
 from sparktf.errors import DataError
+from sparktf.spark.task_devices import GpuPlan
 
 pytestmark = pytest.mark.usefixtures("spark")
 
@@ -99,7 +100,7 @@ def test_reader_caps_block_size_and_keeps_order(tmp_path):
         return tf.ensure_shape(tf.io.parse_tensor(serialized, tf.int64), [])
 
     feature_spec, label_spec = tfrecord_io.trace_parse_fn(parse_scalar)
-    reader = tfrecord_io.TFRecordReader(parse_scalar, RecordFormat.from_specs(feature_spec, label_spec))
+    reader = tfrecord_io.TFRecordReader(parse_scalar, RecordFormat.from_specs(feature_spec, label_spec), GpuPlan())
     blocks = list(reader(0, [path]))
     assert [len(block[0]) for block in blocks] == [tfrecord_io.MAX_RECORDS_PER_BLOCK, 3]
     np.testing.assert_array_equal(np.concatenate([block[0] for block in blocks]), np.arange(len(blocks[0][0]) + 3))

@@ -14,7 +14,9 @@ from sparktf import (
     TriggerAnd,
     TriggerOr,
     SeveralIteration,
+    TFPredictor,
 )
+from sparktf.errors import SparkTFError
 
 
 def linear_model(optimizer, inputs=3):
@@ -151,6 +153,20 @@ def test_non_trigger_raises_type_error(sc, bad):
     )
     with pytest.raises(TypeError, match="trigger"):
         optimizer.optimize(end_trigger=bad)
+
+
+@pytest.mark.parametrize("profile, message", [
+    ({"gpus": 1}, "local mode"),
+    ({"gpu": 1}, r"takes the keys \['cpus', 'gpus'\]"),
+    ({"cpus": 1.5}, "positive integer"),
+    ("1 gpu", "must be a pyspark.resource.ResourceProfile"),
+])
+def test_resource_profile_is_refused_before_any_job_where_spark_cannot_run_it(sc, profile, message):
+    data = TFDataset.from_ndarrays(regression_data(16), batch_size=8)
+    with pytest.raises(SparkTFError, match=message):
+        TFOptimizer.from_keras(linear_model("sgd"), data, resource_profile=profile)
+    with pytest.raises(SparkTFError, match=message):
+        TFPredictor.from_keras(linear_model("sgd"), data).predict(resource_profile=profile)
 
 
 def test_sparse_embedding_model_trains(sc):

@@ -11,7 +11,7 @@ from sparktf.data import specs
 from sparktf.data.block_serializer import block_rdd, cached
 from sparktf.data.columnar import Block, RecordFormat, records_per_block, to_leaf_column
 from sparktf.errors import DataError
-from sparktf.spark.cluster import use_task_threads
+from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
 
 __all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader", "file_blocks"]
@@ -87,14 +87,17 @@ class TFRecordReader:
         the executors may not be able to import).
     record_format : RecordFormat
         The format traced from ``parse_fn``.
+    gpus : GpuPlan
+        The reading stage's GPUs (see :mod:`sparktf.spark.task_devices`).
     """
 
-    def __init__(self, parse_fn: Callable, record_format: RecordFormat):
+    def __init__(self, parse_fn: Callable, record_format: RecordFormat, gpus: GpuPlan):
         self.parse_fn_bytes = pickle_by_value({"parse_fn": parse_fn})
         self.record_format = record_format
+        self.gpus = gpus
 
     def __call__(self, partition: int, paths: Iterable[str]) -> Iterator[Block]:
-        use_task_threads()
+        prepare_tensorflow_task(self.gpus)
         parse_fn = cloudpickle.loads(self.parse_fn_bytes)["parse_fn"]
         leaves = self.record_format.leaves
         batch = min(records_per_block(leaves), MAX_RECORDS_PER_BLOCK)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import threading
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import cloudpickle
@@ -27,7 +28,7 @@ from sparktf.data import specs
 from sparktf.data.block_feed import FeedStream
 from sparktf.data.columnar import RecordFormat
 from sparktf.errors import DataError
-from sparktf.spark.cluster import use_task_threads
+from sparktf.spark.task_devices import GpuPlan, gpu_plan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
 
 __all__ = ["TFRecordStream", "TFRecordFeed", "assign_files"]
@@ -80,7 +81,7 @@ class TFRecordStream:
 
     def count_records(self, sc: Any) -> List[int]:
         """Records per file, counted on the executors without parsing them."""
-        return sc.parallelize(self.files, len(self.files)).map(_count_file).collect()
+        return sc.parallelize(self.files, len(self.files)).map(partial(_count_file, gpu_plan(sc))).collect()
 
     def training_input(self, sc: Any, counts: Sequence[int], num_workers: int, shuffle: bool, seed: int,
                        memory_budget: int) -> Tuple[Any, "TFRecordFeed"]:
@@ -235,8 +236,8 @@ def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> DataErro
     )
 
 
-def _count_file(path: str) -> int:
-    use_task_threads()
+def _count_file(gpus: GpuPlan, path: str) -> int:
+    prepare_tensorflow_task(gpus)
     try:
         return int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda count, _: count + 1))
     except tf.errors.OpError as exc:

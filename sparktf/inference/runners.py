@@ -19,7 +19,7 @@ from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed
 from sparktf.models.batch_errors import rejected_batch
 from sparktf.models.cache import cached
 from sparktf.models.payload import ModelPayload
-from sparktf.spark.cluster import use_task_threads
+from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.worker_gc import frozen_after
 
 __all__ = ["KerasRunner", "SignatureRunner", "ModelHandle", "run_batches", "records", "flat_outputs", "partition_id"]
@@ -84,7 +84,7 @@ class SignatureRunner:
 
 @dataclass(frozen=True)
 class ModelHandle:
-    """What executors need to get the runner: the broadcast and how to load it."""
+    """What executors need to get the runner: the broadcast, how to load it, and the stage's GPU plan."""
 
     kind: str  # "keras" or "saved_model"
     key: str
@@ -92,16 +92,17 @@ class ModelHandle:
     signature: str = ""
     outputs: Tuple[str, ...] = ()
     output_kind: str = SINGLE
+    gpus: GpuPlan = GpuPlan()
 
     def runner(self) -> Callable[[Any], Any]:
         """The cached runner of this process (loads the model on the first call).
 
-        Inside a Spark task, TensorFlow's threads are first set to
-        ``spark.task.cpus`` (as for training), so concurrent tasks do not
-        compete for the same cores. A freshly loaded model is frozen out of
+        Inside a Spark task, TensorFlow is first bound to the task's GPUs and
+        its threads set to ``spark.task.cpus`` (as for training), so concurrent
+        tasks do not compete for the same GPUs and cores. A freshly loaded model is frozen out of
         the garbage collector's full collections (see :mod:`sparktf.spark.worker_gc`).
         """
-        use_task_threads()
+        prepare_tensorflow_task(self.gpus)
         if self.kind == "keras":
             return cached(
                 "keras-predict:" + self.key,

@@ -76,8 +76,9 @@ class RunContext:
         Where TensorBoard summaries go (``log_dir`` or ``tensorboard`` of
         ``sparktf.run``), already made absolute; None when neither was given.
     gpus : list of str
-        Spark ``gpu`` resource addresses of the task (also
-        ``CUDA_VISIBLE_DEVICES``); empty without GPU scheduling.
+        Spark ``gpu`` resource addresses of the task; empty without GPU
+        scheduling. The child's ``CUDA_VISIBLE_DEVICES`` holds them, indexed
+        into the executor's own ``CUDA_VISIBLE_DEVICES`` when it has one.
     """
 
     job_name: str

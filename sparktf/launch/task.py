@@ -23,6 +23,7 @@ from sparktf.launch.context import RunContext
 from sparktf.launch.logstream import LogClient
 from sparktf.launch.ports import PortReservation
 from sparktf.launch.tf_config import build_tf_config
+from sparktf.spark.task_devices import inherited_visible_devices, visible_devices
 
 __all__ = ["TaskSpec", "run_barrier_task", "child_environment"]
 
@@ -46,7 +47,8 @@ class TaskSpec:
 def child_environment(ctx: RunContext, user_env: Dict[str, str]) -> Dict[str, str]:
     """The child's environment: the task's, plus its ``sys.path``, GPUs, ``user_env`` and ``TF_CONFIG``.
 
-    ``CUDA_VISIBLE_DEVICES`` comes from the task's Spark ``gpu`` resources
+    ``CUDA_VISIBLE_DEVICES`` comes from the task's Spark ``gpu`` resources,
+    indexed into the executor's own ``CUDA_VISIBLE_DEVICES`` when it has one
     (``user_env`` may override it); ``TF_CONFIG`` always comes from sparktf.
     ``PYTHONPATH`` carries the worker's ``sys.path``, so the child imports
     what the task can (files shipped with ``--py-files``, sparktf's own zip).
@@ -57,7 +59,7 @@ def child_environment(ctx: RunContext, user_env: Dict[str, str]) -> Dict[str, st
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
     env["PYTHONUNBUFFERED"] = "1"
     if ctx.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ctx.gpus)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(ctx.gpus, inherited_visible_devices())
     env.update(user_env)
     env["TF_CONFIG"] = json.dumps(ctx.tf_config)
     return env

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.errors import DataError
+from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 
 __all__ = ["FrozenGraph", "normalize_tensor_name", "parse_graph_def", "one_or_list", "record_blocks", "predict_partition"]
 
@@ -254,7 +255,8 @@ def record_blocks(
 
 
 def predict_partition(
-    partition: int, blocks: Iterable[tuple], graph_broadcast, graph_key: str, batch: int, num_inputs: int
+    partition: int, blocks: Iterable[tuple], graph_broadcast, graph_key: str, batch: int, num_inputs: int,
+    gpus: GpuPlan,
 ) -> Iterator[Union[np.ndarray, List[np.ndarray]]]:
     """Run a broadcast graph over one partition of Blocks, yielding one result per record.
 
@@ -276,6 +278,8 @@ def predict_partition(
         Records per graph run; the last batch may be shorter.
     num_inputs : int
         Number of graph inputs.
+    gpus : GpuPlan
+        The stage's GPUs (see :mod:`sparktf.spark.task_devices`).
 
     Yields
     ------
@@ -294,6 +298,7 @@ def predict_partition(
     from sparktf.models.cache import cached
     from sparktf.spark.worker_gc import frozen_after
 
+    prepare_tensorflow_task(gpus)
     graph = cached(graph_key, frozen_after(lambda: graph_broadcast.value))
     start = 0
     for leaves in inference_batches(blocks, batch):

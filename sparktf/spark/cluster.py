@@ -11,11 +11,12 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from pyspark import SparkConf, SparkContext
 
 from sparktf.errors import SparkTFError
+from sparktf.spark.resources import describe_profile
 
 __all__ = [
     "TaskSlots",
@@ -40,11 +41,12 @@ RENDEZVOUS_CONF = "spark.sparktf.rendezvous"
 WATCHDOG_SLACK_CONF = "spark.sparktf.watchdogSlack"
 
 
-def total_task_slots(sc: SparkContext) -> int:
-    """How many tasks of the default resource profile the cluster runs at once."""
+def total_task_slots(sc: SparkContext, profile: Any = None) -> int:
+    """How many tasks of ``profile`` (a registered ``ResourceProfile``; default: the session's) the cluster runs at once."""
     scala_context = sc._jsc.sc()
-    profile = scala_context.resourceProfileManager().defaultResourceProfile()
-    return int(scala_context.maxNumConcurrentTasks(profile))
+    java_profile = (profile._java_resource_profile if profile is not None
+                    else scala_context.resourceProfileManager().defaultResourceProfile())
+    return int(scala_context.maxNumConcurrentTasks(java_profile))
 
 
 def busy_task_slots(sc: SparkContext) -> dict:
@@ -78,10 +80,14 @@ class TaskSlots:
         (an executor being removed no longer counts).
     busy : dict
         Running tasks per executor (``"host:port"``), see :func:`busy_task_slots`.
+    profile : str
+        The resource profile counted, described for messages (empty: the
+        session's defaults).
     """
 
     total: int
     busy: Dict[str, int]
+    profile: str = ""
 
     @property
     def free(self) -> int:
@@ -93,9 +99,10 @@ class TaskSlots:
         return ", ".join(f"{executor} runs {count}" for executor, count in sorted(self.busy.items()))
 
 
-def task_slots(sc: SparkContext) -> TaskSlots:
-    """The total and busy task slots right now."""
-    return TaskSlots(total_task_slots(sc), busy_task_slots(sc))
+def task_slots(sc: SparkContext, profile: Any = None) -> TaskSlots:
+    """The total and busy task slots right now, counted for ``profile`` (default: the session's)."""
+    described = describe_profile(profile) if profile is not None else ""
+    return TaskSlots(total_task_slots(sc, profile), busy_task_slots(sc), described)
 
 
 def wait_for_free_slots(
@@ -147,8 +154,9 @@ def slot_shortage(sc: SparkContext, setting: str, needed: int, slots: TaskSlots,
     busy = slots.describe_busy()
     return SparkTFError(
         f"{setting}={needed} training workers need {needed} free task slots, "
-        f"but the cluster has only {slots.free} free (of {slots.total} in total, at "
-        f"spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each"
+        f"but the cluster has only {slots.free} free (of {slots.total} in total, "
+        + (f"for {slots.profile}" if slots.profile else
+           f"at spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each")
         + (f"; busy: {busy}" if busy else "") + "). "
         + (f"Use {setting} <= {slots.total}, or add executors / cores." if slots.total < needed else
            f"The busy slots were not released within {waited:g} s: end the Spark jobs that hold them.")

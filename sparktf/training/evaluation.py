@@ -41,6 +41,7 @@ def evaluate_blocks(
     payload: Any,
     state: Optional[Any] = None,
     timeout: float = 300.0,
+    profile: Any = None,
 ) -> Dict[str, float]:
     """Evaluate ``model``'s compiled loss and metrics over every record of ``block_rdd``.
 
@@ -63,6 +64,8 @@ def evaluate_blocks(
         Seconds a task waits for the driver's job channel; a task that makes
         no progress for ``timeout`` + 30 s (``spark.sparktf.watchdogSlack``)
         gets the job cancelled.
+    profile : pyspark.resource.ResourceProfile, optional
+        The evaluation stage's resource profile (None: the session's defaults).
 
     Returns
     -------
@@ -77,6 +80,8 @@ def evaluate_blocks(
     from sparktf.errors import DataError
     from sparktf.spark.cluster import rendezvous_host
     from sparktf.spark.jobs import run_job
+    from sparktf.spark.resources import with_profile
+    from sparktf.spark.task_devices import gpu_plan
     from sparktf.training.segment_job import job_channel
     from sparktf.training.watchdog import JobWatchdog
 
@@ -91,8 +96,8 @@ def evaluate_blocks(
             broadcast = block_rdd.context.broadcast(state)
         source = StateSource(channel and channel.address, secret, partitions, timeout, broadcast)
         task = partial(_evaluate_partition, payload, source if state is not None else None, element_structure,
-                       batch_size)
-        collect = lambda: block_rdd.mapPartitions(task).collect()  # noqa: E731
+                       batch_size, gpu_plan(block_rdd.context, profile))
+        collect = lambda: with_profile(block_rdd.mapPartitions(task), profile).collect()  # noqa: E731
         try:
             if channel is None:
                 per_partition = run_job(collect, what="the evaluation job")
@@ -117,6 +122,7 @@ def _evaluate_partition(
     state: Optional[StateSource],
     element_structure: tuple,
     batch_size: int,
+    gpus: Any,
     blocks: Iterable[tuple],
 ) -> Iterator[List[np.ndarray]]:
     import keras
@@ -125,9 +131,9 @@ def _evaluate_partition(
     from sparktf.data.batching import inference_batches
     from sparktf.data.specs import pack
     from sparktf.models.cache import load_cached
-    from sparktf.spark.cluster import use_task_threads
+    from sparktf.spark.task_devices import prepare_tensorflow_task
 
-    use_task_threads()
+    prepare_tensorflow_task(gpus)
     partition = TaskContext.get().partitionId()
     heartbeat = state.heartbeat(partition) if state is not None else NoHeartbeat()
     try:

@@ -46,7 +46,7 @@ from sparktf.collective.channel_client import ChannelClient, start_heartbeat
 from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
-from sparktf.spark.cluster import configure_task_threads
+from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.errors import DataError, ModelError
 from sparktf.training.failures import classified_failures, failure_report
 from sparktf.training.state_source import StateSource
@@ -93,6 +93,8 @@ class SegmentSpec:
         ``"host:port"`` of the driver's job channel (peer directory, start
         and final state, heartbeats); None to exchange addresses with
         ``BarrierTaskContext.allGather`` and take the state from ``state``.
+    gpus : GpuPlan
+        How the tasks get their GPUs (see :mod:`sparktf.spark.task_devices`).
     """
 
     payload: Any
@@ -106,6 +108,7 @@ class SegmentSpec:
     feed: Any = None
     secret: bytes = b""
     directory: Optional[str] = None
+    gpus: GpuPlan = GpuPlan()
 
 
 @dataclass
@@ -181,7 +184,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     heartbeat = start_heartbeat(spec.directory, rank, world_size, spec.secret, spec.collective_timeout)
     failure = None
     try:
-        configure_task_threads(context.cpus())
+        prepare_tensorflow_task(spec.gpus)
         watch.lap("threads")
         with ThreadPoolExecutor(1) as pool:  # connect while the model loads and compiles
             connecting = pool.submit(

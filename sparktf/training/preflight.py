@@ -112,6 +112,37 @@ def resolve_optimizer(optimizer: Any, parameter: str) -> Any:
         ) from None
 
 
+def recompile(keras_model: Any, optimizer: Any, metrics: Optional[list]) -> None:
+    """``TFOptimizer.from_keras``: compile with ``optimizer`` and/or ``metrics`` instead of the compiled ones.
+
+    Raises
+    ------
+    DataError
+        The model is not compiled and no ``optimizer`` is given.
+    """
+    compiled = getattr(keras_model, "compiled", False)
+    if not compiled and optimizer is None:
+        raise DataError(
+            f"the Keras model {keras_model.name!r} is not compiled: call "
+            "model.compile(optimizer=..., loss=...) before TFOptimizer.from_keras, "
+            "or pass optimizer=..."
+        )
+    if optimizer is not None or metrics is not None:
+        settings = dict(keras_model._compile_config.config) if compiled else {}
+        if optimizer is not None:
+            settings["optimizer"] = resolve_optimizer(optimizer, "optimizer")
+        if metrics is not None:
+            settings["metrics"] = metrics
+        keras_model.compile(**settings)
+
+
+def compile_with_loss(model: Any, loss_fn: Any, optim_method: Any, metrics: Optional[list]) -> None:
+    """``TFOptimizer.from_loss``: compile ``model`` with a loss function and an optimizer (TypeError: not callable)."""
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable(y_true, y_pred), got {loss_fn!r}")
+    model.compile(optimizer=resolve_optimizer(optim_method, "optim_method"), loss=loss_fn, metrics=metrics)
+
+
 def check_labels(model: Any, labels: Sequence[LeafSpec]) -> None:
     """Refuse labels that cannot fit the model's single output under its loss.
 

@@ -32,6 +32,7 @@ from sparktf.collective import JobChannel
 from sparktf.errors import DataError, DriverJVMGone, ModelError, SparkTFError, TrainingError
 from sparktf.spark.cluster import rendezvous_host
 from sparktf.spark.jobs import run_job
+from sparktf.spark.resources import with_profile
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.failures import reported_failure
 from sparktf.training.inputs import WorkerInputs
@@ -59,6 +60,8 @@ class SegmentRunner:
         Failed segments relaunched over the whole call before giving up; a
         failure after which training goes on with a different worker count
         is a membership change instead (bounded by ``Membership`` itself).
+    profile : pyspark.resource.ResourceProfile, optional
+        The training stage's resource profile (see :mod:`sparktf.spark.resources`).
 
     Attributes
     ----------
@@ -66,8 +69,10 @@ class SegmentRunner:
         The failures counted so far.
     """
 
-    def __init__(self, sc: Any, inputs: WorkerInputs, membership: Membership, max_failures: int):
+    def __init__(self, sc: Any, inputs: WorkerInputs, membership: Membership, max_failures: int,
+                 profile: Any = None):
         self.sc = sc
+        self.profile = profile
         self.inputs = inputs
         self.membership = membership
         self.max_failures = max_failures
@@ -111,7 +116,7 @@ class SegmentRunner:
                 on_launch(workers)
             try:
                 result = run_segment_job(self.sc, data, self._spec_for(spec, workers, feed), state(), workers,
-                                         on_reports)
+                                         on_reports, self.profile)
                 result.workers = workers
                 return result
             except (DataError, ModelError, DriverJVMGone):
@@ -158,6 +163,7 @@ def run_segment_job(
     state: ModelState,
     num_workers: int,
     on_reports: Optional[Callable[[dict], None]] = None,
+    profile: Any = None,
 ) -> SegmentResult:
     """Run one segment on ``num_workers`` barrier tasks; return rank 0's result with its final state.
 
@@ -174,6 +180,8 @@ def run_segment_job(
     num_workers : int
     on_reports : callable, optional
         Called about once a second with the ranks' reports (live progress).
+    profile : pyspark.resource.ResourceProfile, optional
+        The barrier stage's resource profile (None: the session's defaults).
 
     Raises
     ------
@@ -187,13 +195,13 @@ def run_segment_job(
     started = time.perf_counter()
     with job_channel(rendezvous_host(sc.getConf()), num_workers, secret) as channel:
         if channel is None:
-            result = _run_with_broadcast(sc, blocks, dataclasses.replace(spec, secret=secret), state, what)
+            result = _run_with_broadcast(sc, blocks, dataclasses.replace(spec, secret=secret), state, what, profile)
         else:
             channel.serve_state(*state.to_wire())
             job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
             watchdog = JobWatchdog(sc, channel, num_workers, spec.collective_timeout, on_reports)
             try:
-                result = _only_result(watchdog.run(partial(_collect, blocks, job_spec), what))
+                result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
             except (DataError, ModelError):
                 raise
             except Exception as error:  # a rank that failed deterministically said so before its peers failed
@@ -218,15 +226,16 @@ def _uploaded_state(channel: JobChannel, what: str) -> ModelState:
     return ModelState.from_wire(meta, arrays)
 
 
-def _collect(blocks: Any, spec: SegmentSpec) -> list:
-    return blocks.barrier().mapPartitions(partial(run_segment, spec)).collect()
+def _collect(blocks: Any, spec: SegmentSpec, profile: Any) -> list:
+    return with_profile(blocks.barrier().mapPartitions(partial(run_segment, spec)), profile).collect()
 
 
-def _run_with_broadcast(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, what: str) -> SegmentResult:
+def _run_with_broadcast(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, what: str,
+                        profile: Any) -> SegmentResult:
     """The segment without a job channel: state in a broadcast and in rank 0's task result."""
     state_broadcast = sc.broadcast(state)
     try:
-        return _only_result(run_job(partial(_collect, blocks, dataclasses.replace(spec, state=state_broadcast)), what))
+        return _only_result(run_job(partial(_collect, blocks, dataclasses.replace(spec, state=state_broadcast), profile), what))
     finally:
         state_broadcast.destroy()
 
