@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from sparktf import MaxIteration, TFDataset, TFOptimizer
+from sparktf.models.payload import ModelPayload
 
 
 @contextlib.contextmanager
@@ -62,3 +63,17 @@ def test_overflowing_loss_scaled_steps_are_skipped_on_every_rank_and_the_scale_l
     assert int(one.optimizer.inner_optimizer.iterations) == int(two.optimizer.inner_optimizer.iterations)
     for a, b in zip(one.get_weights(), two.get_weights()):
         np.testing.assert_allclose(a, b, atol=2e-3)
+
+
+def test_a_functional_mixed_float16_model_is_rebuilt_with_its_loss_scale_optimizer():
+    """A functional model's config has no policy of its own (Sequential's has): a worker under float32 used to
+    rebuild it with a plain optimizer, and every segment failed restoring the optimizer variables."""
+    with global_policy("mixed_float16"):
+        inputs = keras.Input((8,))
+        model = keras.Model(inputs, keras.layers.Dense(1, dtype="float32")(keras.layers.Dense(4)(inputs)))
+        model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
+    model.optimizer.build(model.trainable_variables)
+    rebuilt = ModelPayload.from_bytes(ModelPayload.from_model(model).to_bytes()).build()
+    assert type(rebuilt.optimizer).__name__ == "LossScaleOptimizer"
+    assert len(rebuilt.optimizer.variables) == len(model.optimizer.variables)
+    assert keras.mixed_precision.global_policy().name == "float32"

@@ -29,7 +29,7 @@ import pickle
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 import cloudpickle
 import numpy as np
@@ -224,9 +224,8 @@ def _global_policy(config: dict) -> Iterator[None]:
     """
     import keras
 
-    policy = (config.get("config") or {}).get("dtype")
-    name = policy.get("config", {}).get("name") if isinstance(policy, dict) else policy
-    if not (isinstance(name, str) and name.startswith("mixed_")):
+    name = _mixed_policy(config.get("config") or {})
+    if name is None:
         yield
         return
     previous = keras.mixed_precision.global_policy()
@@ -235,6 +234,22 @@ def _global_policy(config: dict) -> Iterator[None]:
         yield
     finally:
         keras.mixed_precision.set_global_policy(previous)
+
+
+def _mixed_policy(config: dict) -> Optional[str]:
+    """The ``mixed_*`` policy a model was built under, or None.
+
+    A functional model's config has no ``dtype`` of its own (its policy was
+    the global one when it was made): its layers' policies say it.
+    """
+    own = config.get("dtype")
+    policies = [own] if own is not None else [(layer.get("config") or {}).get("dtype")
+                                              for layer in config.get("layers", ())]
+    for policy in policies:
+        name = policy.get("config", {}).get("name") if isinstance(policy, dict) else policy
+        if isinstance(name, str) and name.startswith("mixed_"):
+            return name
+    return None
 
 
 def _config_native_models() -> tuple:
