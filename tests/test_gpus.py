@@ -87,7 +87,6 @@ data = TFDataset.from_ndarrays((x, y), batch_size=16)
 trainer = TFOptimizer.from_keras(model(), data, num_workers=2)
 stage("train1", lambda: trainer.optimize(MaxIteration(2), verbose=0))
 stage("train2", lambda: trainer.optimize(MaxIteration(4), verbose=0))
-stage("evaluate", trainer.evaluate)
 stage("predict", lambda: TFPredictor.from_keras(model(), TFDataset.from_ndarrays(x, batch_per_thread=16)).predict().count())
 frame = session.createDataFrame([(row.tolist(),) for row in x], ["features"])
 scored = stage("predict_df_2gpus", lambda: TFPredictor.from_keras(model(), data).predict_dataframe(
@@ -132,7 +131,7 @@ def test_each_task_runs_tensorflow_on_its_own_spark_gpus(tmp_path):
     for record in seen:
         by_label[record["label"]].append(record)
         assert record["visible"] == ",".join(REMAPPED[address] for address in record["task"]), record
-    for label in ("train1", "train2", "evaluate", "predict"):
+    for label in ("train1", "train2", "predict"):
         # two tasks at once, one GPU each: disjoint addresses (the barrier stages run both tasks together)
         assert sorted(address for record in by_label[label] for address in record["task"]) == ["0", "1"], by_label
     # an executor with two GPUs ends a bound worker after its task: the second segment runs in fresh workers
