@@ -13,7 +13,6 @@ num_workers`` training goes on with fewer workers while executors are gone
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.spark.cluster import watchdog_slack
@@ -39,8 +38,6 @@ from sparktf.triggers import (
 )
 
 __all__ = ["TFOptimizer"]
-
-_LOG = logging.getLogger(__name__)
 
 
 class TFOptimizer:
