@@ -67,6 +67,10 @@ class TFOptimizer:
     replace_wait : float
         Seconds a launch waits for lost task slots to come back before it
         goes on with fewer workers (or, below ``min_workers``, gives up).
+    gradient_compression : {None, "bf16", "fp16"}
+        Send the gradients through the all-reduce as bfloat16 or float16: half
+        the bytes of float32 (None, the default); sums stay float32. "fp16"
+        needs gradient sums below 65504: prefer "bf16" (see ``docs/guides/training.md``).
     """
 
     def __init__(
@@ -79,12 +83,13 @@ class TFOptimizer:
         collective_timeout: float = 300,
         min_workers: Optional[int] = None,
         replace_wait: float = 60,
+        gradient_compression: Optional[str] = None,
     ):
         from pyspark import SparkContext
 
         from sparktf.context import init_spark
 
-        check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir)
+        check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression)
         _check_data_fits(model, dataset)
         self.sc = SparkContext._active_spark_context or init_spark().sparkContext
         self.model = model
@@ -95,6 +100,7 @@ class TFOptimizer:
         self.replace_wait = float(replace_wait)
         self.max_failures = int(max_failures)
         self.collective_timeout = float(collective_timeout)
+        self.gradient_compression = gradient_compression
         self.clipping = GradientClipping()
         self.train_summary: Optional[TrainSummary] = None
         self.val_summary: Optional[ValidationSummary] = None
@@ -122,6 +128,7 @@ class TFOptimizer:
         collective_timeout: float = 300,
         min_workers: Optional[int] = None,
         replace_wait: float = 60,
+        gradient_compression: Optional[str] = None,
     ) -> "TFOptimizer":
         """Train a compiled Keras model with its own loss, optimizer and metrics.
 
@@ -138,7 +145,7 @@ class TFOptimizer:
             Directory for checkpoints.
         metrics : list, optional
             Replaces the compiled metrics (used by validation and evaluate).
-        num_workers, max_failures, collective_timeout, min_workers, replace_wait
+        num_workers, max_failures, collective_timeout, min_workers, replace_wait, gradient_compression
             See the class description.
 
         Returns
@@ -165,7 +172,7 @@ class TFOptimizer:
                 settings["metrics"] = metrics
             keras_model.compile(**settings)
         return cls(keras_model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
-                   replace_wait)
+                   replace_wait, gradient_compression)
 
     @classmethod
     def from_loss(
@@ -181,6 +188,7 @@ class TFOptimizer:
         collective_timeout: float = 300,
         min_workers: Optional[int] = None,
         replace_wait: float = 60,
+        gradient_compression: Optional[str] = None,
     ) -> "TFOptimizer":
         """Train a Keras model with a loss function and an optimizer.
 
@@ -200,7 +208,7 @@ class TFOptimizer:
             Training data.
         metrics : list, optional
             Metrics for validation and evaluate.
-        model_dir, num_workers, max_failures, collective_timeout, min_workers, replace_wait
+        model_dir, num_workers, max_failures, collective_timeout, min_workers, replace_wait, gradient_compression
             See the class description.
 
         Returns
@@ -211,7 +219,7 @@ class TFOptimizer:
             raise TypeError(f"loss_fn must be callable(y_true, y_pred), got {loss_fn!r}")
         model.compile(optimizer=resolve_optimizer(optim_method, "optim_method"), loss=loss_fn, metrics=metrics)
         return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
-                   replace_wait)
+                   replace_wait, gradient_compression)
 
     # ------------------------------------------------------------------ settings
 
@@ -366,7 +374,7 @@ class TFOptimizer:
     ) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
         spec = SegmentSpec(self._payload_broadcast(), self.dataset.element_structure, progress, stop, self.clipping,
-                           self.collective_timeout)
+                           self.collective_timeout, self.gradient_compression)
         on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
         return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report,
                           on_launch)
