@@ -3,6 +3,9 @@
 For each size, rank 0 reports (nccl-tests definitions, n = 2 ranks):
 
 * ``time``   mean seconds per ``Communicator.allreduce(op="mean")`` of float32;
+* ``bf16 x``, ``fp16 x``  float32 ``time`` / the time of the same call with
+  ``compression="bf16"`` / ``"fp16"`` (half the bytes on the wire, plus the
+  conversions): above 1 the compressed all-reduce is faster;
 * ``algbw``  bytes / time;
 * ``busbw``  algbw * 2 (n - 1) / n, the bytes each rank sends and receives per second;
 * ``raw_uni``  one socket pair, one process ``sendall``s the bytes, the other
@@ -13,7 +16,8 @@ For each size, rank 0 reports (nccl-tests definitions, n = 2 ranks):
 
 ``busbw_ratio`` is ``busbw / raw_bidi``: how close the all-reduce gets to the
 physical bound of this machine for its traffic pattern; ``raw_uni`` is shown
-for reference.  The last line is ``RESULT busbw_ratio_64MiB=<ratio>``.
+for reference.  The last two lines are ``RESULT bf16_speedup_64MiB=<float32
+time / bf16 time>`` and ``RESULT busbw_ratio_64MiB=<ratio>``.
 
 Run ``python benchmarks/bench_allreduce.py [--quick]`` (``--quick`` stops at
 64 MiB with fewer repetitions and takes well under a minute).
@@ -32,7 +36,7 @@ import time
 
 import numpy as np
 
-from sparktf.collective import Communicator, bind_listener, format_peer
+from sparktf.collective import WIRE_DTYPES, Communicator, bind_listener, format_peer
 from sparktf.collective.rendezvous import parse_peer
 from sparktf.collective.transport import configure_socket
 
@@ -145,14 +149,18 @@ def _rank_main(rank: int, secret: bytes, quick: bool, addresses, peers_in, resul
             buffer = np.ones(size // 4, dtype=np.float32)
             data = memoryview(buffer).cast("B")
             repetitions = _repetitions(size, quick)
-            timings = {"time": [], "raw_uni": [], "raw_bidi": []}
+            timings = {"time": [], "raw_uni": [], "raw_bidi": [], **{name: [] for name in WIRE_DTYPES}}
             for _ in range(ROUNDS):  # interleaved rounds, median of each: other jobs share the 2 cores
                 timings["time"].append(_timed(lambda: comm.allreduce(buffer, op="mean"), repetitions, comm))
+                for name in WIRE_DTYPES:
+                    timings[name].append(_timed(lambda: comm.allreduce(buffer, op="mean", compression=name),
+                                                repetitions, comm))
                 timings["raw_uni"].append(_timed(lambda: raw.one_way(data), repetitions, comm))
                 timings["raw_bidi"].append(_timed(lambda: raw.exchange(data), repetitions, comm))
             row = {"size": size, "time": statistics.median(timings["time"]),
                    "raw_uni": size / statistics.median(timings["raw_uni"]),
-                   "raw_bidi": size / statistics.median(timings["raw_bidi"])}
+                   "raw_bidi": size / statistics.median(timings["raw_bidi"]),
+                   **{name: statistics.median(timings[name]) for name in WIRE_DTYPES}}
             if rank == 0:
                 results.put(row)
     raw.close()
@@ -162,15 +170,17 @@ def _rank_main(rank: int, secret: bytes, quick: bool, addresses, peers_in, resul
 
 def _print_table(rows: list[dict]) -> None:
     print(f"{'size':>10} {'time(us)':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} "
-          f"{'raw_uni GB/s':>13} {'raw_bidi GB/s':>14} {'busbw/bidi':>11} {'busbw/uni':>10}")
+          f"{'raw_uni GB/s':>13} {'raw_bidi GB/s':>14} {'busbw/bidi':>11} {'busbw/uni':>10} "
+          + " ".join(f"{name + ' x':>7}" for name in WIRE_DTYPES))
     for row in rows:
         algbw = row["size"] / row["time"]
         busbw = algbw * 2 * (WORLD_SIZE - 1) / WORLD_SIZE
         row["ratio"] = busbw / row["raw_bidi"]
         size = f"{row['size'] // MIB} MiB" if row["size"] >= MIB else f"{row['size'] // KIB} KiB"
+        speedups = " ".join(f"{row['time'] / row[name]:>7.2f}" for name in WIRE_DTYPES)
         print(f"{size:>10} {row['time'] * 1e6:>10.1f} {algbw / 1e9:>11.3f} {busbw / 1e9:>11.3f} "
               f"{row['raw_uni'] / 1e9:>13.3f} {row['raw_bidi'] / 1e9:>14.3f} {row['ratio']:>11.2f} "
-              f"{busbw / row['raw_uni']:>10.2f}", flush=True)
+              f"{busbw / row['raw_uni']:>10.2f} {speedups}", flush=True)
 
 
 def main() -> None:
@@ -195,8 +205,9 @@ def main() -> None:
     for process in processes:
         process.join(60)
     _print_table(rows)
-    ratio = next(row["ratio"] for row in rows if row["size"] == 64 * MIB)
-    print(f"RESULT busbw_ratio_64MiB={ratio:.3f}")
+    at_64mib = next(row for row in rows if row["size"] == 64 * MIB)
+    print(f"RESULT bf16_speedup_64MiB={at_64mib['time'] / at_64mib['bf16']:.3f}")
+    print(f"RESULT busbw_ratio_64MiB={at_64mib['ratio']:.3f}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ num_workers`` training goes on with fewer workers while executors are gone
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.spark.cluster import task_slots, watchdog_slack
@@ -41,8 +40,6 @@ from sparktf.triggers import (
 )
 
 __all__ = ["TFOptimizer"]
-
-_LOG = logging.getLogger(__name__)
 
 
 class TFOptimizer:
@@ -72,6 +69,10 @@ class TFOptimizer:
     replace_wait : float
         Seconds a launch waits for lost task slots to come back before it
         goes on with fewer workers (or, below ``min_workers``, gives up).
+    gradient_compression : {None, "bf16", "fp16"}
+        Send the gradients through the all-reduce as bfloat16 or float16: half
+        the bytes of float32 (None, the default); sums stay float32. "fp16"
+        needs gradient sums below 65504: prefer "bf16" (see ``docs/guides/training.md``).
     resource_profile : pyspark.resource.ResourceProfile or dict, optional
         What each training task needs, e.g. ``{"cpus": 4, "gpus": 1}``: only
         the training (and its validation) stages ask for it, ETL stages keep
@@ -89,13 +90,14 @@ class TFOptimizer:
         min_workers: Optional[int] = None,
         replace_wait: float = 60,
         *,
+        gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
     ):
         from pyspark import SparkContext
 
         from sparktf.context import init_spark
 
-        check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir)
+        check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression)
         _check_data_fits(model, dataset)
         self.sc = SparkContext._active_spark_context or init_spark().sparkContext
         self.model = model
@@ -106,6 +108,7 @@ class TFOptimizer:
         self.replace_wait = float(replace_wait)
         self.max_failures = int(max_failures)
         self.collective_timeout = float(collective_timeout)
+        self.gradient_compression = gradient_compression
         self.resource_profile = stage_profile(self.sc, resource_profile)
         self.clipping = GradientClipping()
         self.train_summary: Optional[TrainSummary] = None
@@ -135,6 +138,7 @@ class TFOptimizer:
         min_workers: Optional[int] = None,
         replace_wait: float = 60,
         *,
+        gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
     ) -> "TFOptimizer":
         """Train a compiled Keras model with its own loss, optimizer and metrics.
@@ -152,7 +156,8 @@ class TFOptimizer:
             Directory for checkpoints.
         metrics : list, optional
             Replaces the compiled metrics (used by validation and evaluate).
-        num_workers, max_failures, collective_timeout, min_workers, replace_wait, resource_profile
+        num_workers, max_failures, collective_timeout, min_workers, replace_wait, gradient_compression,
+        resource_profile
             See the class description.
 
         Returns
@@ -166,7 +171,7 @@ class TFOptimizer:
         """
         recompile(keras_model, optimizer, metrics)
         return cls(keras_model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
-                   replace_wait, resource_profile=resource_profile)
+                   replace_wait, gradient_compression=gradient_compression, resource_profile=resource_profile)
 
     @classmethod
     def from_loss(
@@ -183,6 +188,7 @@ class TFOptimizer:
         min_workers: Optional[int] = None,
         replace_wait: float = 60,
         *,
+        gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
     ) -> "TFOptimizer":
         """Train a Keras model with a loss function and an optimizer.
@@ -203,7 +209,8 @@ class TFOptimizer:
             Training data.
         metrics : list, optional
             Metrics for validation and evaluate.
-        model_dir, num_workers, max_failures, collective_timeout, min_workers, replace_wait, resource_profile
+        model_dir, num_workers, max_failures, collective_timeout, min_workers, replace_wait,
+        gradient_compression, resource_profile
             See the class description.
 
         Returns
@@ -212,7 +219,7 @@ class TFOptimizer:
         """
         compile_with_loss(model, loss_fn, optim_method, metrics)
         return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
-                   replace_wait, resource_profile=resource_profile)
+                   replace_wait, gradient_compression=gradient_compression, resource_profile=resource_profile)
 
     # ------------------------------------------------------------------ settings
 
@@ -368,7 +375,8 @@ class TFOptimizer:
     ) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
         spec = SegmentSpec(self._payload_broadcast(), self.dataset.element_structure, progress, stop, self.clipping,
-                           self.collective_timeout, gpus=gpu_plan(self.sc, self.resource_profile))
+                           self.collective_timeout, gradient_compression=self.gradient_compression,
+                           gpus=gpu_plan(self.sc, self.resource_profile))
         on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
         return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report,
                           on_launch)
@@ -469,21 +477,17 @@ class TFOptimizer:
         state = load_checkpoint(path)
         state.apply_to(self.model)
         self.iteration = state.iteration
-        self.last_loss = None
-        self.last_score = None
+        self.last_loss = self.last_score = None
 
     def _payload_broadcast(self) -> Any:
-        """The model's architecture and compile config (no weights: a few KB), broadcast once per TFOptimizer.
+        """The model's architecture and compile config, no weights (a few KB), broadcast once per TFOptimizer.
 
-        Its key does not depend on the weights, so a later TFOptimizer on a
-        model of the same architecture finds the executors' loaded model and
-        traced step in their cache.
+        Its key does not depend on the weights: a later TFOptimizer on the same architecture finds the cached step.
         """
         if self._payload is None:
             from sparktf.models.payload import ModelPayload
 
-            payload = ModelPayload.from_model(self.model, include_weights=False)
-            self._payload = self.sc.broadcast(payload.to_bytes())
+            self._payload = self.sc.broadcast(ModelPayload.from_model(self.model, include_weights=False).to_bytes())
         return self._payload
 
 

@@ -11,10 +11,11 @@ import struct
 import threading
 import time
 
+import ml_dtypes
 import numpy as np
 import pytest
 
-from sparktf.collective import Communicator, bind_listener, format_peer
+from sparktf.collective import WIRE_DTYPES, Communicator, bind_listener, format_peer
 from sparktf.collective.auth import HandshakeError, client_handshake
 from sparktf.collective.rendezvous import parse_peer
 from sparktf.errors import CollectiveError
@@ -22,6 +23,8 @@ from sparktf.errors import CollectiveError
 CONTEXT = multiprocessing.get_context("forkserver")
 CONTEXT.set_forkserver_preload(["numpy", "sparktf.collective"])
 SIZES = (0, 1, 7, 1000003)
+# compressed segments hold 2**19 values: a chunk of 1600003 / 2 or / 3 spans two of them
+COMPRESSED_SIZES = (0, 1, 7, 1600003)
 DTYPES = ("float32", "float64", "int32", "int64")
 JOIN_SECONDS = 60
 
@@ -136,6 +139,56 @@ def allreduce_every_case(rank, peers, listener, secret):
     return failures, digests
 
 
+def _compression_error_bound(inputs, compression, divisor):
+    """The largest error a compressed sum of ``inputs`` divided by ``divisor`` may have, per element.
+
+    A wire dtype of ``p`` significant bits (bf16: 8, fp16: 11) rounds to
+    nearest with a relative error of at most ``u = 2**-p``.  With ``n`` ranks a
+    value is rounded ``n`` times: the ``n - 1`` partial sums sent in the
+    reduce-scatter and the owner's final sum.  Each of those values, and each
+    of the ``n - 1`` float32 additions (error ``2**-24``), is at most
+    ``A = sum(|x_i|)`` (times ``(1 + u)**n`` for the errors before it).  fp16
+    values below 2**-14 are subnormal with a spacing of 2**-24, so there a
+    rounding may add ``2**-25`` absolute instead (bf16 has float32's exponent
+    range).  A mean divides the relative part by ``n`` (its float32 division
+    adds one ``2**-24`` on a value ``n`` times smaller), not the absolute part.
+    """
+    n, wire = len(inputs), WIRE_DTYPES[compression]
+    u = 2.0 ** -(ml_dtypes.finfo(wire).nmant + 1)
+    absolute = ml_dtypes.finfo(wire).smallest_subnormal / 2 if compression == "fp16" else 0.0
+    magnitude = np.sum(np.abs(np.stack(inputs).astype(np.float64)), axis=0)
+    return n * ((u + 2.0 ** -24) * (1 + u) ** n * magnitude / divisor + absolute)
+
+
+def compressed_allreduce_cases(rank, peers, listener, secret):
+    """bf16 and fp16 sums and means of float32 buffers; returns failures and digests."""
+    failures, digests = [], []
+    n = len(peers)
+    with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
+        for compression in WIRE_DTYPES:
+            for size in COMPRESSED_SIZES:
+                inputs = _inputs("float32", size, n)
+                exact = np.sum(np.stack(inputs).astype(np.float64), axis=0)
+                for op, divisor in (("sum", 1), ("mean", n)):
+                    buffer = inputs[rank].copy()
+                    comm.allreduce(buffer, op=op, compression=compression)
+                    error = np.abs(buffer - exact / divisor)
+                    if np.any(error > _compression_error_bound(inputs, compression, divisor)):
+                        failures.append((compression, size, op, "outside the bound"))
+                    if not np.array_equal(buffer, buffer.astype(WIRE_DTYPES[compression]).astype(np.float32)):
+                        failures.append((compression, size, op, "not rounded to the wire dtype"))
+                    digests.append(hashlib.sha256(buffer.tobytes()).hexdigest())
+        overflow = np.full(3, 40000.0, dtype=np.float32)  # the sum is beyond float16's 65504
+        comm.allreduce(overflow, op="sum", compression="fp16")
+        if not np.all(np.isposinf(overflow)):
+            failures.append(("fp16", "overflow", overflow.tolist()))
+        integers = np.arange(7, dtype=np.int32) * (rank + 1)
+        comm.allreduce(integers, op="sum", compression="bf16")
+        if integers.tolist() != (np.arange(7) * sum(range(1, n + 1))).tolist():
+            failures.append(("bf16", "int32 not exact", integers.tolist()))
+    return failures, digests
+
+
 def broadcast_gather_barrier(rank, peers, listener, secret, last_rank_entered):
     root = len(peers) - 1
     with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
@@ -222,6 +275,14 @@ def one_allreduce(rank, peers, listener, secret):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_allreduce_matches_numpy_for_every_dtype_and_size(world_size):
     reports = run_ranks(world_size, allreduce_every_case)
+    for rank, (failures, _) in enumerate(reports):
+        assert failures == [], f"rank {rank} got wrong results for {failures}"
+    assert all(digests == reports[0][1] for _, digests in reports), "ranks ended with different bits"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_compressed_allreduce_is_close_and_identical_on_every_rank(world_size):
+    reports = run_ranks(world_size, compressed_allreduce_cases)
     for rank, (failures, _) in enumerate(reports):
         assert failures == [], f"rank {rank} got wrong results for {failures}"
     assert all(digests == reports[0][1] for _, digests in reports), "ranks ended with different bits"
@@ -367,6 +428,8 @@ def test_bad_arguments_are_rejected():
     with Communicator.from_peers(0, ["127.0.0.1:0"], secrets.token_bytes(32)) as comm:
         with pytest.raises(ValueError, match="op must be"):
             comm.allreduce(np.ones(2), op="max")
+        with pytest.raises(ValueError, match="'bf16' or 'fp16', got 'int8'"):
+            comm.allreduce(np.ones(2), compression="int8")
         with pytest.raises(ValueError, match="root"):
             comm.broadcast(np.ones(2), root=1)
 

@@ -1,6 +1,7 @@
 """TFOptimizer training on real Spark barrier tasks: exactness, convergence, triggers, model kinds."""
 
 import keras
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -264,3 +265,26 @@ def test_from_keras_optimizer_and_metrics_replace_the_compiled_ones(sc):
     assert isinstance(model.optimizer, keras.optimizers.SGD)
     np.testing.assert_allclose(float(model.optimizer.learning_rate), 0.5)
     assert set(optimizer.evaluate()) == {"loss", "mae"}
+
+
+def test_bf16_gradient_compression_rounds_only_the_gradients_on_the_wire(sc):
+    x, y = regression_data(16)
+    dataset = TFDataset.from_ndarrays((x, y), batch_size=16, seed=0)
+    runs = {}
+    for compression in (None, "bf16"):
+        model = linear_model(keras.optimizers.SGD(0.5))
+        optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2, gradient_compression=compression)
+        loss = optimizer.optimize(MaxIteration(1))["loss"]
+        runs[compression] = np.concatenate([w.ravel() for w in model.get_weights()]), loss
+    (exact, exact_loss), (compressed, compressed_loss) = runs[None], runs["bf16"]
+    # one SGD step from zero weights is -0.5 x the all-reduced gradient: bf16 values times a power of two
+    np.testing.assert_array_equal(compressed, compressed.astype(ml_dtypes.bfloat16).astype(np.float32))
+    # Each worker sends its share of the gradient, a sum of per-record terms g_i = 2 [x_i, 1] (0 - y_i) / 16;
+    # one worker's share and the total are rounded to bf16 (8 significant bits), each off by at most
+    # 2**-8 of a value of at most A = sum |g_i|; 2**-22 A covers the float32 sums of both runs.
+    per_record = 2 * np.c_[x, np.ones(16)].astype(np.float64) * -y / 16
+    bound = 0.5 * (2 * 2.0 ** -8 * (1 + 2.0 ** -8) + 2.0 ** -22) * np.abs(per_record).sum(axis=0)
+    assert np.all(np.abs(compressed - exact) <= bound) and not np.array_equal(compressed, exact)
+    np.testing.assert_allclose(compressed_loss, exact_loss, rtol=1e-6)  # the loss travels exactly
+    with pytest.raises(ValueError, match="'bf16' or 'fp16', got 'int8'"):
+        TFOptimizer.from_keras(model, dataset, gradient_compression="int8")

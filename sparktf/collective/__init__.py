@@ -9,8 +9,8 @@ server for one barrier job (the peer directory of
 May import: ``sparktf.errors`` only.
 """
 
-from sparktf.collective.communicator import SUPPORTED_DTYPES, Communicator
+from sparktf.collective.communicator import SUPPORTED_DTYPES, WIRE_DTYPES, Communicator
 from sparktf.collective.channel import JobChannel
 from sparktf.collective.rendezvous import bind_listener, format_peer
 
-__all__ = ["Communicator", "JobChannel", "SUPPORTED_DTYPES", "bind_listener", "format_peer"]
+__all__ = ["Communicator", "JobChannel", "SUPPORTED_DTYPES", "WIRE_DTYPES", "bind_listener", "format_peer"]

@@ -14,6 +14,7 @@ import socket
 import weakref
 from typing import Any, Callable, TypeVar
 
+import ml_dtypes
 import numpy as np
 
 from sparktf.collective.auth import check_secret
@@ -23,16 +24,19 @@ from sparktf.collective.rendezvous import barrier_task_peers, bind_listener, con
 from sparktf.collective.ring import SEGMENT_BYTES, ring_allgather_bytes, ring_allreduce, ring_broadcast
 from sparktf.errors import CollectiveError
 
-__all__ = ["Communicator", "SUPPORTED_DTYPES"]
+__all__ = ["Communicator", "SUPPORTED_DTYPES", "WIRE_DTYPES"]
 
 SUPPORTED_DTYPES = tuple(np.dtype(name) for name in ("float32", "float64", "int32", "int64"))
+# what a compressed all-reduce sends floating-point values as
+WIRE_DTYPES = {"bf16": np.dtype(ml_dtypes.bfloat16), "fp16": np.dtype(np.float16)}
 MAX_OBJECT_BYTES = 16 << 20
 _DIRECTORY_CONNECT_SECONDS = 30.0
 # Barrier tasks start together, but one task's Python worker may take seconds
 # longer to get going (fork, imports) on a loaded executor: registering with
 # the peer directory waits at least this long, whatever the collective timeout.
 _REGISTRATION_SECONDS = 30.0
-_ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER = 1, 2, 3, 4
+_ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER, _ALLREDUCE_BF16, _ALLREDUCE_FP16 = 1, 2, 3, 4, 5, 6
+_ALLREDUCE_BY_COMPRESSION = {None: _ALLREDUCE, "bf16": _ALLREDUCE_BF16, "fp16": _ALLREDUCE_FP16}
 _T = TypeVar("_T")
 
 
@@ -65,6 +69,7 @@ class Communicator:
         self._world_size = world_size
         self._link = link
         self._scratch = np.empty(SEGMENT_BYTES if link is not None else 0, dtype=np.uint8)
+        self._wire = np.empty(0, dtype=np.uint8)  # a compressed all-reduce's outgoing values, grown as needed
         self._failure: BaseException | None = None
         self._closed = False
         # a communicator dropped without close() still ends its thread and sockets
@@ -177,7 +182,7 @@ class Communicator:
         """Number of ranks in the ring."""
         return self._world_size
 
-    def allreduce(self, buffer: np.ndarray, op: str = "mean") -> np.ndarray:
+    def allreduce(self, buffer: np.ndarray, op: str = "mean", compression: str | None = None) -> np.ndarray:
         """Sum or average ``buffer`` over all ranks, in place.
 
         Parameters
@@ -189,6 +194,16 @@ class Communicator:
             Sums are computed in the buffer's dtype (integers wrap around on
             overflow, as in NumPy); "mean" divides the sum once by
             ``world_size``, rounding integers down (floor division).
+        compression : {None, "bf16", "fp16"}
+            Send a floating-point buffer's values as bfloat16 or float16 (half
+            the bytes of float32).  Only the wire is narrower: sums are
+            computed in the buffer's dtype, each value sent is rounded once
+            and the result is the final sum rounded to the wire dtype (with
+            one rank nothing travels and nothing is rounded).  float16 turns
+            magnitudes above 65504 into inf, on every rank alike.  Integer
+            buffers always travel exactly.  Every rank must pass the same
+            value.  The communicator keeps a wire buffer of the largest
+            compressed size it has sent (half a float32 buffer).
 
         Returns
         -------
@@ -197,9 +212,14 @@ class Communicator:
         """
         if op not in ("mean", "sum"):
             raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
+        if compression is not None and compression not in WIRE_DTYPES:
+            raise ValueError(f"compression must be None, 'bf16' or 'fp16', got {compression!r}")
         flat = _flat_view(buffer, "allreduce")
-        self._run(_tag(_ALLREDUCE, flat), lambda link: ring_allreduce(
-            link, flat, self._world_size, op == "mean", self._scratch))
+        if flat.dtype.kind != "f":
+            compression = None
+        self._run(_tag(_ALLREDUCE_BY_COMPRESSION[compression], flat), lambda link: ring_allreduce(
+            link, flat, self._world_size, op == "mean", self._scratch,
+            None if compression is None else self._wire_buffer(flat.size, WIRE_DTYPES[compression])))
         return buffer
 
     def broadcast(self, buffer: np.ndarray, root: int = 0) -> np.ndarray:
@@ -262,6 +282,13 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self._rank}, world_size={self._world_size})"
+
+    def _wire_buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """``size`` elements of ``dtype`` for the values a compressed all-reduce sends, reused across calls."""
+        nbytes = size * dtype.itemsize
+        if self._wire.nbytes < nbytes:
+            self._wire = np.empty(nbytes, dtype=np.uint8)
+        return self._wire[:nbytes].view(dtype)
 
     def _run(self, tag: int, collective: Callable[[RingLink], _T]) -> _T | None:
         if self._failure is not None:

@@ -111,7 +111,7 @@ class RingLink:
             raise PeerFailure(self.left_rank, (
                 f"rank {self.left_rank} is in another collective call than rank {self.rank} "
                 f"(tag {header.tag:#06x} call {header.seq}, expected tag {self._tag:#06x} call {self._seq}): "
-                "every rank must call the same collectives in the same order, with the same dtype"))
+                "every rank must call the same collectives in the same order, with the same dtype and compression"))
         if not minimum <= header.length <= maximum:
             raise PeerFailure(self.left_rank, (
                 f"rank {self.left_rank} sent {header.length} bytes where rank {self.rank} expected "

@@ -7,7 +7,13 @@ all-gather over ``world_size`` chunks, each rank sending and receiving
 ``k`` (on the sender thread) while it still receives and reduces segment
 ``k + 1``: both directions of every link and the reduction run at once.
 Both ends of a link derive the same chunk and segment boundaries from the
-buffer length alone.
+buffer length (and the wire dtype) alone.
+
+A compressed all-reduce sends float values over the wire in a narrower dtype
+(bfloat16 or float16): each rank rounds its float partial sums to it, the
+receiver widens them back and adds in the buffer's dtype, and the owner of a
+chunk rounds its final sum once and keeps that rounded value itself, so every
+rank ends with the same bits.
 """
 
 from __future__ import annotations
@@ -24,42 +30,65 @@ SEGMENT_BYTES = 1 << 20
 
 
 def _bytes(array: np.ndarray) -> memoryview:
-    return memoryview(array).cast("B")
+    return memoryview(array.view(np.uint8))  # through uint8: the buffer protocol has no bfloat16
 
 
-def _segments(flat: np.ndarray, chunk: int, world_size: int) -> Iterator[np.ndarray]:
-    """Views of segments of chunk ``chunk`` of ``flat`` (chunks split the buffer as evenly as possible)."""
+def _segments(flat: np.ndarray, wire: np.ndarray, chunk: int,
+              world_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Views ``(segment of flat, same segment of wire)`` of chunk ``chunk``; ``wire`` may be ``flat`` itself.
+
+    Chunks split the buffer as evenly as possible; a segment is at most
+    ``SEGMENT_BYTES`` of ``wire``, the bytes that travel.
+    """
     start = chunk * flat.size // world_size
     stop = (chunk + 1) * flat.size // world_size
-    step = max(1, SEGMENT_BYTES // flat.itemsize)
+    step = max(1, SEGMENT_BYTES // wire.itemsize)
     for offset in range(start, stop, step):
-        yield flat[offset:min(offset + step, stop)]
+        part = slice(offset, min(offset + step, stop))
+        yield flat[part], wire[part]
 
 
-def ring_allreduce(link: RingLink, flat: np.ndarray, world_size: int, mean: bool, scratch: np.ndarray) -> None:
+def ring_allreduce(link: RingLink, flat: np.ndarray, world_size: int, mean: bool, scratch: np.ndarray,
+                   wire: np.ndarray | None = None) -> None:
     """Sum (or average) the 1-D contiguous ``flat`` over the ring, in place.
 
     ``scratch`` is a byte buffer of at least ``SEGMENT_BYTES``.  The owner of
     each chunk divides it once, right after its last addition, so every rank
     ends with the same bits; integer means round down (floor division).
+
+    ``wire``, when given, is an array of ``flat``'s length in a narrower float
+    dtype that the values travel in (compression; it must stay untouched by
+    others until the call returns).  Sums stay in ``flat``'s dtype; each value
+    sent is rounded to ``wire``'s dtype, and the owner of a chunk writes its
+    rounded final sum back into ``flat``, the value every other rank receives.
     """
+    narrow = wire is not None
+    wire = flat if wire is None else wire
     rank = link.rank
-    for segment in _segments(flat, rank, world_size):
-        link.post(_bytes(segment))
+    for segment, sent in _segments(flat, wire, rank, world_size):
+        if narrow:
+            np.copyto(sent, segment, casting="unsafe")
+        link.post(_bytes(sent))
     for step in range(world_size - 1):  # reduce-scatter
         last = step == world_size - 2
-        for segment in _segments(flat, (rank - step - 1) % world_size, world_size):
-            incoming = scratch[:segment.nbytes].view(flat.dtype)
+        for segment, sent in _segments(flat, wire, (rank - step - 1) % world_size, world_size):
+            incoming = scratch[:sent.nbytes].view(wire.dtype)
             link.receive_into(_bytes(incoming))
-            np.add(segment, incoming, out=segment)
+            np.add(segment, incoming, out=segment)  # widened: sums keep flat's precision
             if last and mean:
                 _divide(segment, world_size)
-            link.post(_bytes(segment))
+            if narrow:
+                np.copyto(sent, segment, casting="unsafe")
+                if last:  # the owner keeps the rounded sum that every other rank receives
+                    np.copyto(segment, sent)
+            link.post(_bytes(sent))
     for step in range(world_size - 1):  # all-gather
-        for segment in _segments(flat, (rank - step) % world_size, world_size):
-            link.receive_into(_bytes(segment))
+        for segment, sent in _segments(flat, wire, (rank - step) % world_size, world_size):
+            link.receive_into(_bytes(sent))
+            if narrow:
+                np.copyto(segment, sent)
             if step < world_size - 2:
-                link.post(_bytes(segment))
+                link.post(_bytes(sent))
     link.flush()
 
 
@@ -73,7 +102,7 @@ def _divide(segment: np.ndarray, world_size: int) -> None:
 def ring_broadcast(link: RingLink, flat: np.ndarray, world_size: int, root: int) -> None:
     """Copy ``root``'s ``flat`` into every rank's, pipelined segment by segment along the ring."""
     forwards = link.right_rank != root
-    for segment in _segments(flat, 0, 1):
+    for segment, _ in _segments(flat, flat, 0, 1):
         if link.rank != root:
             link.receive_into(_bytes(segment))
         if forwards:

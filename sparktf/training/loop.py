@@ -18,7 +18,8 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
    one, read from a broadcast);
 5. loops, one graph call per iteration (``TrainStep.run``): local batch ->
    fused gradients + loss, weighted by the rank's share of the global batch
-   -> all-reduce (sum: the record-weighted mean, called from the graph) ->
+   -> all-reduce (sum: the record-weighted mean, called from the graph; the
+   gradients travel as bfloat16 or float16 with ``gradient_compression``) ->
    global-gradient clipping and ``optimizer.apply``, until the segment's stop
    trigger fires on the (identical) progress every worker sees;
 6. averages the non-trainable float variables (BatchNorm statistics) across
@@ -79,6 +80,8 @@ class SegmentSpec:
         Clipping of the global gradient.
     collective_timeout : float
         Seconds a worker waits for its peers in a collective operation.
+    gradient_compression : {None, "bf16", "fp16"}
+        The wire dtype of the gradients in the all-reduce (None: float32).
     state : pyspark.Broadcast, optional
         :class:`ModelState` to start from, when there is no job channel.
     local_batches : list of int
@@ -103,6 +106,7 @@ class SegmentSpec:
     stop: Trigger
     clipping: GradientClipping
     collective_timeout: float
+    gradient_compression: Optional[str] = None
     state: Any = None
     local_batches: List[int] = field(default_factory=list)
     feed: Any = None
@@ -249,7 +253,7 @@ def _train(
     losses, learning_rates, wall_times, step_seconds = [], [], [], []
     progress = spec.start
     non_finite_iteration = None
-    allreduce = _timed_allreduce(communicator, watch)
+    allreduce = _timed_allreduce(communicator, watch, spec.gradient_compression)
     weight = spec.local_batches[rank] / sum(spec.local_batches)  # this rank's share of the global batch
     while True:
         started = time.perf_counter()
@@ -284,12 +288,22 @@ def _train(
     )
 
 
-def _timed_allreduce(communicator: Any, watch: _Stopwatch) -> Callable[[np.ndarray], None]:
-    """The in-place sum all-reduce of weighted buffers the step calls, timing ``compute`` before it and itself."""
+def _timed_allreduce(communicator: Any, watch: _Stopwatch,
+                     compression: Optional[str]) -> Callable[[np.ndarray], None]:
+    """The in-place sum all-reduce of weighted buffers the step calls, timing ``compute`` before it and itself.
+
+    With ``compression`` the gradients travel in that wire dtype, and the loss
+    (the buffer's last element, see ``TrainStep``) in a second, exact call: a
+    float16 loss would turn inf above 65504, a bfloat16 one show 3 digits.
+    """
 
     def allreduce(buffer: np.ndarray) -> None:
         watch.lap("compute")
-        communicator.allreduce(buffer, op="sum")
+        if compression is None:
+            communicator.allreduce(buffer, op="sum")
+        else:
+            communicator.allreduce(buffer[:-1], op="sum", compression=compression)
+            communicator.allreduce(buffer[-1:], op="sum")
         watch.lap("allreduce")
 
     return allreduce

@@ -13,6 +13,7 @@ import numbers
 import os
 from typing import Any, Optional, Sequence, Tuple
 
+from sparktf.collective.communicator import WIRE_DTYPES
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.specs import LeafSpec
 from sparktf.errors import DataError
@@ -25,7 +26,8 @@ _SAME_SHAPE_LOSSES = {"mse", "mae", "mean_squared_error", "mean_absolute_error"}
 
 
 def check_settings(
-    dataset: Any, num_workers: Optional[int], max_failures: int, collective_timeout: float, model_dir: Optional[str]
+    dataset: Any, num_workers: Optional[int], max_failures: int, collective_timeout: float, model_dir: Optional[str],
+    gradient_compression: Optional[str],
 ) -> None:
     """Refuse a constructor argument of ``TFOptimizer`` that cannot work.
 
@@ -36,7 +38,8 @@ def check_settings(
     ValueError
         ``num_workers`` < 1 (None means ``sc.defaultParallelism``),
         ``max_failures`` < 0, ``collective_timeout`` not a positive finite
-        number of seconds, or ``model_dir`` under a file or not writable.
+        number of seconds, ``model_dir`` under a file or not writable, or
+        ``gradient_compression`` not None, "bf16" or "fp16".
     """
     if not isinstance(dataset, BlockDataset):
         raise TypeError(f"dataset must be a TFDataset (e.g. TFDataset.from_ndarrays(...)), got {dataset!r}")
@@ -50,6 +53,11 @@ def check_settings(
             and collective_timeout > 0):
         raise ValueError(
             f"collective_timeout must be a positive finite number of seconds (e.g. 300), got {collective_timeout!r}"
+        )
+    if gradient_compression is not None and not (isinstance(gradient_compression, str)
+                                                 and gradient_compression in WIRE_DTYPES):
+        raise ValueError(
+            f"gradient_compression must be None (float32), 'bf16' or 'fp16', got {gradient_compression!r}"
         )
     if model_dir is not None:
         _check_model_dir(model_dir)
