@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from pyspark import SparkContext
+
+from sparktf.context import init_spark
+from sparktf.data.specs import leaf_specs
 from sparktf.spark.cluster import task_slots, watchdog_slack
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
 from sparktf.spark.task_devices import gpu_plan
@@ -93,10 +97,6 @@ class TFOptimizer:
         gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
     ):
-        from pyspark import SparkContext
-
-        from sparktf.context import init_spark
-
         check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression)
         _check_data_fits(model, dataset)
         self.sc = SparkContext._active_spark_context or init_spark().sparkContext
@@ -493,8 +493,6 @@ class TFOptimizer:
 
 def _check_data_fits(model: Any, dataset: Any) -> None:
     """Refuse, before any job, features that do not fit the model's inputs and labels its output."""
-    from sparktf.data.specs import leaf_specs
-
     for data in (dataset, dataset.val_dataset):
         if data is not None:
             keras_feed(model, *feature_leaves(data.feature_spec))
