@@ -4,7 +4,7 @@ one-core workers started from the pip-installed pyspark, all on 127.0.0.1, stopp
 import json
 import os
 import signal
-import socket
+import re
 import subprocess
 import sys
 import time
@@ -19,12 +19,6 @@ SPARK_BIN = os.path.join(os.path.dirname(pyspark.__file__), "bin")
 HOST = "127.0.0.1"
 
 pytestmark = pytest.mark.cluster
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
 
 
 def log_tail(path, characters: int = 3000) -> str:
@@ -68,6 +62,18 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def logged_value(path, pattern: str, process: subprocess.Popen, timeout: float) -> str:
+    """The first group of ``pattern`` once it appears in the log at ``path`` (the process must stay up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"{path.name}: the process exited:\n{log_tail(path)}"
+        match = re.search(pattern, path.read_text(errors="replace"))
+        if match:
+            return match.group(1)
+        time.sleep(0.2)
+    pytest.fail(f"{pattern!r} did not appear in {path} within {timeout} s:\n{log_tail(path)}")
+
+
 def wait_for_alive_workers(master_ui: str, expected: int, master: subprocess.Popen, logs, timeout: float) -> None:
     """Poll the master's JSON status until ``expected`` workers are ALIVE (or fail after ``timeout`` s)."""
     deadline = time.monotonic() + timeout
@@ -92,21 +98,22 @@ def test_spark_submit_resnet_cifar_smoke_on_a_standalone_cluster(tmp_path):
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     env.pop("MASTER", None)
     spark_class = os.path.join(SPARK_BIN, "spark-class")
-    master_port, master_ui_port = free_port(), free_port()
-    master_url = f"spark://{HOST}:{master_port}"
     model_dir = tmp_path / "model"
     processes = ProcessGroups()
     with ExitStack() as cleanup:
         cleanup.callback(processes.stop)
         logs = [tmp_path / "master.log"]
+        # port 0: the master and its web UI take free ports themselves (no race with other processes)
         master = processes.start([spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
-                                  "--port", str(master_port), "--webui-port", str(master_ui_port)], logs[0], env)
+                                  "--port", "0", "--webui-port", "0"], logs[0], env)
+        master_url = logged_value(logs[0], r"Starting Spark master at (spark://\S+)", master, timeout=90)
+        master_ui = logged_value(logs[0], r"Bound MasterWebUI to \S+, and started at (http://\S+)", master, 90)
         for index in range(2):
             logs.append(tmp_path / f"worker{index}.log")
             processes.start([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", HOST,
-                             "--cores", "1", "--memory", "2g", "--webui-port", str(free_port()), master_url],
+                             "--cores", "1", "--memory", "2g", "--webui-port", "0", master_url],
                             logs[-1], env)
-        wait_for_alive_workers(f"http://{HOST}:{master_ui_port}", 2, master, logs, timeout=90)
+        wait_for_alive_workers(master_ui, 2, master, logs, timeout=90)
 
         submit = subprocess.run(
             [os.path.join(SPARK_BIN, "spark-submit"), "--master", master_url,
