@@ -35,7 +35,7 @@ demo: check-java $(STAMP)
 	$(PY) examples/train_digits.py
 
 test: check-java $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
