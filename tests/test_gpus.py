@@ -85,8 +85,7 @@ x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
 y = (x[:, 0] > 0).astype("int32")
 data = TFDataset.from_ndarrays((x, y), batch_size=16)
 trainer = TFOptimizer.from_keras(model(), data, num_workers=2)
-stage("train1", lambda: trainer.optimize(MaxIteration(2), verbose=0))
-stage("train2", lambda: trainer.optimize(MaxIteration(4), verbose=0))
+stage("train", lambda: trainer.optimize(MaxIteration(2), verbose=0))
 stage("predict", lambda: TFPredictor.from_keras(model(), TFDataset.from_ndarrays(x, batch_per_thread=16)).predict().count())
 frame = session.createDataFrame([(row.tolist(),) for row in x], ["features"])
 scored = stage("predict_df_2gpus", lambda: TFPredictor.from_keras(model(), data).predict_dataframe(
@@ -131,11 +130,11 @@ def test_each_task_runs_tensorflow_on_its_own_spark_gpus(tmp_path):
     for record in seen:
         by_label[record["label"]].append(record)
         assert record["visible"] == ",".join(REMAPPED[address] for address in record["task"]), record
-    for label in ("train1", "train2", "predict"):
+    for label in ("train", "predict"):
         # two tasks at once, one GPU each: disjoint addresses (the barrier stages run both tasks together)
         assert sorted(address for record in by_label[label] for address in record["task"]) == ["0", "1"], by_label
-    # an executor with two GPUs ends a bound worker after its task: the second segment runs in fresh workers
-    assert not {r["pid"] for r in by_label["train1"]} & {r["pid"] for r in by_label["train2"]}
+    # an executor with two GPUs ends a bound worker after its task: the next job runs in fresh workers
+    assert not {r["pid"] for r in by_label["train"]} & {r["pid"] for r in by_label["predict"]}
     visible_per_process = collections.defaultdict(set)
     for record in seen:
         visible_per_process[record["pid"]].add(record["visible"])
@@ -145,6 +144,6 @@ def test_each_task_runs_tensorflow_on_its_own_spark_gpus(tmp_path):
         assert by_label[label] and all(record["visible"] == "5,7" for record in by_label[label]), by_label[label]
     assert by_label["predict_half"] and all(r["growth"] == "true" and len(r["task"]) == 1
                                             for r in by_label["predict_half"])
-    assert all(record["growth"] is None for label in ("train1", "predict") for record in by_label[label])
+    assert all(record["growth"] is None for label in ("train", "predict") for record in by_label[label])
     assert re.search(r"SLOTS: num_workers=2 .*\(of 1 in total, for resource profile \d+ \(task: [^)]*2 gpu", output), \
         output[-2000:]
