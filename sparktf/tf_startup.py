@@ -13,7 +13,8 @@ worker) runs with file descriptor 2 read by a thread that drops exactly those
 lines and passes every other line on unchanged, lists the devices during that
 time (in a Spark task: later, once :func:`list_devices_quietly` is called,
 after the task's GPUs are chosen, since TensorFlow reads
-``CUDA_VISIBLE_DEVICES`` when it lists them), and leaves ``TF_CPP_MIN_LOG_LEVEL`` at ``1`` (no C++ INFO lines such as
+``CUDA_VISIBLE_DEVICES`` when it lists them), and leaves
+``TF_CPP_MIN_LOG_LEVEL`` at ``1`` (no C++ INFO lines such as
 "XLA service ... initialized") unless it is set already. The cuInit error is
 dropped only where the machine has no NVIDIA driver. Set
 ``SPARKTF_SHOW_TF_STARTUP=1`` to see everything.
@@ -76,7 +77,7 @@ def install() -> None:
     Does nothing when ``SPARKTF_SHOW_TF_STARTUP`` is set to anything but
     ``0`` or an empty string.
     """
-    if os.environ.get(SHOW_ENV, "0") not in ("", "0") or "tensorflow" in sys.modules:
+    if _showing_everything() or "tensorflow" in sys.modules:
         return
     if not any(isinstance(finder, _QuietTensorFlowFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietTensorFlowFinder())
@@ -124,6 +125,11 @@ class _QuietLoader(importlib.abc.Loader):
                 _list_devices(module)
 
 
+def _showing_everything() -> bool:
+    """Whether ``SPARKTF_SHOW_TF_STARTUP`` asks for every line (set to anything but ``0`` or empty)."""
+    return os.environ.get(SHOW_ENV, "0") not in ("", "0")
+
+
 def _in_spark_task() -> bool:
     taskcontext = sys.modules.get("pyspark.taskcontext")
     return taskcontext is not None and taskcontext.TaskContext.get() is not None
@@ -143,7 +149,7 @@ def list_devices_quietly() -> None:
     """
     import tensorflow
 
-    if os.environ.get(SHOW_ENV, "0") not in ("", "0"):
+    if _showing_everything():
         _list_devices(tensorflow)
         return
     with _filtered_stderr():

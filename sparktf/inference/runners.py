@@ -99,8 +99,9 @@ class ModelHandle:
 
         Inside a Spark task, TensorFlow is first bound to the task's GPUs and
         its threads set to ``spark.task.cpus`` (as for training), so concurrent
-        tasks do not compete for the same GPUs and cores. A freshly loaded model is frozen out of
-        the garbage collector's full collections (see :mod:`sparktf.spark.worker_gc`).
+        tasks do not compete for the same GPUs and cores. A freshly loaded
+        model is frozen out of the garbage collector's full collections (see
+        :mod:`sparktf.spark.worker_gc`).
         """
         prepare_tensorflow_task(self.gpus)
         if self.kind == "keras":

@@ -42,7 +42,11 @@ WATCHDOG_SLACK_CONF = "spark.sparktf.watchdogSlack"
 
 
 def total_task_slots(sc: SparkContext, profile: Any = None) -> int:
-    """How many tasks of ``profile`` (a registered ``ResourceProfile``; default: the session's) the cluster runs at once."""
+    """How many tasks of ``profile`` the cluster runs at once.
+
+    ``profile`` is a registered ``ResourceProfile`` (see
+    :func:`sparktf.spark.resources.stage_profile`); None counts the session's default profile.
+    """
     scala_context = sc._jsc.sc()
     java_profile = (profile._java_resource_profile if profile is not None
                     else scala_context.resourceProfileManager().defaultResourceProfile())
@@ -76,7 +80,7 @@ class TaskSlots:
     Attributes
     ----------
     total : int
-        Tasks of the default resource profile the live executors run at once
+        Tasks of the counted resource profile the live executors run at once
         (an executor being removed no longer counts).
     busy : dict
         Running tasks per executor (``"host:port"``), see :func:`busy_task_slots`.

@@ -51,7 +51,9 @@ def describe_profile(profile: ResourceProfile) -> str:
     return f"resource profile {profile.id} ({text})"
 
 
-def stage_profile(sc: Any, resource_profile: ResourceProfileLike, parameter: str = "resource_profile") -> Optional[ResourceProfile]:
+def stage_profile(
+    sc: Any, resource_profile: ResourceProfileLike, parameter: str = "resource_profile"
+) -> Optional[ResourceProfile]:
     """The profile sparktf's stages run with, checked and registered with Spark; None for the defaults.
 
     Parameters

@@ -85,7 +85,7 @@ def _gpu_amount(requests: Any) -> Optional[float]:
 
 
 def gpu_plan(sc: Any, profile: Any = None) -> GpuPlan:
-    """The :class:`GpuPlan` of a stage run with ``profile`` (a ``pyspark.resource.ResourceProfile``, or None for the default).
+    """The :class:`GpuPlan` of a stage run with ``profile`` (a ``ResourceProfile``; None: the session's default).
 
     A profile's own task or executor ``gpu`` request wins over the
     application's ``spark.task.resource.gpu.amount`` and
@@ -146,7 +146,7 @@ def inherited_visible_devices() -> Optional[str]:
 
 
 def _tensorflow_found_devices() -> bool:
-    """Whether TensorFlow has already looked for devices in this process (after which it ignores ``CUDA_VISIBLE_DEVICES``)."""
+    """Whether TensorFlow has looked for devices in this process (it then ignores ``CUDA_VISIBLE_DEVICES``)."""
     if "tensorflow" not in sys.modules:
         return False
     from tensorflow.python.eager import context

@@ -18,7 +18,7 @@ from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.specs import LeafSpec
 from sparktf.errors import DataError
 
-__all__ = ["check_settings", "check_membership", "resolve_optimizer", "check_labels"]
+__all__ = ["check_settings", "check_membership", "resolve_optimizer", "recompile", "compile_with_loss", "check_labels"]
 
 # Losses whose label shape per record follows from the output shape.
 _CLASS_ID_LOSSES = {"sparse_categorical_crossentropy"}

@@ -235,7 +235,8 @@ def _run_with_broadcast(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelSta
     """The segment without a job channel: state in a broadcast and in rank 0's task result."""
     state_broadcast = sc.broadcast(state)
     try:
-        return _only_result(run_job(partial(_collect, blocks, dataclasses.replace(spec, state=state_broadcast), profile), what))
+        job_spec = dataclasses.replace(spec, state=state_broadcast)
+        return _only_result(run_job(partial(_collect, blocks, job_spec, profile), what))
     finally:
         state_broadcast.destroy()
 
