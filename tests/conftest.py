@@ -1,7 +1,9 @@
 """Shared fixtures: one real local[2] SparkSession for the whole test session."""
 
+import contextlib
 import os
 import sys
+import threading
 
 import pytest
 
@@ -22,6 +24,14 @@ SPARK_TEST_CONF = {
 }
 
 
+_SESSION = []  # the shared session, once a test has started it
+SESSION_FIXTURES = {"spark", "sc"}
+# files whose tests run Spark in processes of their own (the others may use the shared session implicitly)
+OWN_SPARK_FILES = {"test_context.py", "test_elastic.py", "test_gpus.py", "test_launch_example.py",
+                   "test_notebook.py", "test_seed_scale.py", "test_standalone_cluster.py"}
+KEEP_ALIVE_SECONDS = 20
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The one SparkSession of the test session (``local[2]``)."""
@@ -29,7 +39,9 @@ def spark():
 
     session = sparktf.init_spark("local[2]", app_name="sparktf-tests", conf=SPARK_TEST_CONF)
     session.sparkContext.setLogLevel("ERROR")
+    _SESSION.append(session)
     yield session
+    _SESSION.clear()
     session.stop()
 
 
@@ -51,9 +63,11 @@ def save_module_with_two_signatures(module, method, directory):
 # The longest test files first: `make test` runs two pytest-xdist processes that take one file at a
 # time (--no-loadscope-reorder keeps this order; xdist's own puts the files with the most tests first,
 # i.e. these few-test slow ones last), so the short files left at the end even out their finish: the
-# two processes' test time differed by 50-66 s that way, by 12 s with this order.
+# two processes' test time differed by 50-66 s that way, by 12 s with this order. The files that mostly
+# wait (executors killed and given back, timeouts, watchdogs) alternate with ones that keep the CPU busy:
+# test_elastic beside test_optimizer_failures left both cores 40-90 % idle for 90 s.
 LONG_FILES_FIRST = (
-    "test_elastic.py", "test_optimizer_failures.py", "test_seed_scale.py", "test_examples.py", "test_gpus.py",
+    "test_elastic.py", "test_examples.py", "test_optimizer_failures.py", "test_seed_scale.py", "test_gpus.py",
     "test_context.py", "test_predictor.py", "test_standalone_cluster.py", "test_optimizer.py", "test_notebook.py",
     "test_ml_pipeline.py",
 )
@@ -63,3 +77,37 @@ def pytest_collection_modifyitems(items):
     """Run the files of ``LONG_FILES_FIRST`` first, in that order (a stable sort: tests keep their order)."""
     rank = {name: index for index, name in enumerate(LONG_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Keep the shared session's Python workers while a test runs Spark processes of its own.
+
+    Spark ends all idle Python workers of a session that ran no Python task
+    for a minute; the next test would then import TensorFlow again in fresh
+    ones (~4 s each). The tests of ``OWN_SPARK_FILES`` that do not use the
+    shared session (local-cluster, standalone, example programs) often take
+    longer than that.
+    """
+    if not _SESSION or item.path.name not in OWN_SPARK_FILES or SESSION_FIXTURES & set(item.fixturenames):
+        return (yield)
+    with _python_workers_kept(_SESSION[0].sparkContext):
+        return (yield)
+
+
+@contextlib.contextmanager
+def _python_workers_kept(sc):
+    """Run a one-task Python job every ``KEEP_ALIVE_SECONDS`` in the background until the block ends."""
+    stop = threading.Event()
+
+    def touch():
+        while not stop.wait(KEEP_ALIVE_SECONDS):
+            sc.parallelize([0], 1).foreach(lambda _: None)
+
+    thread = threading.Thread(target=touch, name="keep-python-workers", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
