@@ -22,7 +22,7 @@ sitecustomize.reveal_installed()
 import sparktf
 
 spark = sparktf.init_spark(
-    "local-cluster[2,1,1024]",
+    "local-cluster[1,1,1024]",
     conf={"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false",
           "spark.executor.memory": "1g"},
 )
@@ -121,7 +121,7 @@ def test_error_hierarchy():
 
 
 def test_executors_without_sparktf_get_python_and_package_from_init_spark(tmp_path):
-    """Separate executor processes that lack sparktf import it from the shipped zip."""
+    """An executor process of its own that lacks sparktf imports it from the shipped zip."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
     env["PYTHONPATH"] = os.path.join(HERE, "hidden_install_site")
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
