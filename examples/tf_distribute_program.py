@@ -126,8 +126,9 @@ def parse_args(argv=None):
     return args
 
 
-if __name__ == "__main__":
-    arguments = parse_args()
+def main(argv=None):
+    """Run ``main_fun`` on ``--num_workers`` Spark barrier tasks; return what the chief returned."""
+    arguments = parse_args(argv)
     sparktf.init_spark(app_name="tf_distribute_program")
     result = sparktf.run(
         main_fun,
@@ -138,3 +139,8 @@ if __name__ == "__main__":
         timeout=arguments.timeout,
     )
     print("chief returned:", json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -27,8 +27,8 @@ SPARK_TEST_CONF = {
 _SESSION = []  # the shared session, once a test has started it
 SESSION_FIXTURES = {"spark", "sc"}
 # files whose tests run Spark in processes of their own (the others may use the shared session implicitly)
-OWN_SPARK_FILES = {"test_context.py", "test_elastic.py", "test_gpus.py", "test_launch_example.py",
-                   "test_notebook.py", "test_seed_scale.py", "test_standalone_cluster.py"}
+OWN_SPARK_FILES = {"test_context.py", "test_elastic.py", "test_gpus.py", "test_notebook.py", "test_seed_scale.py",
+                   "test_standalone_cluster.py"}
 KEEP_ALIVE_SECONDS = 20
 
 

@@ -2,6 +2,7 @@
 and the data formats they read."""
 
 import glob
+import json
 import os
 import sys
 
@@ -19,6 +20,7 @@ import imagenet_records  # noqa: E402
 import make_synthetic_imagenet  # noqa: E402
 import ml_pipeline  # noqa: E402
 import resnet_cifar  # noqa: E402
+import tf_distribute_program  # noqa: E402
 
 
 def test_cifar10_reader_reads_label_then_channel_planes(sc, tmp_path):
@@ -50,7 +52,8 @@ def test_cifar10_writer_round_trips_and_a_missing_file_is_named(tmp_path):
         cifar10_data.split_files(str(tmp_path), train=True)
 
 
-@pytest.mark.parametrize("module", [resnet_cifar, imagenet_resnet, batch_inference, make_synthetic_imagenet, ml_pipeline])
+@pytest.mark.parametrize("module", [resnet_cifar, imagenet_resnet, batch_inference, make_synthetic_imagenet,
+                                    ml_pipeline, tf_distribute_program])
 def test_example_help_lists_its_flags(module, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
@@ -139,3 +142,13 @@ def test_ml_pipeline_smoke_tunes_saves_and_reloads_the_pipeline(spark, tmp_path,
     stages = os.path.join(results["model_dir"], "stages")
     (keras_stage,) = [name for name in os.listdir(stages) if name.startswith("2_KerasModel")]
     assert os.path.isfile(os.path.join(stages, keras_stage, "model.keras"))
+
+
+def test_tf_distribute_program_smoke_trains_in_two_processes_and_the_chief_saves(sc, tmp_path, capfd):
+    model_dir = tmp_path / "model"
+    result = tf_distribute_program.main(["--smoke", "--model_dir", str(model_dir)])
+    output = "".join(capfd.readouterr())
+    assert "[chief 0] epoch 2/2 loss" in output and "[worker 0] epoch 2/2 loss" in output
+    assert result["model_path"] == str(model_dir / "model.keras") and result["loss"] > 0
+    assert (model_dir / "model.keras").stat().st_size > 0
+    assert f"chief returned: {json.dumps(result)}" in output

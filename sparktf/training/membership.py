@@ -184,8 +184,8 @@ class Membership:
             self._sleep(min(_POLL_SECONDS, left))
         if slots.total < self.min_workers:
             raise TrainingError(
-                f"training needs at least min_workers={self.min_workers} free task slots, but only "
-                f"{slots.total} are left (of the {wanted} it wants) after waiting replace_wait="
+                f"training needs at least min_workers={self.min_workers} free task slots, but has only "
+                f"{slots.total} (of the {wanted} it wants) after waiting replace_wait="
                 f"{self.replace_wait:g} s for lost executors to come back{self._busy(slots)}. Add executors "
                 "and resume from the driver's model (or model_dir), or allow fewer workers with a lower "
                 "min_workers"

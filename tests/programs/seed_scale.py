@@ -1,9 +1,9 @@
-"""Programs the seed-scale tests run in a fresh Python process with a Spark session of their own.
+"""The seed-scale cases, run in order in one fresh Python process with a Spark session of its own.
 
-``python seed_scale.py resnet101`` trains ResNet-101 on Spark's default 1g driver heap;
-``python seed_scale.py kill_jvm`` kills the driver JVM under a running ``optimize``;
-``python seed_scale.py driver_memory`` prints the memory init_spark picks.
-Each prints one ``RESULT ...`` line.
+``python seed_scale.py CHECKPOINT_DIR`` prints the memory init_spark picks
+(before any session exists), trains ResNet-101 on Spark's default 1g driver
+heap, then kills the driver JVM under a running ``optimize`` (last: it ends
+the session). Each case prints one ``RESULT <case> ...`` line.
 """
 
 import os
@@ -23,14 +23,15 @@ CONF = {
 }
 
 
-def resnet101() -> None:
+def resnet101():
+    """Train ResNet-101 on a new session with a 1g driver heap; return the session."""
     import keras
 
     import sparktf
     from sparktf import MaxIteration, SeveralIteration, TFDataset, TFOptimizer
     from sparktf.training.checkpoint import load_checkpoint
 
-    sparktf.init_spark("local[2]", conf=dict(CONF, **{"spark.driver.memory": "1g"}))
+    spark = sparktf.init_spark("local[2]", conf=dict(CONF, **{"spark.driver.memory": "1g"}))
     model = keras.applications.ResNet101(weights=None, input_shape=(32, 32, 3), classes=10)
     model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "sparse_categorical_crossentropy")
     rng = np.random.default_rng(0)
@@ -38,27 +39,26 @@ def resnet101() -> None:
     y = rng.integers(0, 10, size=32).astype("int32")
     before = [np.array(v) for v in model.weights]
     optimizer = TFOptimizer.from_keras(model, TFDataset.from_ndarrays((x, y), batch_size=8),
-                                       model_dir=sys.argv[2])
+                                       model_dir=sys.argv[1])
     history = optimizer.optimize(MaxIteration(2), checkpoint_trigger=SeveralIteration(1))
     changed = sum(not np.array_equal(a, np.array(v)) for a, v in zip(before, model.weights))
     driver = [np.array(v) for v in model.weights + model.optimizer.variables]
     state_mb = sum(a.nbytes for a in driver) / 2**20
     # the last checkpoint holds the state rank 0 streamed back (the driver checked rank 0's checksums of it)
-    saved = load_checkpoint(os.path.join(sys.argv[2], "checkpoint-2.npz"))
+    saved = load_checkpoint(os.path.join(sys.argv[1], "checkpoint-2.npz"))
     rank0 = saved.weights + saved.optimizer_variables
     equal = sum(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(driver, rank0))
-    print(f"RESULT iterations={history['iterations']} changed={changed} state_mb={state_mb:.0f} "
+    print(f"RESULT resnet101 iterations={history['iterations']} changed={changed} state_mb={state_mb:.0f} "
           f"variables={len(driver)} saved={len(rank0)} equal={equal} saved_iteration={saved.iteration}", flush=True)
+    return spark
 
 
-def kill_jvm() -> None:
+def kill_jvm(spark) -> None:
+    """Kill ``spark``'s driver JVM once a training job runs (no other stage is active before it)."""
     import keras
 
-    import sparktf
     from sparktf import DriverJVMGone, MaxIteration, TFDataset, TFOptimizer
 
-    # no warm-up job: the first active stage must be the training job's
-    spark = sparktf.init_spark("local[2]", conf=dict(CONF, **{"spark.sparktf.warmUpWorkers": "false"}))
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
@@ -77,16 +77,19 @@ def kill_jvm() -> None:
     threading.Thread(target=kill_when_training, daemon=True).start()
     try:
         optimizer.optimize(MaxIteration(10**7))
-        print("RESULT error=none", flush=True)
+        print("RESULT kill_jvm error=none", flush=True)
     except DriverJVMGone as error:
-        print(f"RESULT error=DriverJVMGone seconds={time.monotonic() - killed_at[0]:.1f} message={error}", flush=True)
+        seconds = time.monotonic() - killed_at[0]
+        print(f"RESULT kill_jvm error=DriverJVMGone seconds={seconds:.1f} message={error}", flush=True)
 
 
 def driver_memory() -> None:
     from sparktf.context import _default_driver_memory
 
-    print(f"RESULT default={_default_driver_memory({})} chosen={_default_driver_memory({'spark.driver.memory': '3g'})}")
+    chosen = _default_driver_memory({"spark.driver.memory": "3g"})
+    print(f"RESULT driver_memory default={_default_driver_memory({})} chosen={chosen}", flush=True)
 
 
 if __name__ == "__main__":
-    {"resnet101": resnet101, "kill_jvm": kill_jvm, "driver_memory": driver_memory}[sys.argv[1]]()
+    driver_memory()
+    kill_jvm(resnet101())
