@@ -149,7 +149,7 @@ def test_below_min_workers_after_replace_wait_is_a_training_error_naming_the_slo
     assert members.next_launch(0) == 3
     cluster.total = 2
     assert not members.lost_slots()  # not elastic: a loss is a failure like any other
-    with pytest.raises(TrainingError, match=r"min_workers=3 free task slots, but has only 2 \(of the 3 .* wait=12 s"):
+    with pytest.raises(TrainingError, match=r"min_workers=3 free task slots, but has only 2 \(of the 3 .*_wait=12 s"):
         members.next_launch(4, failed=True)
     assert 12 <= cluster.slept < 12.5
 
