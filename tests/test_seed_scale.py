@@ -17,26 +17,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """Each case's RESULT line (without ``RESULT <case>``), by case, and the checkpoint folder."""
-    checkpoints = tmp_path_factory.mktemp("seed_scale") / "ckpt"
+def checkpoints(tmp_path_factory):
+    """The folder the ResNet-101 case checkpoints into."""
+    return tmp_path_factory.mktemp("seed_scale") / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def results(checkpoints):
+    """Each case's RESULT line without ``RESULT <case> ``, by case."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, PROGRAM, str(checkpoints)], capture_output=True, text=True, timeout=600,
+    # within pytest's own 600 s, so that a hung program is killed here rather than left behind
+    done = subprocess.run([sys.executable, PROGRAM, str(checkpoints)], capture_output=True, text=True, timeout=540,
                           env=env)
     lines = dict(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("RESULT "))
     assert done.returncode == 0 and len(lines) == 3, \
         f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    return lines, checkpoints
+    return lines
 
 
 def test_default_driver_memory_is_a_quarter_of_the_machine_within_bounds(results):
-    default, chosen = re.match(r"default=(\d+)m chosen=(\S+)", results[0]["driver_memory"]).groups()
+    default, chosen = re.match(r"default=(\d+)m chosen=(\S+)", results["driver_memory"]).groups()
     assert 2048 <= int(default) <= 8192 and chosen == "None"
 
 
-def test_resnet101_with_momentum_trains_on_the_default_1g_driver_heap(results):
-    lines, checkpoints = results
-    fields = dict(item.split("=") for item in lines["resnet101"].split())
+def test_resnet101_with_momentum_trains_on_the_default_1g_driver_heap(results, checkpoints):
+    fields = dict(item.split("=") for item in results["resnet101"].split())
     assert fields["iterations"] == "2"
     assert int(fields["changed"]) > 300  # the driver's model holds trained weights
     assert int(fields["state_mb"]) > 300  # weights + momentum: more than the JVM heap could carry twice
@@ -47,7 +52,7 @@ def test_resnet101_with_momentum_trains_on_the_default_1g_driver_heap(results):
 
 
 def test_killing_the_driver_jvm_under_optimize_raises_a_clear_error(results):
-    result = results[0]["kill_jvm"]
+    result = results["kill_jvm"]
     assert "error=DriverJVMGone" in result, result
     seconds = float(re.search(r"seconds=([\d.]+)", result).group(1))
     assert seconds < 15

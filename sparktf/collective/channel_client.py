@@ -30,7 +30,7 @@ __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "star
            "GUARD_GRACE_SECONDS"]
 
 HEARTBEAT_SECONDS = 1.0
-GUARD_GRACE_SECONDS = 3.0  # a task still running then is stuck: a failed job's others end within a second
+GUARD_GRACE_SECONDS = 3.0  # a task still running then is stuck: a failed job's others raise at their next collective
 
 
 class ChannelClient:
