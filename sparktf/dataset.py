@@ -16,7 +16,7 @@ import numpy as np
 from pyspark import RDD
 from pyspark.sql import DataFrame
 
-from sparktf.data import arrow_io, specs, tfrecord_io
+from sparktf.data import arrow_io, specs, tfrecord_files, tfrecord_io
 from sparktf.data.block_dataset import UNSET as _UNSET
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.columnar import RecordFormat
@@ -277,7 +277,9 @@ class TFDataset(BlockDataset):
         Parameters
         ----------
         paths : str or list of str
-            A file, a glob, or a list of them.
+            A file, a glob, or a list of them: local paths or URIs
+            (``hdfs://``, ``s3a://``, ``gs://``, ...; see ``docs/guides/storage.md``,
+            which also says how executors get credentials).
         parse_fn : callable
             ``parse_fn(serialized: tf.string) -> (features, labels)`` (or just
             ``features`` when it returns anything but a tuple of two). It runs
@@ -305,15 +307,16 @@ class TFDataset(BlockDataset):
         record_format = RecordFormat.from_specs(feature_spec, label_spec)
         reader = tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(sc))
 
-        def file_blocks(file_paths, kind: str) -> RDD:
-            return tfrecord_io.file_blocks(sc, tfrecord_io.expand_paths(file_paths), reader, kind, cache)
+        def file_blocks(files: List[str], kind: str) -> RDD:
+            return tfrecord_io.file_blocks(sc, files, reader, kind, cache)
 
-        val_blocks = None if validation_paths is None else file_blocks(validation_paths, "validation")
-        file_stream = None
-        if not cache:
-            file_stream = TFRecordStream(tfrecord_io.expand_paths(paths), parse_fn, record_format)
+        files = tfrecord_files.expand_paths(paths)
+        val_blocks = None
+        if validation_paths is not None:
+            val_blocks = file_blocks(tfrecord_files.expand_paths(validation_paths), "validation")
+        file_stream = None if cache else TFRecordStream(files, parse_fn, record_format)
         return cls._with_validation(
-            file_blocks(paths, "training"),
+            file_blocks(files, "training"),
             feature_spec,
             label_spec,
             val_blocks,

@@ -4,7 +4,7 @@ Every message names the offending thing (partition, record index, expected vs
 actual shape or dtype, worker rank) and says what to do about it.
 """
 
-__all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone"]
+__all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone", "StorageError"]
 
 
 class SparkTFError(Exception):
@@ -29,3 +29,7 @@ class CollectiveError(TrainingError):
 
 class DriverJVMGone(SparkTFError):
     """The Spark driver's JVM died (or was killed) while sparktf was using it; start a new session."""
+
+
+class StorageError(SparkTFError, OSError):
+    """A path or URI that cannot be opened, read or written (unknown scheme, missing file, no permission)."""

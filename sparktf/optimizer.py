@@ -33,15 +33,7 @@ from sparktf.training.inputs import WorkerInputs
 from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.membership import Membership
 from sparktf.training.segment_job import SegmentRunner
-from sparktf.triggers import (
-    EveryEpoch,
-    MaxEpoch,
-    TrainingProgress,
-    Trigger,
-    TriggerOr,
-    check_trigger,
-    uses_score,
-)
+from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr, check_trigger, uses_score
 
 __all__ = ["TFOptimizer"]
 
@@ -60,7 +52,8 @@ class TFOptimizer:
         Training data (with ``batch_size`` for :meth:`optimize`), optionally
         with validation data.
     model_dir : str, optional
-        Driver-visible directory for checkpoints.
+        Folder for checkpoints, written by the driver: a local path or a URI
+        (``hdfs://``, ``s3a://``, ``gs://``, ... see ``docs/guides/storage.md``).
     num_workers : int, optional
         Number of barrier tasks (default ``sc.defaultParallelism``).
     max_failures : int
@@ -81,6 +74,9 @@ class TFOptimizer:
         What each training task needs, e.g. ``{"cpus": 4, "gpus": 1}``: only
         the training (and its validation) stages ask for it, ETL stages keep
         the session's defaults; see ``docs/guides/gpu.md``. Not in local mode.
+    keep_checkpoints : int or None
+        How many of the newest checkpoints stay in ``model_dir`` (default 5);
+        older ones are deleted once a new one is complete. None keeps all.
     """
 
     def __init__(
@@ -96,13 +92,16 @@ class TFOptimizer:
         *,
         gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
+        keep_checkpoints: Optional[int] = 5,
     ):
-        check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression)
+        check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression,
+                       keep_checkpoints)
         _check_data_fits(model, dataset)
         self.sc = SparkContext._active_spark_context or init_spark().sparkContext
         self.model = model
         self.dataset = dataset
         self.model_dir = model_dir
+        self.keep_checkpoints = keep_checkpoints
         self.num_workers = int(num_workers or self.sc.defaultParallelism)
         self.min_workers = check_membership(self.num_workers, min_workers, replace_wait)
         self.replace_wait = float(replace_wait)
@@ -140,6 +139,7 @@ class TFOptimizer:
         *,
         gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
+        keep_checkpoints: Optional[int] = 5,
     ) -> "TFOptimizer":
         """Train a compiled Keras model with its own loss, optimizer and metrics.
 
@@ -157,7 +157,7 @@ class TFOptimizer:
         metrics : list, optional
             Replaces the compiled metrics (used by validation and evaluate).
         num_workers, max_failures, collective_timeout, min_workers, replace_wait, gradient_compression,
-        resource_profile
+        resource_profile, keep_checkpoints
             See the class description.
 
         Returns
@@ -171,7 +171,8 @@ class TFOptimizer:
         """
         recompile(keras_model, optimizer, metrics)
         return cls(keras_model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
-                   replace_wait, gradient_compression=gradient_compression, resource_profile=resource_profile)
+                   replace_wait, gradient_compression=gradient_compression, resource_profile=resource_profile,
+                   keep_checkpoints=keep_checkpoints)
 
     @classmethod
     def from_loss(
@@ -190,6 +191,7 @@ class TFOptimizer:
         *,
         gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
+        keep_checkpoints: Optional[int] = 5,
     ) -> "TFOptimizer":
         """Train a Keras model with a loss function and an optimizer.
 
@@ -210,7 +212,7 @@ class TFOptimizer:
         metrics : list, optional
             Metrics for validation and evaluate.
         model_dir, num_workers, max_failures, collective_timeout, min_workers, replace_wait,
-        gradient_compression, resource_profile
+        gradient_compression, resource_profile, keep_checkpoints
             See the class description.
 
         Returns
@@ -219,7 +221,8 @@ class TFOptimizer:
         """
         compile_with_loss(model, loss_fn, optim_method, metrics)
         return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
-                   replace_wait, gradient_compression=gradient_compression, resource_profile=resource_profile)
+                   replace_wait, gradient_compression=gradient_compression, resource_profile=resource_profile,
+                   keep_checkpoints=keep_checkpoints)
 
     # ------------------------------------------------------------------ settings
 
@@ -248,9 +251,7 @@ class TFOptimizer:
         """Rescale the global (all-reduced) gradient so that its L2 norm is at most ``clip_norm``."""
         if not clip_norm > 0:
             raise ValueError(f"clip_norm must be positive, got {clip_norm}")
-        self.clipping = GradientClipping(
-            self.clipping.min_value, self.clipping.max_value, float(clip_norm)
-        )
+        self.clipping = GradientClipping(self.clipping.min_value, self.clipping.max_value, float(clip_norm))
         return self
 
     # ------------------------------------------------------------------ training
@@ -305,10 +306,7 @@ class TFOptimizer:
         """
         end_trigger = check_trigger(end_trigger, "end_trigger")
         checkpoint_trigger = check_trigger(checkpoint_trigger, "checkpoint_trigger")
-        validation_trigger = check_trigger(
-            validation_trigger if validation_trigger is not None else checkpoint_trigger,
-            "validation_trigger",
-        )
+        validation_trigger = check_trigger(validation_trigger or checkpoint_trigger, "validation_trigger")
         self.dataset.local_batch_size(self.num_workers)  # no batch_size, or one too small: DataError before any job
         validation = self.dataset.val_dataset
         if validation is None and uses_score(end_trigger):
@@ -339,7 +337,8 @@ class TFOptimizer:
                 result = self._run_segment(runner, progress, TriggerOr(*stops), driver)
                 progress = self._finish_segment(result, history)
                 if self.model_dir and checkpoint_trigger(progress):
-                    save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir)
+                    save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir,
+                                    self.keep_checkpoints)
                 results = None
                 epoch_end = bool(callbacks) and progress.epoch_finished
                 if validation is not None and (validation_trigger(progress) or epoch_end):

@@ -36,6 +36,7 @@ from sparktf.models.saved_model_archive import SavedModelArchive, load_saved_mod
 from sparktf.spark.raising_rdd import raising_sparktf_errors
 from sparktf.spark.resources import ResourceProfileLike, stage_profile, with_profile
 from sparktf.spark.task_devices import gpu_plan
+from sparktf.storage import local_copy
 
 __all__ = ["TFPredictor", "TensorInfo"]
 
@@ -79,8 +80,9 @@ class SavedModelSource:
     def __init__(self, path: str, signature: str, outputs: Union[str, Sequence[str], None]):
         from pyspark import SparkContext
 
-        archive = SavedModelArchive.from_directory(path)
-        function = _signature(load_saved_model(path), signature, path)
+        with local_copy(path, "SavedModel") as local:
+            archive = SavedModelArchive.from_directory(local)
+            function = _signature(load_saved_model(local), signature, path)
         _, input_specs = function.structured_input_signature
         self.inputs = [TensorInfo.from_tensor(name, spec) for name, spec in input_specs.items()]
         available = function.structured_outputs
@@ -164,7 +166,8 @@ class TFPredictor:
         Parameters
         ----------
         path : str
-            A SavedModel directory (``tf.saved_model.save`` / ``model.export``).
+            A SavedModel directory (``tf.saved_model.save`` / ``model.export``):
+            a local path or a URI (see ``docs/guides/storage.md``).
         dataset : TFDataset
             Its features feed the signature's inputs: by name when the
             features are a dict keyed by the input names, else in the order of

@@ -21,6 +21,7 @@ LAYERS = {
     "sparktf.tf_startup": 0,
     "sparktf.spark": 1,
     "sparktf.collective": 1,
+    "sparktf.storage": 1,
     "sparktf.data": 2,
     "sparktf.models": 3,
     "sparktf.training": 4,

@@ -1,8 +1,8 @@
-"""TFRecord files -> Blocks: path expansion and spec tracing (driver), reading (executors)."""
+"""TFRecord files -> Blocks: spec tracing (driver), reading (executors); paths are ``tfrecord_files``'."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import cloudpickle
 import tensorflow as tf
@@ -10,35 +10,16 @@ import tensorflow as tf
 from sparktf.data import specs
 from sparktf.data.block_serializer import block_rdd, cached
 from sparktf.data.columnar import Block, RecordFormat, records_per_block, to_leaf_column
+from sparktf.data.tfrecord_files import record_dataset, reads_natively
 from sparktf.errors import DataError
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
 
-__all__ = ["expand_paths", "trace_parse_fn", "TFRecordReader", "file_blocks"]
+__all__ = ["trace_parse_fn", "TFRecordReader", "file_blocks"]
 
 #: Most records per block read from TFRecords: tf.data's ``batch`` slows down
 #: sharply with huge batch sizes (about 2 s for 2M, even on a 5-record file).
 MAX_RECORDS_PER_BLOCK = 4096
-
-
-def expand_paths(paths: Union[str, Sequence[str]]) -> List[str]:
-    """The files named by ``paths`` (a file, a glob, or a list of them), globs sorted.
-
-    Raises
-    ------
-    DataError
-        If a path or glob matches no file.
-    """
-    patterns = [paths] if isinstance(paths, str) else list(paths)
-    if not patterns:
-        raise DataError("no TFRecord paths given: pass a file, a glob or a list of them")
-    files: List[str] = []
-    for pattern in patterns:
-        matches = sorted(tf.io.gfile.glob(pattern))
-        if not matches:
-            raise DataError(f"TFRecord path {pattern!r} matches no file")
-        files.extend(match for match in matches if match not in files)
-    return files
 
 
 def trace_parse_fn(parse_fn: Callable) -> Tuple[object, Optional[object]]:
@@ -102,7 +83,8 @@ class TFRecordReader:
         leaves = self.record_format.leaves
         batch = min(records_per_block(leaves), MAX_RECORDS_PER_BLOCK)
         for path in paths:
-            parsed = tf.data.TFRecordDataset(path).map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            parsed = record_dataset(path, reads_natively([path])).map(
+                parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             first = 0
             try:
                 for element in parsed.batch(batch).as_numpy_iterator():

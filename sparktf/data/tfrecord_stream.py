@@ -27,6 +27,7 @@ import tensorflow as tf
 from sparktf.data import specs
 from sparktf.data.block_feed import FeedStream
 from sparktf.data.columnar import RecordFormat
+from sparktf.data.tfrecord_files import file_size, record_dataset, reads_natively
 from sparktf.errors import DataError
 from sparktf.spark.task_devices import GpuPlan, gpu_plan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
@@ -87,7 +88,7 @@ class TFRecordStream:
                        memory_budget: int) -> Tuple[Any, "TFRecordFeed"]:
         """``(rdd, feed)`` for a training job: one tiny partition per worker, and the feed that reads its files."""
         assignment = assign_files(counts, num_workers)
-        raw_bytes = sum(_file_size(path) for path in self.files)
+        raw_bytes = sum(file_size(path) for path in self.files)
         record_bytes = max(1, raw_bytes // max(1, sum(counts)))
         buffer = int(min(MAX_SHUFFLE_BUFFER, max(1, memory_budget // 2 // record_bytes)))
         feed = TFRecordFeed(
@@ -156,6 +157,7 @@ class TFRecordFeed:
         files = tf.constant(self.files[rank])
         cycle = min(len(self.files[rank]), 4)
         seed, shuffle, buffer = self.seed, self.shuffle, self.shuffle_buffer
+        native = reads_natively(self.files[rank])
 
         def one_pass(pass_number: tf.Tensor) -> tf.data.Dataset:
             pass_seed = tf.cast(rank * _SEED_STRIDE, tf.int64) + pass_number
@@ -164,7 +166,8 @@ class TFRecordFeed:
                 order = tf.random.experimental.stateless_shuffle(
                     files, seed=tf.stack([tf.constant(seed, tf.int64), pass_seed]))
             records = tf.data.Dataset.from_tensor_slices(order).interleave(
-                tf.data.TFRecordDataset, cycle_length=cycle, num_parallel_calls=cycle, deterministic=True)
+                lambda path: record_dataset(path, native), cycle_length=cycle, num_parallel_calls=cycle,
+                deterministic=True)
             return records.shuffle(buffer, seed=seed * _SEED_STRIDE + pass_seed) if shuffle else records
 
         stream = tf.data.Dataset.range(first_pass, 1 << 62).flat_map(one_pass).skip(skip)
@@ -239,10 +242,7 @@ def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> DataErro
 def _count_file(gpus: GpuPlan, path: str) -> int:
     prepare_tensorflow_task(gpus)
     try:
-        return int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda count, _: count + 1))
+        return int(record_dataset(path, reads_natively([path])).reduce(np.int64(0), lambda count, _: count + 1))
     except tf.errors.OpError as exc:
         raise DataError(f"TFRecord file {path} could not be counted: {' '.join(exc.message.split())[:400]}") from None
 
-
-def _file_size(path: str) -> int:
-    return int(tf.io.gfile.stat(path).length)

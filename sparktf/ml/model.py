@@ -25,6 +25,7 @@ from sparktf.predictor import (
     column_leaves,
     dataframe_with_predictions,
 )
+from sparktf.storage import kept_local_copy
 
 __all__ = ["KerasModel"]
 
@@ -131,7 +132,8 @@ class KerasModel(Model, ModelParams, SavedStage):
         Parameters
         ----------
         path : str
-            The SavedModel directory, on the driver's file system.
+            The SavedModel directory: a local path or a URI (copied to the
+            driver's local disk while the process lives).
         signature : str
             The signature to call.
         output : str, optional
@@ -148,7 +150,7 @@ class KerasModel(Model, ModelParams, SavedStage):
             For a missing signature or output name.
         """
         stage = cls(task=task, fromLogits=fromLogits, **params)
-        stage._saved_model = {"path": os.path.abspath(path), "signature": signature, "output": output}
+        stage._saved_model = {"path": kept_local_copy(path, "SavedModel"), "signature": signature, "output": output}
         stage._source()  # reads the SavedModel now: a wrong signature or output fails here
         return stage
 

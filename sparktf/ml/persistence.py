@@ -1,13 +1,14 @@
 """Saving and loading the stages: ``pyspark.ml`` JSON metadata plus the model's own files.
 
-A stage directory holds what ``DefaultParamsWriter`` writes (``metadata/``:
+A stage folder holds what ``DefaultParamsWriter`` writes (``metadata/part-00000``:
 class, uid, the JSON-able Params, and a ``sparktf`` entry) and the model
 beside it: ``model.keras`` (Keras' own format, no pickle of the model
 object) or ``saved_model/``. ``Pipeline`` / ``PipelineModel`` save a Python
 stage by calling its ``write().save(stage_dir)`` and load it by importing the
 class named in the metadata and calling its ``load``, so the same code serves
-both. Files move through Hadoop's ``FileSystem`` for the path, as the
-metadata does, so HDFS, S3 and local paths all work.
+both. Every file moves through :mod:`sparktf.storage`, like every other path
+of sparktf: Hadoop's ``FileSystem`` for a scheme the classic session knows
+(HDFS, and S3 or GCS with the cluster's connector), else fsspec.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ import tempfile
 from typing import Any, Dict, Optional, Type
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
-from pyspark.sql import SparkSession
 
-from sparktf.errors import DataError
+from sparktf.errors import DataError, StorageError
 from sparktf.ml.params import OBJECT_PARAMS
+from sparktf.storage import join, local_copy, read_text, store_for, write_text
 
 __all__ = ["SavedStage", "StageWriter", "StageReader", "METADATA_KEY"]
 
 #: The metadata entry holding the stage's own fields (model file, history, ...).
 METADATA_KEY = "sparktf"
+
+#: The metadata file, where Spark's own ``DefaultParamsWriter`` puts it (``spark.read.text`` reads it).
+_METADATA_FILE = "metadata/part-00000"
 
 
 class SavedStage(MLReadable, MLWritable):
@@ -48,21 +52,34 @@ class StageWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def save(self, path: str) -> None:
+        """Save the stage to ``path`` (a local path or a URI); ``overwrite()`` first replaces what is there.
+
+        Raises
+        ------
+        StorageError
+            When ``path`` exists and ``overwrite()`` was not called, or it cannot be written.
+        """
+        store = store_for(path, "stage path")
+        if store.exists(path):
+            if not self.shouldOverwrite:
+                raise StorageError(f"{path!r} already exists: save with .write().overwrite().save(path) to "
+                                   "replace it, or choose another path")
+            store.delete(path, recursive=True)
+        self.saveImpl(path)
+
     def saveImpl(self, path: str) -> None:
-        spark = self.sparkSession
         params = {p.name: v for p, v in self.instance._paramMap.items() if p.name not in OBJECT_PARAMS}
         local = tempfile.mkdtemp(prefix="sparktf-stage-")
         try:
             model_file = self.instance.write_model_files(local)
             extra = dict(self.instance.stage_metadata(), modelFile=model_file)
-            DefaultParamsWriter.saveMetadata(
-                self.instance, path, spark, extraMetadata={METADATA_KEY: extra}, paramMap=params
+            metadata = DefaultParamsWriter._get_metadata_to_save(
+                self.instance, self.sparkSession, extraMetadata={METADATA_KEY: extra}, paramMap=params
             )
             if model_file is not None:
-                _file_system(spark, path).copyFromLocalFile(
-                    False, True, _hadoop_path(spark, os.path.join(local, model_file)),
-                    _hadoop_path(spark, _join(path, model_file)),
-                )
+                store_for(path, "stage path").upload(os.path.join(local, model_file), join(path, model_file))
+            write_text(join(path, _METADATA_FILE), metadata + "\n", "stage metadata")  # last: a stage is whole
         finally:
             shutil.rmtree(local, ignore_errors=True)
 
@@ -75,8 +92,7 @@ class StageReader(MLReader):
         self.cls = cls
 
     def load(self, path: str) -> Any:
-        spark = self.sparkSession
-        metadata = DefaultParamsReader.loadMetadata(path, spark)
+        metadata = DefaultParamsReader._parseMetaData(_metadata_text(path))
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
         if metadata["class"] != expected:
             raise DataError(
@@ -91,25 +107,17 @@ class StageReader(MLReader):
         if model_file is None:
             instance.restore(extra, None)
             return instance
-        local = tempfile.mkdtemp(prefix="sparktf-stage-")
-        try:
-            _file_system(spark, path).copyToLocalFile(
-                False, _hadoop_path(spark, _join(path, model_file)), _hadoop_path(spark, local), True
-            )
-            instance.restore(extra, os.path.join(local, model_file))
-        finally:
-            shutil.rmtree(local, ignore_errors=True)
+        with local_copy(join(path, model_file), "saved stage's model") as local:
+            instance.restore(extra, local)
         return instance
 
 
-def _join(path: str, name: str) -> str:
-    return path.rstrip("/") + "/" + name
-
-
-def _hadoop_path(spark: SparkSession, path: str) -> Any:
-    return spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)
-
-
-def _file_system(spark: SparkSession, path: str) -> Any:
-    """Hadoop's FileSystem for ``path`` (the one the metadata was written to)."""
-    return _hadoop_path(spark, path).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+def _metadata_text(path: str) -> str:
+    """The metadata JSON of the stage at ``path`` (the first line of its ``metadata/part-*`` file)."""
+    store = store_for(path, "stage path")
+    folder = join(path, "metadata")
+    parts = [name for name in store.listdir(folder) if name.startswith("part-")]
+    if not parts:
+        raise StorageError(f"{path!r} holds no saved stage (no {folder}/part-* file): pass the path a stage "
+                           "or PipelineModel was saved to")
+    return read_text(join(folder, parts[0]), "stage metadata").splitlines()[0]

@@ -20,6 +20,7 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 from sparktf.errors import DataError
 from sparktf.models.frozen_graph import FrozenGraph, parse_graph_def
 from sparktf.models.saved_model_archive import load_saved_model
+from sparktf.storage import join, kept_local_copy, store_for
 
 __all__ = [
     "GRAPH_FILE",
@@ -138,9 +139,10 @@ def freeze_saved_model(
     -------
     FrozenGraph
     """
-    if not tf.saved_model.contains_saved_model(path):
+    local = kept_local_copy(path, "SavedModel")  # its assets may be read after this call
+    if not tf.saved_model.contains_saved_model(local):
         raise DataError(f"No SavedModel found at {path!r} (expected a saved_model.pb in it). Check the path.")
-    loaded = load_saved_model(path)
+    loaded = load_saved_model(local)
     signatures = dict(loaded.signatures)
     if signature not in signatures:
         raise DataError(
@@ -168,10 +170,10 @@ def read_graph_def(graph_def_or_path: Union[tf.compat.v1.GraphDef, bytes, str, o
     if not isinstance(graph_def_or_path, (str, os.PathLike)):
         return parse_graph_def(graph_def_or_path)
     path = os.fspath(graph_def_or_path)
-    if not os.path.isfile(path):
+    store = store_for(path, "frozen graph path")
+    if not store.exists(path) or store.isdir(path):
         raise DataError(f"Frozen graph file {path!r} does not exist. Check the path.")
-    with open(path, "rb") as handle:
-        return parse_graph_def(handle.read(), source=repr(path))
+    return parse_graph_def(store.read_bytes(path), source=repr(path))
 
 
 def write_export_folder(graph: FrozenGraph, folder: Union[str, os.PathLike]) -> str:
@@ -181,9 +183,9 @@ def write_export_folder(graph: FrozenGraph, folder: Union[str, os.PathLike]) -> 
     and shape, for people reading it.
     """
     folder = os.fspath(folder)
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, GRAPH_FILE), "wb") as handle:
-        handle.write(graph.graph_bytes)
+    store = store_for(folder, "export folder")
+    store.makedirs(folder)
+    store.write_bytes(join(folder, GRAPH_FILE), graph.graph_bytes)
 
     def describe(specs):
         return [
@@ -197,28 +199,28 @@ def write_export_folder(graph: FrozenGraph, folder: Union[str, os.PathLike]) -> 
         "inputs": describe(graph.input_specs),
         "outputs": describe(graph.output_specs),
     }
-    with open(os.path.join(folder, META_FILE), "w") as handle:
-        json.dump(meta, handle, indent=2)
+    store.write_bytes(join(folder, META_FILE), json.dumps(meta, indent=2).encode("utf-8"))
     return folder
 
 
 def read_export_folder(folder: Union[str, os.PathLike]) -> FrozenGraph:
     """Read a folder written by :func:`write_export_folder` (or Analytics Zoo's ``export_tf``)."""
     folder = os.fspath(folder)
-    missing = [name for name in (GRAPH_FILE, META_FILE) if not os.path.isfile(os.path.join(folder, name))]
+    store = store_for(folder, "export folder")
+    names = store.listdir(folder)
+    missing = [name for name in (GRAPH_FILE, META_FILE) if name not in names]
     if missing:
-        present = sorted(os.listdir(folder)) if os.path.isdir(folder) else "(the folder does not exist)"
+        present = names if store.isdir(folder) else "(the folder does not exist)"
         raise DataError(
             f"Export folder {folder!r} lacks {', '.join(missing)}; it contains: {present}. "
             "Create it with sparktf.net.export_tf."
         )
-    with open(os.path.join(folder, META_FILE)) as handle:
-        meta = json.load(handle)
+    meta = json.loads(store.read_bytes(join(folder, META_FILE)))
     absent = [key for key in ("input_names", "output_names") if key not in meta]
     if absent:
         raise DataError(
             f"{META_FILE} in {folder!r} lacks {', '.join(absent)}; it has keys {sorted(meta)}. "
             "It needs input_names and output_names lists."
         )
-    graph_def = read_graph_def(os.path.join(folder, GRAPH_FILE))
+    graph_def = read_graph_def(join(folder, GRAPH_FILE))
     return FrozenGraph(graph_def, meta["input_names"], meta["output_names"])

@@ -2,13 +2,13 @@
 
 A :class:`ModelState` is what moves between the driver and the barrier tasks
 at segment boundaries and what a checkpoint holds. Checkpoints are
-``model_dir/checkpoint-<iteration>.npz`` files written atomically by the
-driver, so ``model_dir`` only needs to be visible to the driver.
+``model_dir/checkpoint-<iteration>.npz`` files written by the driver, complete
+or not at all, through :mod:`sparktf.storage` (a local folder or any URI the
+driver can write), so ``model_dir`` only needs to be visible to the driver.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -16,10 +16,12 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from sparktf.errors import SparkTFError
+from sparktf.storage import join, local_copy, store_for
 
 __all__ = ["ModelState", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint", "load_checkpoint"]
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\.npz$")
+_TEMP_RE = re.compile(r"^checkpoint-\d+\.npz\.tmp-\d+$")
 
 
 @dataclass
@@ -81,19 +83,19 @@ def _assign(variables, values, what: str) -> None:
 
 def checkpoint_path(model_dir: str, iteration: int) -> str:
     """Path of the checkpoint of ``iteration`` in ``model_dir``."""
-    return os.path.join(model_dir, f"checkpoint-{iteration}.npz")
+    return join(model_dir, f"checkpoint-{iteration}.npz")
+
+
+def _checkpoints(model_dir: str) -> List[Tuple[int, str]]:
+    """``(iteration, name)`` of every complete checkpoint in ``model_dir``, oldest first."""
+    names = store_for(model_dir, "model_dir").listdir(model_dir)
+    return sorted((int(match.group(1)), name) for name in names if (match := _CHECKPOINT_RE.match(name)))
 
 
 def latest_checkpoint(model_dir: str) -> Optional[str]:
     """Path of the checkpoint with the highest iteration in ``model_dir``, or None."""
-    if not os.path.isdir(model_dir):
-        return None
-    found = [
-        (int(match.group(1)), name)
-        for name in os.listdir(model_dir)
-        if (match := _CHECKPOINT_RE.match(name))
-    ]
-    return os.path.join(model_dir, max(found)[1]) if found else None
+    found = _checkpoints(model_dir)
+    return join(model_dir, found[-1][1]) if found else None
 
 
 def find_checkpoint(path: Optional[str], model_dir: Optional[str], version: Optional[int] = None) -> str:
@@ -114,29 +116,45 @@ def find_checkpoint(path: Optional[str], model_dir: Optional[str], version: Opti
     return latest
 
 
-def save_checkpoint(state: ModelState, model_dir: str) -> str:
-    """Write ``state`` to ``model_dir/checkpoint-<iteration>.npz`` atomically; return the path."""
-    os.makedirs(model_dir, exist_ok=True)
+def save_checkpoint(state: ModelState, model_dir: str, keep: Optional[int] = None) -> str:
+    """Write ``state`` to ``model_dir/checkpoint-<iteration>.npz``, complete or not at all; return the path.
+
+    Then, with ``keep``, delete all but the ``keep`` newest checkpoints, and
+    what an earlier writer killed mid-write left behind.
+    """
+    store = store_for(model_dir, "model_dir")
+    store.makedirs(model_dir)
     path = checkpoint_path(model_dir, state.iteration)
     arrays = {f"w{i}": w for i, w in enumerate(state.weights)}
     arrays.update({f"o{i}": o for i, o in enumerate(state.optimizer_variables)})
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as handle:
-        np.savez(
-            handle,
-            iteration=np.int64(state.iteration),
-            counts=np.array([len(state.weights), len(state.optimizer_variables)]),
-            **arrays,
-        )
-    os.replace(tmp, path)
+    with store.atomic_file(path) as local:
+        with open(local, "wb") as handle:
+            np.savez(
+                handle,
+                iteration=np.int64(state.iteration),
+                counts=np.array([len(state.weights), len(state.optimizer_variables)]),
+                **arrays,
+            )
+    _prune(store, model_dir, keep)
     return path
+
+
+def _prune(store: Any, model_dir: str, keep: Optional[int]) -> None:
+    """Remove old checkpoints beyond ``keep`` and in-progress files of writers that died (one writer per folder)."""
+    names = store.listdir(model_dir)
+    stale = [name for name in names if _TEMP_RE.match(name)]
+    if keep is not None:
+        stale += [name for _, name in _checkpoints(model_dir)[:-keep]]
+    for name in stale:
+        store.delete(join(model_dir, name))
 
 
 def load_checkpoint(path: str) -> ModelState:
     """Read a checkpoint written by :func:`save_checkpoint`."""
-    if not os.path.isfile(path):
+    store = store_for(path, "checkpoint path")
+    if not store.exists(path) or store.isdir(path):
         raise SparkTFError(f"checkpoint {path!r} does not exist; pass a path written by optimize")
-    with np.load(path) as data:
+    with local_copy(path, "checkpoint") as local, np.load(local) as data:
         num_weights, num_optimizer = (int(n) for n in data["counts"])
         return ModelState(
             [data[f"w{i}"] for i in range(num_weights)],

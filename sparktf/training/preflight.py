@@ -17,6 +17,7 @@ from sparktf.collective.communicator import WIRE_DTYPES
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.specs import LeafSpec
 from sparktf.errors import DataError
+from sparktf.storage import is_local, local_path, store_for
 
 __all__ = ["check_settings", "check_membership", "resolve_optimizer", "recompile", "compile_with_loss", "check_labels"]
 
@@ -27,7 +28,7 @@ _SAME_SHAPE_LOSSES = {"mse", "mae", "mean_squared_error", "mean_absolute_error"}
 
 def check_settings(
     dataset: Any, num_workers: Optional[int], max_failures: int, collective_timeout: float, model_dir: Optional[str],
-    gradient_compression: Optional[str],
+    gradient_compression: Optional[str], keep_checkpoints: Optional[int] = None,
 ) -> None:
     """Refuse a constructor argument of ``TFOptimizer`` that cannot work.
 
@@ -38,8 +39,11 @@ def check_settings(
     ValueError
         ``num_workers`` < 1 (None means ``sc.defaultParallelism``),
         ``max_failures`` < 0, ``collective_timeout`` not a positive finite
-        number of seconds, ``model_dir`` under a file or not writable, or
-        ``gradient_compression`` not None, "bf16" or "fp16".
+        number of seconds, ``model_dir`` under a file or not writable,
+        ``gradient_compression`` not None, "bf16" or "fp16", or
+        ``keep_checkpoints`` not None or an integer >= 1.
+    StorageError
+        ``model_dir`` is a URI whose scheme nothing can open.
     """
     if not isinstance(dataset, BlockDataset):
         raise TypeError(f"dataset must be a TFDataset (e.g. TFDataset.from_ndarrays(...)), got {dataset!r}")
@@ -59,6 +63,9 @@ def check_settings(
         raise ValueError(
             f"gradient_compression must be None (float32), 'bf16' or 'fp16', got {gradient_compression!r}"
         )
+    if keep_checkpoints is not None and not (isinstance(keep_checkpoints, numbers.Integral)
+                                             and keep_checkpoints >= 1):
+        raise ValueError(f"keep_checkpoints must be an integer >= 1 (or None to keep all), got {keep_checkpoints!r}")
     if model_dir is not None:
         _check_model_dir(model_dir)
 
@@ -84,8 +91,14 @@ def check_membership(num_workers: int, min_workers: Optional[int], replace_wait:
 
 
 def _check_model_dir(model_dir: str) -> None:
-    """The nearest existing ancestor of ``model_dir`` must be a writable directory."""
-    path = os.path.abspath(os.fspath(model_dir))
+    """A URI needs a store that opens it; a local ``model_dir``'s nearest existing ancestor must be a writable folder."""
+    model_dir = os.fspath(model_dir)
+    store = store_for(model_dir, "model_dir")
+    if not is_local(model_dir):
+        if store.exists(model_dir) and not store.isdir(model_dir):
+            raise ValueError(f"model_dir {model_dir!r} is a file, not a folder ({store.route}). Choose another model_dir.")
+        return
+    path = os.path.abspath(local_path(model_dir))
     existing = path
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)

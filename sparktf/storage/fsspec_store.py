@@ -1,0 +1,115 @@
+"""The route through fsspec: a Spark Connect client, the executors' Python, and schemes Hadoop does not know.
+
+The scheme's package is an optional extra (``sparktf[s3]`` -> s3fs,
+``[gcs]`` -> gcsfs, ``[azure]`` -> adlfs; ``hdfs`` is pyarrow's). Credentials
+come from the process's environment as each package reads it
+(``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``GOOGLE_APPLICATION_CREDENTIALS``,
+instance roles, ...).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, BinaryIO, Callable, List, TypeVar
+
+from sparktf.errors import StorageError
+from sparktf.storage.base import Store, temp_name
+from sparktf.storage.uri import OBJECT_STORE_SCHEMES
+
+__all__ = ["FsspecStore"]
+
+T = TypeVar("T")
+
+
+class FsspecStore(Store):
+    """One fsspec file system, for the URIs of one scheme.
+
+    Parameters
+    ----------
+    scheme : str
+        The scheme as users write it (``s3a``); URIs returned keep it.
+    filesystem : fsspec.AbstractFileSystem
+        The file system fsspec has for it.
+    """
+
+    def __init__(self, scheme: str, filesystem: Any):
+        self.scheme = scheme
+        self.fs = filesystem
+        self.route = f"fsspec {type(filesystem).__module__.split('.')[0]}"
+
+    def _strip(self, uri: str) -> str:
+        return self.fs._strip_protocol(uri)
+
+    def _uri(self, path: str) -> str:
+        return f"{self.scheme}://{path}"
+
+    def _call(self, what: str, uri: str, action: Callable[[], T]) -> T:
+        try:
+            return action()
+        except FileNotFoundError:
+            raise StorageError(f"{what} {uri!r}: it does not exist. Check the path.") from None
+        except PermissionError as exc:
+            raise StorageError(f"{what} {uri!r}: permission denied ({exc}). Check the credentials.") from None
+        except OSError as exc:
+            raise StorageError(f"{what} {uri!r} through {self.route}: {str(exc)[:300]}") from None
+
+    def exists(self, uri: str) -> bool:
+        return bool(self._call("cannot check", uri, lambda: self.fs.exists(self._strip(uri))))
+
+    def isdir(self, uri: str) -> bool:
+        return bool(self._call("cannot check", uri, lambda: self.fs.isdir(self._strip(uri))))
+
+    def listdir(self, uri: str) -> List[str]:
+        def names() -> List[str]:
+            path = self._strip(uri)
+            if not self.fs.isdir(path):
+                return []
+            return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(path, detail=False))
+
+        return self._call("cannot list", uri, names)
+
+    def glob(self, pattern: str) -> List[str]:
+        return sorted(self._uri(path) for path in self._call("cannot list", pattern,
+                                                             lambda: self.fs.glob(self._strip(pattern))))
+
+    def size(self, uri: str) -> int:
+        return int(self._call("cannot read the size of", uri, lambda: self.fs.size(self._strip(uri))))
+
+    def makedirs(self, uri: str) -> None:
+        self._call("cannot create", uri, lambda: self.fs.makedirs(self._strip(uri), exist_ok=True))
+
+    def delete(self, uri: str, recursive: bool = False) -> None:
+        def remove() -> None:
+            path = self._strip(uri)
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=recursive)
+
+        self._call("cannot delete", uri, remove)
+
+    def upload(self, local: str, uri: str) -> None:
+        target = self._strip(uri)
+        if os.path.isdir(local):
+            self._call("cannot write", uri, lambda: self.fs.put(local.rstrip("/") + "/", target, recursive=True))
+        elif self.scheme in OBJECT_STORE_SCHEMES:  # one object, visible only once its upload completes
+            self._call("cannot write", uri, lambda: self.fs.put_file(local, target))
+        else:
+            staged = self._strip(temp_name(uri))
+
+            def write_and_rename() -> None:
+                self.fs.put_file(local, staged)
+                self.fs.mv(staged, target)
+
+            self._call("cannot write", uri, write_and_rename)
+
+    def download(self, uri: str, local: str) -> None:
+        def fetch() -> None:
+            source = self._strip(uri)
+            if self.fs.isdir(source):
+                self.fs.get(source.rstrip("/") + "/", local, recursive=True)
+            else:
+                self.fs.get_file(source, local)
+
+        self._call("cannot read", uri, fetch)
+
+    def open_input(self, uri: str) -> BinaryIO:
+        return self._call("cannot read", uri, lambda: self.fs.open(self._strip(uri), "rb"))

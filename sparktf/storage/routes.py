@@ -1,0 +1,100 @@
+"""Which store opens a path: local, the classic session's Hadoop ``FileSystem``, or fsspec.
+
+The one place that decides, so no other module asks what kind of session or
+storage it runs with:
+
+1. A local path or ``file:`` URI: the local file system.
+2. A scheme the classic Spark session's Hadoop configuration knows (in the
+   driver of a classic session): Hadoop's ``FileSystem``, with the cluster's
+   connectors and credentials, exactly as ``spark.read`` uses them.
+3. Anywhere else (a Spark Connect client, the executors' Python, a scheme
+   without a Hadoop ``FileSystem``): fsspec, with the scheme's package.
+4. Nothing: :class:`~sparktf.errors.StorageError` naming the scheme and
+   what to install or set. A URI never becomes a local folder.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional, Tuple
+
+from sparktf.errors import StorageError
+from sparktf.storage.base import Store
+from sparktf.storage.fsspec_store import FsspecStore
+from sparktf.storage.hadoop import HadoopStore, hadoop_knows
+from sparktf.storage.local import LocalStore
+from sparktf.storage.uri import LOCAL_SCHEMES, install_hint, scheme_of
+
+__all__ = ["store_for", "LOCAL"]
+
+#: The local file system.
+LOCAL = LocalStore()
+
+_lock = threading.Lock()
+_hadoop: Dict[Tuple[int, str], Optional[HadoopStore]] = {}
+_fsspec: Dict[str, FsspecStore] = {}
+
+
+def store_for(path: str, what: str = "path") -> Store:
+    """The store that opens ``path``.
+
+    Parameters
+    ----------
+    path : str
+        A local path or a URI.
+    what : str
+        What the path is, for the error (``"model_dir"``, ``"TFRecord path"``).
+
+    Raises
+    ------
+    StorageError
+        When nothing can open the scheme of ``path``.
+    """
+    scheme = scheme_of(path)
+    if scheme in LOCAL_SCHEMES:
+        return LOCAL
+    hadoop = _hadoop_store(scheme)
+    if hadoop is not None:
+        return hadoop
+    return _fsspec_store(scheme, path, what)
+
+
+def _hadoop_store(scheme: str) -> Optional[HadoopStore]:
+    """The classic session's Hadoop route for ``scheme``, when this process is such a driver and Hadoop knows it."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None or getattr(sc, "_jsc", None) is None:
+        return None
+    key = (id(sc._jsc), scheme)
+    with _lock:
+        if key not in _hadoop:
+            _hadoop[key] = HadoopStore(sc) if hadoop_knows(sc, scheme) else None
+        return _hadoop[key]
+
+
+def _fsspec_store(scheme: str, path: str, what: str) -> FsspecStore:
+    with _lock:
+        if scheme in _fsspec:
+            return _fsspec[scheme]
+    import fsspec
+
+    try:
+        store = FsspecStore(scheme, fsspec.filesystem(scheme))
+    except (ImportError, ValueError) as exc:
+        raise StorageError(_no_route_message(scheme, path, what, exc)) from None
+    with _lock:
+        return _fsspec.setdefault(scheme, store)
+
+
+def _no_route_message(scheme: str, path: str, what: str, exc: Exception) -> str:
+    hint = install_hint(scheme)
+    known = "" if isinstance(exc, ImportError) or hint else " (fsspec knows no such protocol)"
+    options = [f"{hint} on the driver and the executors"] if hint else []
+    options.append(f"give the Spark session a Hadoop FileSystem for it (spark.hadoop.fs.{scheme}.impl "
+                   "and its jar)")
+    return (
+        f"no file system can open the {what} {path!r}: scheme {scheme!r} has no Hadoop FileSystem in this "
+        f"session and no fsspec implementation installed{known}. To use it, " + ", or ".join(options)
+        + "; for a local folder, pass a plain path or file:///..."
+    )
