@@ -53,15 +53,20 @@ class FsspecStore(Store):
         except OSError as exc:
             raise StorageError(f"{what} {uri!r} through {self.route}: {str(exc)[:300]}") from None
 
+    def _fresh(self, uri: str) -> str:
+        """The path of ``uri``, with fsspec's cached listings dropped (other processes write here too)."""
+        self.fs.invalidate_cache()
+        return self._strip(uri)
+
     def exists(self, uri: str) -> bool:
-        return bool(self._call("cannot check", uri, lambda: self.fs.exists(self._strip(uri))))
+        return bool(self._call("cannot check", uri, lambda: self.fs.exists(self._fresh(uri))))
 
     def isdir(self, uri: str) -> bool:
-        return bool(self._call("cannot check", uri, lambda: self.fs.isdir(self._strip(uri))))
+        return bool(self._call("cannot check", uri, lambda: self.fs.isdir(self._fresh(uri))))
 
     def listdir(self, uri: str) -> List[str]:
         def names() -> List[str]:
-            path = self._strip(uri)
+            path = self._fresh(uri)
             if not self.fs.isdir(path):
                 return []
             return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(path, detail=False))
@@ -70,7 +75,7 @@ class FsspecStore(Store):
 
     def glob(self, pattern: str) -> List[str]:
         return sorted(self._uri(path) for path in self._call("cannot list", pattern,
-                                                             lambda: self.fs.glob(self._strip(pattern))))
+                                                             lambda: self.fs.glob(self._fresh(pattern))))
 
     def size(self, uri: str) -> int:
         return int(self._call("cannot read the size of", uri, lambda: self.fs.size(self._strip(uri))))

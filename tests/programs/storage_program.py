@@ -1,0 +1,139 @@
+"""Cluster storage in a driver of its own: ``python storage_program.py s3 ENDPOINT`` or ``viewfs FOLDER``.
+
+``s3``: a local S3 server (moto) at ENDPOINT holds the TFRecords, the
+checkpoints, the summaries and a saved stage. The executors get the endpoint
+and keys only from ``spark.executorEnv.*`` (the driver sets its own after its
+JVM started). Cases print ``RESULT <case> key=value ...``; the last case
+trains a 128 MB model with a checkpoint every iteration until the test kills
+this process (SIGKILL) while a checkpoint upload is in flight.
+
+``viewfs``: ``viewfs://sparktf/data`` mounted onto FOLDER in the session's
+Hadoop configuration; trains the same model with checkpoints there until
+killed.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.default.parallelism": "2",
+}
+FEATURES = 4
+
+
+def small_model():
+    import keras
+
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def parse(serialized):
+    import tensorflow as tf
+
+    parsed = tf.io.parse_single_example(serialized, {"x": tf.io.FixedLenFeature([FEATURES], tf.float32),
+                                                     "y": tf.io.FixedLenFeature([], tf.int64)})
+    return parsed["x"], tf.cast(parsed["y"], tf.int32)
+
+
+def write_records(fs, folder: str, files: int, per_file: int) -> None:
+    """TFRecord files written locally and uploaded with s3fs (the test data, not sparktf's path)."""
+    import tempfile
+
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    for index in range(files):
+        local = os.path.join(tempfile.mkdtemp(), "part")
+        with tf.io.TFRecordWriter(local) as writer:
+            for x in rng.normal(size=(per_file, FEATURES)).astype("float32"):
+                example = tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x.sum() > 0)]))}))
+                writer.write(example.SerializeToString())
+        fs.put_file(local, f"{folder}/train-{index}.tfrecord")
+
+
+def train_until_killed(model_dir: str) -> None:
+    """A 128 MB model (more than s3fs writes in one request), one worker, a checkpoint every iteration, until killed."""
+    import keras
+
+    from sparktf import MaxIteration, SeveralIteration, TFDataset, TFOptimizer
+
+    model = keras.Sequential([keras.Input((4096,)), keras.layers.Dense(8192, use_bias=False)])
+    model.compile(keras.optimizers.SGD(1e-4), "mse")
+    x = np.ones((8, 4096), "float32")
+    dataset = TFDataset.from_ndarrays((x, np.ones((8, 8192), "float32")), batch_size=8)
+    optimizer = TFOptimizer.from_keras(model, dataset, model_dir=model_dir, num_workers=1, keep_checkpoints=2)
+    print("RESULT kill_ready", flush=True)
+    optimizer.optimize(MaxIteration(60), checkpoint_trigger=SeveralIteration(1), verbose=0)
+    print("RESULT kill_missed (training ended before the test killed the driver)", flush=True)
+
+
+def s3(endpoint: str) -> None:
+    import sparktf
+    from sparktf import MaxEpoch, TFDataset, TFOptimizer, TrainSummary
+    from sparktf.ml import KerasModel
+
+    credentials = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                   "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    conf = dict(CONF, **{f"spark.executorEnv.{name}": value for name, value in credentials.items()})
+    spark = sparktf.init_spark("local[2]", conf=conf)
+    os.environ.update(credentials)  # the driver's own, after its JVM (and so the executors) started
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    fs.mkdir("sparktf")
+    write_records(fs, "sparktf/data", files=4, per_file=64)
+
+    data = "s3a://sparktf/data/train-*.tfrecord"
+    cached = TFDataset.from_tfrecord_file(data, parse, batch_size=32, cache=True)
+    model = small_model()
+    optimizer = TFOptimizer.from_keras(model, cached, model_dir="s3a://sparktf/ckpt", num_workers=2,
+                                       keep_checkpoints=2)
+    summary = TrainSummary("s3a://sparktf/logs", "app")
+    optimizer.set_train_summary(summary)
+    optimizer.optimize(MaxEpoch(3), verbose=0)
+    names = sorted(fs.ls("sparktf/ckpt", detail=False))
+    print(f"RESULT train iterations={optimizer.iteration} checkpoints={','.join(os.path.basename(n) for n in names)} "
+          f"loss_rows={len(summary.read_scalar('Loss'))} event_files={len(fs.ls('sparktf/logs/app/train'))}",
+          flush=True)
+
+    resumed = TFOptimizer.from_keras(small_model(), cached, model_dir="s3a://sparktf/ckpt", num_workers=2)
+    resumed.load_checkpoint()
+    same = all(np.array_equal(a, b) for a, b in zip(model.get_weights(), resumed.model.get_weights()))
+    resumed.optimize(MaxEpoch(4), verbose=0)
+    print(f"RESULT resume from={optimizer.iteration} weights_equal={same} to={resumed.iteration}", flush=True)
+
+    streamed = TFDataset.from_tfrecord_file(data, parse, batch_size=32, cache=False)
+    stream_optimizer = TFOptimizer.from_keras(small_model(), streamed, num_workers=2)
+    history = stream_optimizer.optimize(MaxEpoch(1), verbose=0)
+    evaluated = stream_optimizer.evaluate(cached)
+    print(f"RESULT stream iterations={history['iterations']} finite={bool(np.isfinite(history['loss']).all())} "
+          f"evaluated_loss={evaluated['loss']:.4f}", flush=True)
+
+    KerasModel.from_keras(model).write().save("s3a://sparktf/stage")
+    loaded = KerasModel.load("s3a://sparktf/stage")
+    same = all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.keras_model.get_weights()))
+    print(f"RESULT stage weights_equal={same} files={','.join(sorted(fs.find('sparktf/stage')))}", flush=True)
+    spark.sparkContext.setLogLevel("ERROR")
+    train_until_killed("s3a://sparktf/kill")
+
+
+def viewfs(folder: str) -> None:
+    import sparktf
+
+    conf = dict(CONF, **{"spark.hadoop.fs.viewfs.mounttable.sparktf.link./data": f"file://{folder}"})
+    sparktf.init_spark("local[1]", conf=conf)
+    train_until_killed("viewfs://sparktf/data/kill")
+
+
+if __name__ == "__main__":
+    {"s3": s3, "viewfs": viewfs}[sys.argv[1]](sys.argv[2])
