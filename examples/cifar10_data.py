@@ -14,6 +14,8 @@ from typing import List, Tuple
 import numpy as np
 from pyspark import RDD, SparkContext
 
+from sparktf import storage
+
 HEIGHT = WIDTH = 32
 CHANNELS = 3
 IMAGE_BYTES = HEIGHT * WIDTH * CHANNELS
@@ -34,9 +36,9 @@ def split_files(data_dir: str, train: bool) -> List[str]:
         Naming the first missing file (``data_dir`` must be the
         ``cifar-10-batches-bin`` folder).
     """
-    paths = [os.path.join(data_dir, name) for name in (TRAIN_FILES if train else TEST_FILES)]
-    for path in paths:
-        if not os.path.isfile(path):
+    paths = [storage.join(data_dir, name) for name in (TRAIN_FILES if train else TEST_FILES)]
+    for path in paths:  # a local folder or a URI (hdfs://, s3a://, ...): Spark reads them through Hadoop
+        if not storage.store_for(path, "--data_dir file").exists(path):
             raise FileNotFoundError(f"{path} is missing: --data_dir must be the cifar-10-batches-bin folder")
     return paths
 

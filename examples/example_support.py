@@ -8,7 +8,6 @@ test or a notebook that calls ``main([...])`` in a running session.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import tempfile
 import time
@@ -20,7 +19,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 import sparktf
-from sparktf import EveryEpoch, MaxEpoch, TFDataset, TFOptimizer, TrainSummary, ValidationSummary
+from sparktf import EveryEpoch, MaxEpoch, TFDataset, TFOptimizer, TrainSummary, ValidationSummary, storage
 
 #: Modules of this folder the executors import (Spark ships them like ``--py-files``).
 HELPER_MODULES = ("example_support.py", "image_augmentation.py", "cifar10_data.py", "imagenet_records.py")
@@ -91,8 +90,8 @@ def compile_with_step_decay(model: keras.Model, base_rate: float, decay_epochs: 
 
 
 def has_checkpoint(model_dir: str) -> bool:
-    """True when ``model_dir`` holds a sparktf checkpoint (``checkpoint-<iteration>.npz``)."""
-    return bool(glob.glob(os.path.join(model_dir, "checkpoint-*.npz")))
+    """True when ``model_dir`` (a local folder or a URI) holds a sparktf checkpoint (``checkpoint-<iteration>.npz``)."""
+    return bool(storage.store_for(model_dir, "--model_dir").glob(storage.join(model_dir, "checkpoint-*.npz")))
 
 
 def train_and_validate(
@@ -139,7 +138,7 @@ def train_and_validate(
     """
     model_dir = model_dir or tempfile.mkdtemp(prefix=f"sparktf-{app_name}-")
     optimizer = TFOptimizer.from_keras(model, dataset, model_dir=model_dir, num_workers=num_workers)
-    log_dir = os.path.join(model_dir, "logs")
+    log_dir = storage.join(model_dir, "logs")
     train_summary = TrainSummary(log_dir, app_name)
     optimizer.set_train_summary(train_summary)
     optimizer.set_val_summary(ValidationSummary(log_dir, app_name))
