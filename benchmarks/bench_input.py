@@ -21,7 +21,15 @@ Side by side in one run on ``local[2]``:
     first step (from the task's start: ``threads`` + ``data_cache`` + ... + ``connect`` on rank 0).
     ``RESULT stream_feed_ratio`` = 2 GB records/s / 200 MB records/s (goal >= 0.8).
 
-Run ``python benchmarks/bench_input.py [--quick]`` (``--quick``: 800 JPEGs,
+(c) **The same JPEG TFRecords on S3**: the files of (a) on a local S3 server
+    (moto's server mode on 127.0.0.1, reached through ``AWS_ENDPOINT_URL``;
+    the executors get it from ``spark.executorEnv.*``), read by the workers
+    through fsspec, against the same files on local disk read by
+    ``TFRecordDataset``; sparktf 2 workers with ``cache=False`` both, best of
+    3 interleaved rounds. ``RESULT s3_stream_ratio`` = S3 images/s / local
+    images/s.
+
+Run ``python benchmarks/bench_input.py [--quick] [--part a|b|c]`` (``--quick``: 800 JPEGs,
 200 MB at trainDataMemory=32m against 20 MB).
 """
 
@@ -155,6 +163,43 @@ def compare_jpeg_pipelines(folder: str, jpegs: int, epochs: int, rounds: int) ->
     return single, distributed, optimizer.last_timings
 
 
+def compare_storage(folder: str, epochs: int, rounds: int) -> Tuple[float, float]:
+    """Best images/s of sparktf ``cache=False`` over the files on local disk and on a local S3 server."""
+    import logging
+
+    import fsspec
+    from moto.server import ThreadedMotoServer
+
+    import sparktf
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    credentials = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench",
+                   "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+    conf = {**SPARK_CONF, **{f"spark.executorEnv.{name}": value for name, value in credentials.items()}}
+    spark = sparktf.init_spark("local[2]", app_name="bench-input-s3", conf=conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    os.environ.update(credentials)
+    try:
+        fs = fsspec.filesystem("s3")
+        fs.mkdir("bench")
+        local = sorted(os.path.join(folder, name) for name in os.listdir(folder))
+        for path in local:
+            fs.put_file(path, f"bench/jpeg/{os.path.basename(path)}")
+        on_disk = sparktf_optimizer(local)
+        on_s3 = sparktf_optimizer(["s3://bench/jpeg/*"])
+        disk_rate = s3_rate = 0.0
+        for _ in range(rounds):
+            disk_rate = max(disk_rate, sparktf_images_per_second(on_disk, epochs))
+            s3_rate = max(s3_rate, sparktf_images_per_second(on_s3, epochs))
+        return disk_rate, s3_rate
+    finally:
+        spark.stop()
+        server.stop()
+
+
 # ---------------------------------------------------------------------------------------- (b) larger than memory
 
 
@@ -216,7 +261,8 @@ def feed_rate(spark_conf: Dict[str, str], records: int, partitions: int) -> Dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller data (a few minutes)")
-    parser.add_argument("--part", choices=("a", "b", "both"), default="both", help="run only (a) or (b)")
+    parser.add_argument("--part", choices=("a", "b", "c", "both"), default="both",
+                        help="run only (a), (b) or (c); both: all three")
     parser.add_argument("--single", nargs=3, metavar=("FOLDER", "RECORDS", "EPOCHS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.single:
@@ -253,6 +299,13 @@ def main() -> None:
                   + " ".join(f"{k}={v:.2f}" for k, v in rates[name].items()))
         ratio = rates["streamed"]["records_per_second"] / rates["in_memory"]["records_per_second"]
         results.append(f"RESULT stream_feed_ratio={ratio:.3f}")
+    if args.part in ("c", "both"):
+        with tempfile.TemporaryDirectory() as folder:
+            write_jpeg_records(folder, jpegs)
+            disk_rate, s3_rate = compare_storage(folder, epochs, rounds=3)
+        print(f"(c) {jpegs} JPEG records, cache=False, 2 workers, best of 3 interleaved rounds: local files "
+              f"{disk_rate:.0f} images/s, local S3 server {s3_rate:.0f} images/s")
+        results.append(f"RESULT s3_stream_ratio={s3_rate / disk_rate:.3f}")
     print("\n".join(results))
 
 

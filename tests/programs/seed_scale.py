@@ -13,14 +13,7 @@ import threading
 import time
 
 import numpy as np
-
-CONF = {
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.default.parallelism": "2",
-}
+from spark_conf import CONF  # beside this program
 
 
 def resnet101():

@@ -16,14 +16,8 @@ import os
 import sys
 
 import numpy as np
+from spark_conf import CONF  # beside this program
 
-CONF = {
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.default.parallelism": "2",
-}
 FEATURES = 4
 
 
