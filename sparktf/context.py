@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
@@ -12,23 +11,34 @@ import tempfile
 import threading
 import time
 import zipfile
-from typing import Iterable, Iterator, Mapping, Optional
+from typing import Iterable, Iterator, Mapping, Optional, Union
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-__all__ = ["init_spark", "ship_package", "warm_up_workers"]
+from sparktf.spark.session_kind import SessionKind
+from sparktf.spark.sessions import is_connect, session_kind
+
+__all__ = ["init_spark", "ship_package", "warm_up_workers", "spark_context", "reject_connect", "CONNECT_NOT_YET"]
 
 _SHIPPED_ATTR = "_sparktf_shipped_zip"
 WARM_UP_CONF = "spark.sparktf.warmUpWorkers"
 WARM_UP_SECONDS = 120.0
 _LOG = logging.getLogger("sparktf")
 
+#: What entry points that do not run in a Spark Connect session yet tell its users to do.
+CONNECT_NOT_YET = (
+    "sparktf does not run this in a Spark Connect session yet; what does is listed in "
+    "docs/guides/connect.md. Run it in a classic session instead: sparktf.init_spark(master=...) in a "
+    "Python process with pyspark's JVM (a spark-submit job, a classic notebook)."
+)
+
 
 def init_spark(
     master: Optional[str] = None,
     app_name: str = "sparktf",
     conf: Optional[Mapping[str, str]] = None,
+    remote: Optional[str] = None,
 ) -> SparkSession:
     """Return a SparkSession whose executors can run sparktf and TensorFlow.
 
@@ -42,11 +52,17 @@ def init_spark(
         Application name of a new session.
     conf : mapping, optional
         Extra Spark configuration for a new session.
+    remote : str, optional
+        A Spark Connect address (``sc://host:port``, or ``local[N]`` for a
+        Connect server this process starts): returns a Spark Connect session.
+        ``None`` means the ``SPARK_REMOTE`` environment variable when set
+        and neither ``master`` nor ``MASTER`` is.
 
     Returns
     -------
     pyspark.sql.SparkSession
-        The session; calling ``init_spark`` again returns the same one.
+        The session, classic or Spark Connect; calling ``init_spark`` again
+        returns the same one.
 
     Notes
     -----
@@ -54,9 +70,10 @@ def init_spark(
     interpreter when unset, so executors use the same environment (otherwise a
     fresh virtualenv fails on the executors with "No module named
     tensorflow"). The ``sparktf`` package itself is zipped and added to the
-    executors' path, so they need not have it installed.
+    executors' path (a session artifact under Spark Connect), so they need
+    not have it installed.
 
-    When this call creates the SparkContext, a background job imports
+    When this call creates the session, a background job imports
     TensorFlow in one Python worker per task slot (~4 s each), so that the
     first training or inference job reuses warm workers instead of paying
     for the import while you build the model. Set
@@ -64,86 +81,112 @@ def init_spark(
     workers that stay idle for a minute, so the benefit lasts about that long.
 
     When this call starts the driver JVM itself (no session yet, not under
-    ``spark-submit``) and neither ``conf`` nor ``SPARK_DRIVER_MEMORY`` sets
-    ``spark.driver.memory``, it is set to a quarter of the machine's memory,
-    between 2g and 8g, instead of Spark's 1g (logged once on the ``sparktf``
-    logger). Under ``spark-submit`` pass ``--driver-memory`` yourself.
+    ``spark-submit``, not Spark Connect) and neither ``conf`` nor
+    ``SPARK_DRIVER_MEMORY`` sets ``spark.driver.memory``, it is set to a
+    quarter of the machine's memory, between 2g and 8g, instead of Spark's
+    1g (logged once on the ``sparktf`` logger). Under ``spark-submit`` pass
+    ``--driver-memory`` yourself.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     active = SparkSession.getActiveSession()
     if master is None:
         master = os.environ.get("MASTER") or os.environ.get("SPARK_MASTER")
+    if remote is None and master is None:
+        remote = os.environ.get("SPARK_REMOTE") or None
     created = False
-    if active is not None and master is None:
+    if active is not None and master is None and (remote is None or is_connect(active)):
         session = active
     else:
-        builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
-        builder = builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        builder = SparkSession.builder.remote(remote) if remote else SparkSession.builder.master(master or "local[*]")
+        builder = builder.appName(app_name).config("spark.sql.execution.arrow.pyspark.enabled", "true")
         if "spark.ui.showConsoleProgress" not in (conf or {}):  # sparktf shows its own progress
             builder = builder.config("spark.ui.showConsoleProgress", "false")
-        memory = _default_driver_memory(conf or {})
+        memory = None if remote else _default_driver_memory(conf or {})
         if memory is not None:
             builder = builder.config("spark.driver.memory", memory)
         for key, value in (conf or {}).items():
             builder = builder.config(key, str(value))
-        created = SparkContext._active_spark_context is None
+        created = active is None if remote else SparkContext._active_spark_context is None
         session = builder.getOrCreate()
-    ship_package(session.sparkContext)
+    kind = session_kind(session)
+    ship_package(kind)
     if created:
-        warm_up_workers(session.sparkContext)
+        warm_up_workers(kind)
     return session
 
 
-def warm_up_workers(sc: SparkContext) -> Optional[threading.Thread]:
+def spark_context(what: str, alternative: str = CONNECT_NOT_YET) -> SparkContext:
+    """The SparkContext of sparktf's session, for ``what``, which needs RDDs.
+
+    Raises
+    ------
+    SparkTFError
+        In a Spark Connect session (before any job), naming ``what`` and
+        ``alternative``.
+    """
+    return session_kind(init_spark()).spark_context(what, alternative)
+
+
+def reject_connect(what: str, alternative: str) -> None:
+    """Raise ``SparkTFError`` naming ``what`` and ``alternative`` when the active session is Spark Connect.
+
+    For entry points whose argument is an RDD (which a Connect client cannot
+    have): the check costs nothing and starts no session.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None and is_connect(active):
+        session_kind(active).spark_context(what, alternative)
+
+
+def warm_up_workers(kind: SessionKind) -> Optional[threading.Thread]:
     """Import TensorFlow in one Python worker per task slot, in a background job; return its thread.
 
     Does nothing (returns None) when ``spark.sparktf.warmUpWorkers`` is
     ``false``. The job is cancelled after ``WARM_UP_SECONDS``; its failure
     (e.g. the session stopped meanwhile) is only logged.
     """
-    if sc.getConf().get(WARM_UP_CONF, "true").strip().lower() == "false":
+    if (kind.conf.get(WARM_UP_CONF, "true") or "true").strip().lower() == "false":
         return None
-    thread = threading.Thread(target=_warm_up, args=(sc,), name="sparktf-warm-up", daemon=True)
+    thread = threading.Thread(target=_warm_up, args=(kind,), name="sparktf-warm-up", daemon=True)
     thread.start()
     return thread
 
 
-def _warm_up(sc: SparkContext) -> None:
-    tag = f"sparktf-warm-up-{os.getpid()}-{id(sc)}"
-    slots = max(1, sc.defaultParallelism)
-    timer = threading.Timer(WARM_UP_SECONDS, _cancel_warm_up, (sc, tag))
+def _warm_up(kind: SessionKind) -> None:
+    tag = f"sparktf-warm-up-{os.getpid()}-{id(kind.holder)}"
+    timer = threading.Timer(WARM_UP_SECONDS, _cancel_warm_up, (kind, tag))
     timer.daemon = True
     try:
-        sc.addJobTag(tag)  # this thread's jobs only
-        sc.setJobDescription("sparktf: warming up Python workers (imports TensorFlow)")
         timer.start()
         started = time.monotonic()
-        warmed = sc.parallelize(range(slots), slots).mapPartitions(_import_tensorflow).collect()
+        slots = max(1, kind.task_slots())
+        warmed = kind.run_tasks(slots, _import_tensorflow, tag,
+                                description="sparktf: warming up Python workers (imports TensorFlow)")
         _LOG.debug("warmed %d Python worker(s) in %.1f s (%d with TensorFlow)", len(warmed),
-                   time.monotonic() - started, sum(warmed))
+                   time.monotonic() - started, sum(1 for value in warmed if value == b"1"))
     except Exception as error:  # best effort: the user's jobs start workers themselves
         _LOG.debug("warming up the Python workers failed: %s", error)
     finally:
         timer.cancel()
 
 
-def _cancel_warm_up(sc: SparkContext, tag: str) -> None:
+def _cancel_warm_up(kind: SessionKind, tag: str) -> None:
     try:
-        sc.cancelJobsWithTag(tag)
+        kind.cancel_tag(tag)
     except Exception as error:  # the session is gone
         _LOG.debug("cancelling the warm-up job failed: %s", error)
 
 
-def _import_tensorflow(_: Iterable[int]) -> Iterator[bool]:
-    """A warm-up task: import TensorFlow and Keras in this Python worker (True if they are installed)."""
+def _import_tensorflow(_: Iterable[int]) -> Iterator[bytes]:
+    """A warm-up task: import TensorFlow and Keras in this Python worker (b"1" if they are installed)."""
     try:
         import keras  # noqa: F401
         import tensorflow  # noqa: F401
     except ImportError:
-        yield False
+        yield b"0"
         return
-    yield True
+    yield b"1"
 
 
 def _default_driver_memory(conf: Mapping[str, str]) -> Optional[str]:
@@ -170,13 +213,15 @@ def _default_driver_memory(conf: Mapping[str, str]) -> Optional[str]:
     return f"{megabytes}m"
 
 
-def ship_package(sc: SparkContext) -> str:
+def ship_package(session: Union[SparkSession, SessionKind]) -> str:
     """Add a zip of the ``sparktf`` package to the executors' Python path.
 
-    Done once per SparkContext; returns the path of the zip. Its temporary
-    folder is deleted when the SparkContext stops or the process exits.
+    Done once per session (per SparkContext in a classic one); returns the
+    path of the zip. Its temporary folder is deleted when the session stops
+    or the process exits.
     """
-    shipped = getattr(sc, _SHIPPED_ATTR, None)
+    kind = session if isinstance(session, SessionKind) else session_kind(session)
+    shipped = getattr(kind.holder, _SHIPPED_ATTR, None)
     if shipped:
         return shipped
     package_dir = os.path.dirname(os.path.abspath(__file__))
@@ -190,23 +235,7 @@ def ship_package(sc: SparkContext) -> str:
                     full = os.path.join(root, name)
                     rel = os.path.relpath(full, os.path.dirname(package_dir))
                     archive.write(full, rel)
-    sc.addPyFile(zip_path)
-    setattr(sc, _SHIPPED_ATTR, zip_path)
-    _remove_when_done(sc, out_dir)
+    kind.add_python_file(zip_path)
+    setattr(kind.holder, _SHIPPED_ATTR, zip_path)
+    kind.on_stop(functools.partial(shutil.rmtree, out_dir, ignore_errors=True))
     return zip_path
-
-
-def _remove_when_done(sc: SparkContext, directory: str) -> None:
-    """Delete ``directory`` when ``sc`` stops, or at the latest when the process exits."""
-    remove = functools.partial(shutil.rmtree, directory, ignore_errors=True)
-    atexit.register(remove)
-    stop = sc.stop
-
-    def stop_and_remove() -> None:
-        try:
-            stop()
-        finally:
-            remove()
-            atexit.unregister(remove)
-
-    sc.stop = stop_and_remove

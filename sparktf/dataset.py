@@ -21,7 +21,7 @@ from sparktf.data.block_dataset import UNSET as _UNSET
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.columnar import RecordFormat
 from sparktf.data.tfrecord_stream import TFRecordStream
-from sparktf.context import init_spark
+from sparktf.context import reject_connect, spark_context
 from sparktf.data.sources import (
     check_is_rdd,
     column_names,
@@ -37,6 +37,12 @@ from sparktf.spark.task_devices import gpu_plan
 
 __all__ = ["TFDataset"]
 
+
+#: What an RDD entry point tells a Spark Connect user to use instead.
+_RDD_ALTERNATIVE = (
+    "Make a DataFrame of the records (spark.createDataFrame, spark.read) and use TFDataset.from_dataframe, "
+    "or TFDataset.from_ndarrays for arrays in this process."
+)
 
 class TFDataset(BlockDataset):
     """A distributed set of records, each ``(features, labels)`` or ``features``.
@@ -103,6 +109,7 @@ class TFDataset(BlockDataset):
             first read (naming partition, record index, expected and actual
             shape).
         """
+        reject_connect("TFDataset.from_rdd", _RDD_ALTERNATIVE)
         check_is_rdd(rdd, "rdd")
         feature_spec = specs.parse_spec(features, "features")
         label_spec = None if labels is None else specs.parse_spec(labels, "labels")
@@ -161,7 +168,7 @@ class TFDataset(BlockDataset):
         -------
         TFDataset
         """
-        sc = init_spark().sparkContext
+        sc = spark_context("TFDataset.from_ndarrays")
         partitions = sc.defaultParallelism if num_partitions is None else num_partitions
         if not isinstance(partitions, (int, np.integer)) or partitions < 1:
             raise DataError(f"num_partitions must be a positive integer, got {num_partitions!r}")
@@ -232,6 +239,7 @@ class TFDataset(BlockDataset):
             for a null or a row of another length when the data is read
             (naming column, partition and row).
         """
+        spark_context("TFDataset.from_dataframe")
         feature_names = column_names(feature_cols, "feature_cols")
         label_names = [] if label_cols is None else column_names(label_cols, "label_cols")
         columns = feature_names + label_names
@@ -302,7 +310,7 @@ class TFDataset(BlockDataset):
         -------
         TFDataset
         """
-        sc = init_spark().sparkContext
+        sc = spark_context("TFDataset.from_tfrecord_file")
         feature_spec, label_spec = tfrecord_io.trace_parse_fn(parse_fn)
         record_format = RecordFormat.from_specs(feature_spec, label_spec)
         reader = tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(sc))
@@ -330,11 +338,13 @@ class TFDataset(BlockDataset):
     @classmethod
     def from_string_rdd(cls, rdd: RDD, batch_per_thread: int = _UNSET) -> "TFDataset":
         """A dataset of one ``tf.string`` feature of shape ``[]`` (``str`` is UTF-8 encoded), no labels."""
+        reject_connect("TFDataset.from_string_rdd", _RDD_ALTERNATIVE)
         return cls.from_rdd(rdd, ("string", []), batch_per_thread=batch_per_thread, shuffle=False)
 
     @classmethod
     def from_bytes_rdd(cls, rdd: RDD, batch_per_thread: int = _UNSET) -> "TFDataset":
         """A dataset of one ``tf.string`` feature of shape ``[]`` from ``bytes`` records, no labels."""
+        reject_connect("TFDataset.from_bytes_rdd", _RDD_ALTERNATIVE)
         return cls.from_string_rdd(rdd, batch_per_thread=batch_per_thread)
 
     @classmethod

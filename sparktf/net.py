@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.context import spark_context
 from sparktf.models import graph_io
 from sparktf.data.columnar import balanced_bounds, slice_block
 from sparktf.errors import DataError
@@ -308,15 +309,14 @@ class TFNet(keras.layers.Layer):
 
     def _predict_arrays_on_spark(self, arrays: List[np.ndarray], batch: int):
         """The per-record outputs of ``arrays``, computed on Spark: an RDD of contiguous, ordered partitions."""
-        import sparktf
-
         count = _record_count(arrays)
         if count is None:
             raise DataError(
                 "distributed=True needs arrays with a record axis (axis 0), got a rank-0 input; "
                 "call predict without distributed=True (or forward) for a single scalar input."
             )
-        sc = sparktf.init_spark().sparkContext
+        sc = spark_context("TFNet.predict(distributed=True)",
+                           "Call predict without distributed=True: it runs the graph in this process.")
         columns = self._graph.as_graph_inputs(arrays)
         bounds = balanced_bounds(count, sc.defaultParallelism)
         blocks = [slice_block(columns, lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from pyspark import SparkContext
 
-from sparktf.context import init_spark
+from sparktf.context import spark_context
 from sparktf.data.specs import leaf_specs
 from sparktf.spark.cluster import task_slots, watchdog_slack
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
@@ -97,7 +96,7 @@ class TFOptimizer:
         check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression,
                        keep_checkpoints)
         _check_data_fits(model, dataset)
-        self.sc = SparkContext._active_spark_context or init_spark().sparkContext
+        self.sc = spark_context("TFOptimizer")
         self.model = model
         self.dataset = dataset
         self.model_dir = model_dir

@@ -52,10 +52,9 @@ class KerasModelSource:
     """A Keras model on the driver: its inputs, outputs and broadcast handle."""
 
     def __init__(self, model: Any):
-        from pyspark import SparkContext
-
+        sc = spark_context("a Keras model for prediction (TFPredictor, KerasModel)")
         payload = ModelPayload.from_model(model, include_optimizer=False)
-        broadcast = SparkContext.getOrCreate().broadcast(payload.to_bytes())
+        broadcast = sc.broadcast(payload.to_bytes())
         self.model = model
         self.handle = ModelHandle("keras", payload.key, broadcast)
 
@@ -78,8 +77,7 @@ class SavedModelSource:
     """A SavedModel signature on the driver: its inputs, chosen outputs and broadcast handle."""
 
     def __init__(self, path: str, signature: str, outputs: Union[str, Sequence[str], None]):
-        from pyspark import SparkContext
-
+        sc = spark_context("a SavedModel for prediction (TFPredictor, KerasModel)")
         with local_copy(path, "SavedModel") as local:
             archive = SavedModelArchive.from_directory(local)
             function = _signature(load_saved_model(local), signature, path)
@@ -89,7 +87,7 @@ class SavedModelSource:
         names = _selected_outputs(available, outputs, signature)
         self.kind = SINGLE if len(names) == 1 else DICT if outputs is None else LIST
         self.output_infos = [TensorInfo.from_tensor(name, available[name]) for name in names]
-        broadcast = SparkContext.getOrCreate().broadcast(archive)
+        broadcast = sc.broadcast(archive)
         self.handle = ModelHandle("saved_model", archive.key, broadcast, signature, tuple(names), self.kind)
 
     def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:

@@ -64,9 +64,9 @@ def test_init_spark_returns_the_active_session(spark):
 def test_init_spark_ships_the_package_once(spark):
     from sparktf.context import ship_package
 
-    first = ship_package(spark.sparkContext)
+    first = ship_package(spark)
     assert first.endswith("sparktf.zip")
-    assert ship_package(spark.sparkContext) == first
+    assert ship_package(spark) == first
 
 
 STOP_SCRIPT = r"""
@@ -82,7 +82,7 @@ def tensorflow_in_worker(session):  # has the Python worker that runs the next t
 conf = {"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"}
 spark = sparktf.init_spark("local[1]", conf=conf)
 warm = tensorflow_in_worker(spark)
-folder = os.path.dirname(sparktf.context.ship_package(spark.sparkContext))
+folder = os.path.dirname(sparktf.context.ship_package(spark))
 existed = os.path.isdir(folder)
 spark.stop()
 again = sparktf.init_spark("local[1]", conf=dict(conf, **{"spark.sparktf.warmUpWorkers": "false"}))
@@ -91,7 +91,7 @@ print("RESULT_JSON " + json.dumps({
     "warm_when_turned_off": tensorflow_in_worker(again),
     "existed": existed,
     "exists_after_stop": os.path.exists(folder),
-    "left_at_exit": os.path.dirname(sparktf.context.ship_package(again.sparkContext)),
+    "left_at_exit": os.path.dirname(sparktf.context.ship_package(again)),
 }))
 """
 

@@ -17,7 +17,7 @@ ROOT = pathlib.Path(sparktf.__file__).parent
 LAYERS = {
     "sparktf.errors": 0,
     "sparktf.triggers": 0,
-    "sparktf.context": 0,
+    "sparktf.context": 2,
     "sparktf.tf_startup": 0,
     "sparktf.spark": 1,
     "sparktf.collective": 1,

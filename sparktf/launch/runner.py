@@ -21,6 +21,7 @@ from sparktf.launch.logstream import LogServer
 from sparktf.launch.program import pickle_program
 from sparktf.launch.slots import check_task_slots
 from sparktf.launch.task import TaskSpec, run_barrier_task
+from sparktf.spark.sessions import session_kind
 
 __all__ = ["run"]
 
@@ -143,14 +144,14 @@ def run(
         An argument that cannot work (checked before any Spark job).
     """
     _check_arguments(main_fun, num_workers, num_ps, master_node, env, timeout)
-    sc = init_spark().sparkContext
-    num_tasks = int(sc.defaultParallelism if num_workers is None else num_workers)
-    check_task_slots(sc, num_tasks)
+    kind = session_kind(init_spark())
+    num_tasks = int(kind.default_parallelism() if num_workers is None else num_workers)
+    check_task_slots(kind, num_tasks)
     program = pickle_program(main_fun, args)
-    default_fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+    default_fs = kind.default_fs()
     working_dir = os.getcwd()
     summaries = log_dir if log_dir is not None else ("tensorboard" if tensorboard else None)
-    with LogServer(sc.getConf().get("spark.driver.host"), _print_child_line) as server:
+    with LogServer(kind.driver_host(), _print_child_line) as server:
         spec = TaskSpec(
             program=program,
             num_tasks=num_tasks,
@@ -164,16 +165,15 @@ def run(
             log_dir=None if summaries is None else absolute_path(summaries, default_fs, working_dir),
         )
         tag = f"sparktf-run-{uuid.uuid4().hex}"
-        sc.addJobTag(tag)
         try:
-            tasks = sc.parallelize(range(num_tasks), num_tasks).barrier()
-            results = tasks.mapPartitions(functools.partial(run_barrier_task, spec)).collect()
+            results = kind.run_tasks(num_tasks, functools.partial(run_barrier_task, spec), tag, barrier=True)
+        except SparkTFError:
+            raise
         except Exception as error:
             child_failure = failures.decode(str(error))
             if child_failure is not None:
                 raise SparkTFError(child_failure) from None
             raise _spark_failure(error) from error
         finally:
-            sc.removeJobTag(tag)
-            sc.cancelJobsWithTag(tag)
+            kind.cancel_tag(tag)
     return None if results[0] is None else cloudpickle.loads(results[0])

@@ -7,38 +7,29 @@ from __future__ import annotations
 
 import time
 
-from pyspark import SparkContext
-
 from sparktf.errors import SparkTFError
+from sparktf.spark.session_kind import SessionKind
 
-__all__ = ["total_task_slots", "check_task_slots", "EXECUTOR_WAIT_S"]
+__all__ = ["check_task_slots", "EXECUTOR_WAIT_S"]
 
 EXECUTOR_WAIT_S = 30.0
 _POLL_S = 0.5
 
 
-def total_task_slots(sc: SparkContext) -> int:
-    """How many tasks of the default resource profile the cluster runs at once."""
-    scala_context = sc._jsc.sc()
-    profile = scala_context.resourceProfileManager().defaultResourceProfile()
-    return int(scala_context.maxNumConcurrentTasks(profile))
-
-
-def check_task_slots(sc: SparkContext, needed: int, executor_wait: float = EXECUTOR_WAIT_S) -> None:
+def check_task_slots(kind: SessionKind, needed: int, executor_wait: float = EXECUTOR_WAIT_S) -> None:
     """Return once the cluster runs ``needed`` tasks at once; raise ``SparkTFError`` if it does not.
 
     With ``local[N]`` the slots are known at once. On a cluster, executors
     that are still registering (a session that just started) are waited
     for, at most ``executor_wait`` seconds.
     """
-    local = sc.master == "local" or sc.master.startswith("local[")
-    deadline = time.monotonic() + (0.0 if local else executor_wait)
-    slots = total_task_slots(sc)
+    deadline = time.monotonic() + (0.0 if kind.is_local else executor_wait)
+    slots = kind.task_slots()
     while slots < needed and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-        slots = total_task_slots(sc)
+        slots = kind.task_slots()
     if slots < needed:
-        waited = "" if local else f" after waiting {executor_wait:g} s for executors"
+        waited = "" if kind.is_local else f" after waiting {executor_wait:g} s for executors"
         raise SparkTFError(
             f"sparktf.run needs {needed} tasks running at once (num_workers={needed}) but the cluster runs at "
             f"most {slots}{waited} (executors x cores / spark.task.cpus, and task resources such as GPUs); "

@@ -1,0 +1,141 @@
+"""``SessionKind``: what sparktf needs from a Spark session, whatever its kind."""
+
+from __future__ import annotations
+
+import atexit
+import socket
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Iterable, Iterator, List, Optional
+
+from sparktf.errors import SparkTFError
+
+__all__ = ["SessionKind", "TaskFunction", "DRIVER_HOST_CONF"]
+
+#: A task of :meth:`SessionKind.run_tasks`: its partition's numbers in, byte strings (or None) out.
+TaskFunction = Callable[[Iterable[int]], Iterator[Optional[bytes]]]
+
+#: The address sparktf's listeners in this process bind and the executors connect to.
+DRIVER_HOST_CONF = "spark.sparktf.driverHost"
+
+
+class SessionKind(ABC):
+    """One Spark session seen by sparktf.
+
+    Parameters
+    ----------
+    session : pyspark.sql.SparkSession
+        A classic session or a Spark Connect one.
+    """
+
+    #: How messages name the kind: ``"classic"`` or ``"Spark Connect"``.
+    name: str = ""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    # ---- settings ---------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def conf(self) -> Any:
+        """The session's settings: an object with ``get(key, default)``."""
+
+    @property
+    def master(self) -> str:
+        """The master URL (``local[2]``, ``spark://...``); empty when the session does not say."""
+        return self.conf.get("spark.master", "") or ""
+
+    @property
+    def is_local(self) -> bool:
+        """Whether tasks run in the driver's JVM (``local``/``local[N]``, not ``local-cluster``)."""
+        return self.master == "local" or self.master.startswith("local[")
+
+    @abstractmethod
+    def default_parallelism(self) -> int:
+        """Spark's default number of partitions: the cluster's cores for a standalone or local master."""
+
+    @abstractmethod
+    def default_fs(self) -> str:
+        """Hadoop's ``fs.defaultFS`` of the cluster (``file:///`` on a local file system)."""
+
+    @abstractmethod
+    def task_slots(self) -> int:
+        """How many tasks of the default resource profile the cluster runs at once."""
+
+    def driver_host(self) -> str:
+        """The address this process's listeners bind, and the executors connect to.
+
+        ``spark.sparktf.driverHost`` when set, else ``spark.driver.host``.
+
+        Raises
+        ------
+        SparkTFError
+            When that address is not one of this machine's, so nothing
+            could listen on it (naming ``spark.sparktf.driverHost``).
+        """
+        chosen = self.conf.get(DRIVER_HOST_CONF, None)
+        host = chosen or self.conf.get("spark.driver.host", None) or "127.0.0.1"
+        try:
+            with socket.create_server((host, 0)):
+                pass
+        except OSError as error:
+            where = (f"{DRIVER_HOST_CONF}={host!r} is not an address of this machine" if chosen else
+                     f"spark.driver.host={host!r}: the {self.name} session's driver runs on another machine")
+            raise SparkTFError(
+                f"sparktf listens for its tasks in this process, but cannot bind {host!r} "
+                f"({error.strerror or error}): {where}. Set {DRIVER_HOST_CONF} to an address of this machine "
+                "that the executors can reach (docs/guides/connect.md)"
+            ) from None
+        return host
+
+    # ---- code and files on the executors -----------------------------------
+
+    @abstractmethod
+    def add_python_file(self, path: str) -> None:
+        """Put the ``.py``/``.zip`` file at ``path`` on the executors' Python path."""
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the session stops (the :attr:`holder`'s ``stop``), at the latest at exit."""
+        atexit.register(callback)
+        stop = self.holder.stop
+
+        def stop_then_call_back() -> None:
+            try:
+                stop()
+            finally:
+                callback()
+                atexit.unregister(callback)
+
+        self.holder.stop = stop_then_call_back
+
+    @property
+    @abstractmethod
+    def holder(self) -> Any:
+        """What lives as long as the session, with its ``stop``: the SparkContext, or the Connect session."""
+
+    # ---- jobs -------------------------------------------------------------
+
+    @abstractmethod
+    def run_tasks(self, num_tasks: int, function: TaskFunction, tag: str, barrier: bool = False,
+                  description: Optional[str] = None) -> List[Optional[bytes]]:
+        """Run ``function`` in ``num_tasks`` tasks (task ``i`` gets ``[i]``) under job tag ``tag``.
+
+        Returns the values the tasks yield, in task order. ``barrier=True``
+        runs them as one barrier stage (``BarrierTaskContext`` works in them).
+        Only this thread's jobs carry ``tag``.
+        """
+
+    @abstractmethod
+    def cancel_tag(self, tag: str) -> None:
+        """Cancel the running jobs tagged ``tag`` (from any thread); nothing when there are none."""
+
+    @abstractmethod
+    def spark_context(self, what: str, alternative: str) -> Any:
+        """The SparkContext, for what needs RDDs.
+
+        Raises
+        ------
+        SparkTFError
+            In a session without one (Spark Connect), before any job: names
+            ``what`` and ``alternative``.
+        """
