@@ -31,7 +31,7 @@ SPARK_TEST_CONF = {
 _SESSION = []  # the shared session, once a test has started it
 SESSION_FIXTURES = {"spark", "sc"}
 # files whose tests run Spark in processes of their own (the others may use the shared session implicitly)
-OWN_SPARK_FILES = {"test_context.py", "test_elastic.py", "test_gpus.py", "test_notebook.py", "test_seed_scale.py",
+OWN_SPARK_FILES = {"test_connect.py", "test_context.py", "test_elastic.py", "test_gpus.py", "test_notebook.py", "test_seed_scale.py",
                    "test_standalone_cluster.py", "test_storage_programs.py"}
 KEEP_ALIVE_SECONDS = 20
 
@@ -73,7 +73,7 @@ def save_module_with_two_signatures(module, method, directory):
 LONG_FILES_FIRST = (
     "test_elastic.py", "test_examples.py", "test_optimizer_failures.py", "test_seed_scale.py", "test_gpus.py",
     "test_context.py", "test_storage_programs.py", "test_predictor.py", "test_standalone_cluster.py",
-    "test_optimizer.py", "test_notebook.py", "test_ml_pipeline.py",
+    "test_optimizer.py", "test_notebook.py", "test_ml_pipeline.py", "test_connect.py",
 )
 
 
