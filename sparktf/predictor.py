@@ -26,6 +26,7 @@ from pyspark import RDD
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
+from sparktf.context import spark_context
 from sparktf.data import arrow_io, batching, specs
 from sparktf.errors import DataError
 from sparktf.inference.dataframe_output import DataFramePredict, spark_output_type

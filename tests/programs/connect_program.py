@@ -17,7 +17,6 @@ import time
 import numpy as np
 
 import sparktf
-from sparktf.errors import SparkTFError
 
 
 def result(case, **values):
