@@ -116,8 +116,9 @@ def init_spark(
     return session
 
 
-def spark_context(what: str, alternative: str = CONNECT_NOT_YET) -> SparkContext:
-    """The SparkContext of sparktf's session, for ``what``, which needs RDDs.
+def spark_context(what: str, alternative: str = CONNECT_NOT_YET, session: Optional[SparkSession] = None
+                  ) -> SparkContext:
+    """The SparkContext of ``session`` (default: sparktf's session, ``init_spark()``), for ``what``, which needs RDDs.
 
     Raises
     ------
@@ -125,7 +126,7 @@ def spark_context(what: str, alternative: str = CONNECT_NOT_YET) -> SparkContext
         In a Spark Connect session (before any job), naming ``what`` and
         ``alternative``.
     """
-    return session_kind(init_spark()).spark_context(what, alternative)
+    return session_kind(session or init_spark()).spark_context(what, alternative)
 
 
 def reject_connect(what: str, alternative: str) -> None:
@@ -146,7 +147,7 @@ def warm_up_workers(kind: SessionKind) -> Optional[threading.Thread]:
     ``false``. The job is cancelled after ``WARM_UP_SECONDS``; its failure
     (e.g. the session stopped meanwhile) is only logged.
     """
-    if (kind.conf.get(WARM_UP_CONF, "true") or "true").strip().lower() == "false":
+    if kind.conf.get(WARM_UP_CONF, "true").strip().lower() == "false":
         return None
     thread = threading.Thread(target=_warm_up, args=(kind,), name="sparktf-warm-up", daemon=True)
     thread.start()

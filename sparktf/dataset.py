@@ -44,6 +44,7 @@ _RDD_ALTERNATIVE = (
     "or TFDataset.from_ndarrays for arrays in this process."
 )
 
+
 class TFDataset(BlockDataset):
     """A distributed set of records, each ``(features, labels)`` or ``features``.
 
@@ -239,7 +240,7 @@ class TFDataset(BlockDataset):
             for a null or a row of another length when the data is read
             (naming column, partition and row).
         """
-        spark_context("TFDataset.from_dataframe")
+        spark_context("TFDataset.from_dataframe", session=df.sparkSession)
         feature_names = column_names(feature_cols, "feature_cols")
         label_names = [] if label_cols is None else column_names(label_cols, "label_cols")
         columns = feature_names + label_names

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-
 from sparktf.context import spark_context
 from sparktf.data.specs import leaf_specs
 from sparktf.spark.cluster import task_slots, watchdog_slack

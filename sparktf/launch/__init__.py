@@ -20,7 +20,7 @@ Modules, one job each:
 - ``runner``: the driver side, ``run``.
 
 It may import only ``sparktf.errors``, ``sparktf.context`` (for
-``init_spark``), ``sparktf.spark`` (the session's kind), pyspark, cloudpickle, the standard library and its own
-modules. TensorFlow is imported by the user's program in the child, never
-here.
+``init_spark``), ``sparktf.spark`` (the session's kind), pyspark,
+cloudpickle, the standard library and its own modules. TensorFlow is
+imported by the user's program in the child, never here.
 """

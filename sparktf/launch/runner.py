@@ -167,8 +167,6 @@ def run(
         tag = f"sparktf-run-{uuid.uuid4().hex}"
         try:
             results = kind.run_tasks(num_tasks, functools.partial(run_barrier_task, spec), tag, barrier=True)
-        except SparkTFError:
-            raise
         except Exception as error:
             child_failure = failures.decode(str(error))
             if child_failure is not None:
