@@ -169,7 +169,8 @@ def test_uncached_tfrecords_are_parsed_every_epoch_and_serve_evaluation_and_pred
     counts = parse_counts(str(calls), 100)
     assert counts.min() >= 4, "every record is parsed in each of the 4 epochs"
     assert counts.sum() <= 5 * 100, f"at most one pass read ahead, got {counts.sum()} calls"
-    assert optimizer.evaluate()["accuracy"] >= 0.9
+    # the label is x[0] > 0: 20 steps from a random start reach 0.89 to 1.0, and chance is 0.5
+    assert optimizer.evaluate()["accuracy"] >= 0.8
     predictions = np.concatenate(TFPredictor.from_keras(model, dataset).predict().collect())
     features = np.concatenate([rows[0] for rows in dataset.block_rdd.collect()])
     np.testing.assert_allclose(predictions.reshape(-1, 2), model.predict(features, verbose=0), atol=1e-5)
