@@ -19,7 +19,8 @@ from pyspark.sql import SparkSession
 from sparktf.spark.session_kind import SessionKind
 from sparktf.spark.sessions import is_connect, session_kind
 
-__all__ = ["init_spark", "ship_package", "warm_up_workers", "spark_context", "reject_connect", "CONNECT_NOT_YET"]
+__all__ = ["init_spark", "ship_package", "warm_up_workers", "current_session", "spark_context", "reject_connect",
+           "CONNECT_NOT_YET"]
 
 _SHIPPED_ATTR = "_sparktf_shipped_zip"
 WARM_UP_CONF = "spark.sparktf.warmUpWorkers"
@@ -116,6 +117,11 @@ def init_spark(
     return session
 
 
+def current_session(session: Optional[SparkSession] = None) -> SessionKind:
+    """The :class:`SessionKind` of ``session`` (default: sparktf's session, ``init_spark()``)."""
+    return session_kind(session or init_spark())
+
+
 def spark_context(what: str, alternative: str = CONNECT_NOT_YET, session: Optional[SparkSession] = None
                   ) -> SparkContext:
     """The SparkContext of ``session`` (default: sparktf's session, ``init_spark()``), for ``what``, which needs RDDs.
@@ -126,7 +132,7 @@ def spark_context(what: str, alternative: str = CONNECT_NOT_YET, session: Option
         In a Spark Connect session (before any job), naming ``what`` and
         ``alternative``.
     """
-    return session_kind(session or init_spark()).spark_context(what, alternative)
+    return current_session(session).spark_context(what, alternative)
 
 
 def reject_connect(what: str, alternative: str) -> None:

@@ -1,10 +1,11 @@
 """``TFDataset``: a distributed collection of records for training and inference.
 
-Every factory turns its input into a *block RDD* (see :mod:`sparktf.data.columnar`
-and :mod:`sparktf.data.sources`): an RDD of columnar Blocks, a few per
-partition, already cast to the dataset's specs. The batching rules and what the
+Every factory turns its input into a :class:`~sparktf.data.block_sets.BlockSet`
+(see :mod:`sparktf.data.columnar` and :mod:`sparktf.data.sources`): columnar
+Blocks, a few per partition, already cast to the dataset's specs, in an RDD
+(classic sessions) or a DataFrame (Spark Connect). The batching rules and what the
 training and inference code needs (per-worker batch sizes, a balanced training
-RDD with one partition per worker, record counts) come from
+layout with one partition per worker, record counts) come from
 :class:`~sparktf.data.block_dataset.BlockDataset`.
 """
 
@@ -19,9 +20,10 @@ from pyspark.sql import DataFrame
 from sparktf.data import arrow_io, specs, tfrecord_files, tfrecord_io
 from sparktf.data.block_dataset import UNSET as _UNSET
 from sparktf.data.block_dataset import BlockDataset
+from sparktf.data.block_sets import BlockSet, RddBlockSet
 from sparktf.data.columnar import RecordFormat
 from sparktf.data.tfrecord_stream import TFRecordStream
-from sparktf.context import reject_connect, spark_context
+from sparktf.context import CONNECT_NOT_YET, current_session, reject_connect
 from sparktf.data.sources import (
     check_is_rdd,
     column_names,
@@ -112,15 +114,16 @@ class TFDataset(BlockDataset):
         """
         reject_connect("TFDataset.from_rdd", _RDD_ALTERNATIVE)
         check_is_rdd(rdd, "rdd")
+        session = current_session()
         feature_spec = specs.parse_spec(features, "features")
         label_spec = None if labels is None else specs.parse_spec(labels, "labels")
         record_format = RecordFormat.from_specs(feature_spec, label_spec)
         val_blocks = None
         if val_rdd is not None:
             check_is_rdd(val_rdd, "val_rdd")
-            val_blocks = rdd_blocks(val_rdd, record_format, "validation")
+            val_blocks = rdd_blocks(session, val_rdd, record_format, "validation")
         return cls._with_validation(
-            rdd_blocks(rdd, record_format, "training"),
+            rdd_blocks(session, rdd, record_format, "training"),
             feature_spec,
             label_spec,
             val_blocks,
@@ -169,8 +172,8 @@ class TFDataset(BlockDataset):
         -------
         TFDataset
         """
-        sc = spark_context("TFDataset.from_ndarrays")
-        partitions = sc.defaultParallelism if num_partitions is None else num_partitions
+        session = current_session()
+        partitions = session.default_parallelism() if num_partitions is None else num_partitions
         if not isinstance(partitions, (int, np.integer)) or partitions < 1:
             raise DataError(f"num_partitions must be a positive integer, got {num_partitions!r}")
         element = tensors_element(tensors, "tensors")
@@ -179,11 +182,11 @@ class TFDataset(BlockDataset):
         packed = specs.pack(element, leaf_specs)
         feature_spec, label_spec = packed[0], (packed[1] if len(packed) == 2 else None)
         record_format = RecordFormat.from_specs(feature_spec, label_spec)
-        train_blocks, train_counts = ndarray_blocks(sc, record_format, element, "tensors", partitions)
+        train_blocks, train_counts = ndarray_blocks(session, record_format, element, "tensors", partitions)
         val_blocks = val_counts = None
         if val_tensors is not None:
             val_element = tensors_element(val_tensors, "val_tensors")
-            val_blocks, val_counts = ndarray_blocks(sc, record_format, val_element, "val_tensors", partitions)
+            val_blocks, val_counts = ndarray_blocks(session, record_format, val_element, "val_tensors", partitions)
         return cls._with_validation(
             train_blocks,
             feature_spec,
@@ -240,7 +243,7 @@ class TFDataset(BlockDataset):
             for a null or a row of another length when the data is read
             (naming column, partition and row).
         """
-        spark_context("TFDataset.from_dataframe", session=df.sparkSession)
+        session = current_session(df.sparkSession)
         feature_names = column_names(feature_cols, "feature_cols")
         label_names = [] if label_cols is None else column_names(label_cols, "label_cols")
         columns = feature_names + label_names
@@ -257,9 +260,9 @@ class TFDataset(BlockDataset):
                     f"validation_df columns {columns} have (dtype, shape) {val_layouts}, but the "
                     f"training DataFrame's have {layouts}; they must match"
                 )
-            val_blocks = dataframe_blocks(validation_df, columns, record_format, "validation")
+            val_blocks = dataframe_blocks(session, validation_df, columns, record_format, "validation")
         return cls._with_validation(
-            dataframe_blocks(df, columns, record_format, "training"),
+            dataframe_blocks(session, df, columns, record_format, "training"),
             feature_spec,
             label_spec,
             val_blocks,
@@ -311,13 +314,14 @@ class TFDataset(BlockDataset):
         -------
         TFDataset
         """
-        sc = spark_context("TFDataset.from_tfrecord_file")
+        session = current_session()
+        sc = session.spark_context("TFDataset.from_tfrecord_file", CONNECT_NOT_YET)
         feature_spec, label_spec = tfrecord_io.trace_parse_fn(parse_fn)
         record_format = RecordFormat.from_specs(feature_spec, label_spec)
-        reader = tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(sc))
+        reader = tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(session.conf))
 
-        def file_blocks(files: List[str], kind: str) -> RDD:
-            return tfrecord_io.file_blocks(sc, files, reader, kind, cache)
+        def file_blocks(files: List[str], name: str) -> RddBlockSet:
+            return RddBlockSet(session, tfrecord_io.file_blocks(sc, files, reader, name, cache))
 
         files = tfrecord_files.expand_paths(paths)
         val_blocks = None
@@ -351,19 +355,19 @@ class TFDataset(BlockDataset):
     @classmethod
     def _with_validation(
         cls,
-        block_rdd: RDD,
+        blocks: BlockSet,
         feature_spec,
         label_spec,
-        val_block_rdd: Optional[RDD],
+        val_blocks: Optional[BlockSet],
         *,
         val_counts: Optional[List[int]] = None,
         file_stream: Any = None,
         **options: Any,
     ) -> "TFDataset":
         val_dataset = None
-        if val_block_rdd is not None:
+        if val_blocks is not None:
             val_dataset = cls(
-                val_block_rdd,
+                val_blocks,
                 feature_spec,
                 label_spec,
                 batch_size=options["batch_size"],
@@ -371,4 +375,4 @@ class TFDataset(BlockDataset):
                 shuffle=False,
                 partition_counts=val_counts,
             )
-        return cls(block_rdd, feature_spec, label_spec, val_dataset=val_dataset, file_stream=file_stream, **options)
+        return cls(blocks, feature_spec, label_spec, val_dataset=val_dataset, file_stream=file_stream, **options)

@@ -353,7 +353,7 @@ class TFNet(keras.layers.Layer):
             graph_key=self._graph.key,
             batch=batch,
             num_inputs=len(self.input_names),
-            gpus=gpu_plan(block_rdd.context),
+            gpus=gpu_plan(block_rdd.context.getConf()),
         )
         return raising_sparktf_errors(block_rdd, run, preservesPartitioning=True)
 

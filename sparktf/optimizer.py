@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from sparktf.context import spark_context
 from sparktf.data.specs import leaf_specs
-from sparktf.spark.cluster import task_slots, watchdog_slack
+from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint, save_checkpoint
@@ -95,18 +94,18 @@ class TFOptimizer:
         check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression,
                        keep_checkpoints)
         _check_data_fits(model, dataset)
-        self.sc = spark_context("TFOptimizer")
+        self.session = dataset.blocks.kind
         self.model = model
         self.dataset = dataset
         self.model_dir = model_dir
         self.keep_checkpoints = keep_checkpoints
-        self.num_workers = int(num_workers or self.sc.defaultParallelism)
+        self.num_workers = int(num_workers or self.session.default_parallelism())
         self.min_workers = check_membership(self.num_workers, min_workers, replace_wait)
         self.replace_wait = float(replace_wait)
         self.max_failures = int(max_failures)
         self.collective_timeout = float(collective_timeout)
         self.gradient_compression = gradient_compression
-        self.resource_profile = stage_profile(self.sc, resource_profile)
+        self.resource_profile = stage_profile(self.session, resource_profile)
         self.clipping = GradientClipping()
         self.train_summary: Optional[TrainSummary] = None
         self.val_summary: Optional[ValidationSummary] = None
@@ -320,10 +319,10 @@ class TFOptimizer:
         driver = self._driver_callbacks(callbacks, verbose, end_trigger)
         stops += [EveryEpoch()] if callbacks else []  # callbacks see the model at every epoch end
         history: Dict[str, Any] = {"loss": []}
-        with WorkerInputs(self.dataset, self.collective_timeout + watchdog_slack(self.sc)) as inputs:
-            membership = Membership(self.sc, self.num_workers, self.min_workers, self.replace_wait, inputs.prepare,
-                                    probe=lambda: task_slots(self.sc, self.resource_profile))
-            runner = SegmentRunner(self.sc, inputs, membership, self.max_failures, self.resource_profile)
+        with WorkerInputs(self.dataset, self.collective_timeout + watchdog_slack(self.session)) as inputs:
+            membership = Membership(self.session, self.num_workers, self.min_workers, self.replace_wait,
+                                    inputs.prepare, probe=lambda: self.session.slots(self.resource_profile))
+            runner = SegmentRunner(self.session, inputs, membership, self.max_failures, self.resource_profile)
             runner.start(self.iteration)  # too few task slots: fails before any job
             progress = self._progress()
             if driver is not None:
@@ -373,7 +372,7 @@ class TFOptimizer:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
         spec = SegmentSpec(self._payload_broadcast(), self.dataset.element_structure, progress, stop, self.clipping,
                            self.collective_timeout, gradient_compression=self.gradient_compression,
-                           gpus=gpu_plan(self.sc, self.resource_profile))
+                           gpus=gpu_plan(self.session.conf, self.resource_profile))
         on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
         return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report,
                           on_launch)
@@ -442,7 +441,7 @@ class TFOptimizer:
         """
         dataset = self.dataset if dataset is None else dataset
         batch = batch_per_thread or dataset.inference_batch_size(self.num_workers)
-        profile = self.resource_profile if resource_profile is None else stage_profile(self.sc, resource_profile)
+        profile = self.resource_profile if resource_profile is None else stage_profile(self.session, resource_profile)
         return self._evaluate_blocks(dataset, int(batch), profile)
 
     def _evaluate_blocks(self, dataset: Any, batch: int, profile: Any) -> Dict[str, float]:
@@ -450,7 +449,7 @@ class TFOptimizer:
 
         return evaluate_blocks(
             self.model,
-            dataset.block_rdd,
+            dataset.blocks,
             dataset.element_structure,
             batch,
             self._payload_broadcast(),
@@ -477,14 +476,15 @@ class TFOptimizer:
         self.last_loss = self.last_score = None
 
     def _payload_broadcast(self) -> Any:
-        """The model's architecture and compile config, no weights (a few KB), broadcast once per TFOptimizer.
+        """The model's architecture and compile config, no weights (a few KB), shipped once per TFOptimizer.
 
         Its key does not depend on the weights: a later TFOptimizer on the same architecture finds the cached step.
         """
         if self._payload is None:
             from sparktf.models.payload import ModelPayload
 
-            self._payload = self.sc.broadcast(ModelPayload.from_model(self.model, include_weights=False).to_bytes())
+            payload = ModelPayload.from_model(self.model, include_weights=False).to_bytes()
+            self._payload = self.session.share(payload, "model")
         return self._payload
 
 

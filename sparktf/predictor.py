@@ -26,7 +26,7 @@ from pyspark import RDD
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from sparktf.context import spark_context
+from sparktf.context import current_session
 from sparktf.data import arrow_io, batching, specs
 from sparktf.errors import DataError
 from sparktf.inference.dataframe_output import DataFramePredict, spark_output_type
@@ -41,6 +41,11 @@ from sparktf.storage import local_copy
 
 __all__ = ["TFPredictor", "TensorInfo"]
 
+#: What TFPredictor.predict tells a Spark Connect user to use instead.
+_PREDICT_ALTERNATIVE = (
+    "Use TFPredictor.predict_dataframe(df, feature_cols), which returns a DataFrame, on a DataFrame of the records."
+)
+
 # Hidden DataFrame columns holding float-array copies of Vector feature columns.
 _FEATURE_PREFIX = "__sparktf_feature_"
 
@@ -50,14 +55,12 @@ _FEATURE_PREFIX = "__sparktf_feature_"
 
 
 class KerasModelSource:
-    """A Keras model on the driver: its inputs, outputs and broadcast handle."""
+    """A Keras model on the driver: its inputs, outputs and the handle of its bytes on the executors."""
 
     def __init__(self, model: Any):
-        sc = spark_context("a Keras model for prediction (TFPredictor, KerasModel)")
         payload = ModelPayload.from_model(model, include_optimizer=False)
-        broadcast = sc.broadcast(payload.to_bytes())
         self.model = model
-        self.handle = ModelHandle("keras", payload.key, broadcast)
+        self.handle = ModelHandle("keras", payload.key, current_session().share(payload.to_bytes(), "model"))
 
     def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
         return keras_feed(self.model, leaves, names)
@@ -75,10 +78,9 @@ class KerasModelSource:
 
 
 class SavedModelSource:
-    """A SavedModel signature on the driver: its inputs, chosen outputs and broadcast handle."""
+    """A SavedModel signature on the driver: its inputs, chosen outputs and the handle of its bytes on the executors."""
 
     def __init__(self, path: str, signature: str, outputs: Union[str, Sequence[str], None]):
-        sc = spark_context("a SavedModel for prediction (TFPredictor, KerasModel)")
         with local_copy(path, "SavedModel") as local:
             archive = SavedModelArchive.from_directory(local)
             function = _signature(load_saved_model(local), signature, path)
@@ -88,8 +90,8 @@ class SavedModelSource:
         names = _selected_outputs(available, outputs, signature)
         self.kind = SINGLE if len(names) == 1 else DICT if outputs is None else LIST
         self.output_infos = [TensorInfo.from_tensor(name, available[name]) for name in names]
-        broadcast = sc.broadcast(archive)
-        self.handle = ModelHandle("saved_model", archive.key, broadcast, signature, tuple(names), self.kind)
+        shared = current_session().share(archive.data, "saved-model")
+        self.handle = ModelHandle("saved_model", archive.key, shared, signature, tuple(names), self.kind)
 
     def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
         return plan_feed(self.inputs, DICT, leaves, names)
@@ -125,7 +127,7 @@ class TFPredictor:
         self._model = model
         self.dataset = dataset
         self._dataset_feed()  # check the data against the model before any job runs
-        dataset.inference_batch_size(dataset.block_rdd.getNumPartitions())
+        dataset.inference_batch_size(dataset.blocks.num_partitions)
 
     @classmethod
     def from_keras(cls, keras_model: Any, dataset: Any) -> "TFPredictor":
@@ -211,12 +213,14 @@ class TFPredictor:
         SparkTFError
             A ``resource_profile`` Spark cannot run here (e.g. in local mode).
         """
+        session = self.dataset.blocks.kind
+        session.spark_context("TFPredictor.predict, which returns an RDD,", _PREDICT_ALTERNATIVE)
         feed = self._dataset_feed()
         block_rdd = self.dataset.block_rdd
         batch = self.dataset.inference_batch_size(block_rdd.getNumPartitions())
         num_features = len(feed.order)
-        profile = stage_profile(block_rdd.context, resource_profile)
-        handle = dataclasses.replace(self._model.handle, gpus=gpu_plan(block_rdd.context, profile))
+        profile = stage_profile(session, resource_profile)
+        handle = dataclasses.replace(self._model.handle, gpus=gpu_plan(session.conf, profile))
 
         def predict_partition(partition: int, blocks: Iterator[tuple]) -> Iterator[Any]:
             features = (block[:num_features] for block in blocks)
@@ -270,9 +274,10 @@ class TFPredictor:
         """
         columns = [feature_cols] if isinstance(feature_cols, str) else list(feature_cols)
         check_new_column(df, output_col, "output_col")
-        profile = stage_profile(df.sparkSession.sparkContext, resource_profile)
+        session = current_session(df.sparkSession)
+        profile = stage_profile(session, resource_profile)
         leaves = column_leaves(df, columns)
-        batch = self.dataset.inference_batch_size(df.sparkSession.sparkContext.defaultParallelism)
+        batch = self.dataset.inference_batch_size(session.default_parallelism())
         return dataframe_with_predictions(self._model, df, columns, leaves, output_col, batch, profile)
 
 
@@ -322,7 +327,7 @@ def dataframe_with_predictions(
     kind, outputs = source.outputs(feed)
     output_type = spark_output_type(kind, outputs)
     selected, feature_names = _arrow_features(df, columns)
-    handle = dataclasses.replace(source.handle, gpus=gpu_plan(df.sparkSession.sparkContext, profile))
+    handle = dataclasses.replace(source.handle, gpus=gpu_plan(current_session(df.sparkSession).conf, profile))
     function = DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type)
     schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
     return selected.mapInArrow(function, schema, profile=profile)

@@ -1,25 +1,74 @@
-"""sparktf in a Spark Connect session (``tests/programs/connect_program.py``, a client of its own).
+"""sparktf in Spark Connect sessions (``tests/programs/connect_program.py``, a client of its own).
 
 A Connect client and a classic session do not share one process, so the
-client runs in a subprocess; ``SPARK_REMOTE=local[2]`` starts its Connect
-server.
+client runs in a subprocess, twice: against a local Connect server
+(``SPARK_REMOTE=local[2]``) and against a Connect server over
+``local-cluster[2,1,1024]`` that the test starts with ``spark-submit`` and
+stops.
 """
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
+import pyspark
 import pytest
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "connect_program.py")
+#: Seconds the Connect server over local-cluster gets to listen.
+SERVER_START_SECONDS = 120
 
 
-@pytest.fixture(scope="module")
-def results():
+def client_env():
+    return {name: value for name, value in os.environ.items() if name not in ("MASTER", "SPARK_MASTER")}
+
+
+@contextlib.contextmanager
+def connect_server(tmp_path):
+    """A Spark Connect server over ``local-cluster[2,1,1024]`` on 127.0.0.1; yields its ``sc://`` address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    env = {**client_env(), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    command = [submit, "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+               "--master", "local-cluster[2,1,1024]", "--conf", f"spark.connect.grpc.binding.port={port}",
+               "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
+               "--conf", "spark.ui.enabled=false", "--conf", f"spark.executorEnv.PYSPARK_PYTHON={sys.executable}",
+               "spark-internal"]
+    log = open(tmp_path / "connect-server.log", "w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVER_START_SECONDS
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert time.monotonic() < deadline, "the Connect server did not listen in time"
+            try:
+                code = server.wait(0.5)
+            except subprocess.TimeoutExpired:
+                continue
+            raise AssertionError(f"the Connect server exited ({code}): "
+                                 + (tmp_path / "connect-server.log").read_text()[-3000:])
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        os.killpg(server.pid, 15)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait(30)
+        log.close()
+
+
+def run_program(tmp_path, *remote):
     """``{case: {key: value}}`` of the program's RESULT lines."""
-    env = {name: value for name, value in os.environ.items() if name not in ("MASTER", "SPARK_MASTER")}
-    proc = subprocess.run([sys.executable, PROGRAM], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, PROGRAM, str(tmp_path), *remote], capture_output=True, text=True,
+                          env=client_env(), timeout=400)
     found = {}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -29,8 +78,39 @@ def results():
     return found
 
 
-def test_init_spark_returns_a_connect_session_from_spark_remote(results):
+@pytest.fixture(scope="module", params=["local", "server"])
+def results(request, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp(f"connect-{request.param}")
+    if request.param == "local":
+        return run_program(tmp_path)
+    with connect_server(tmp_path) as address:
+        return run_program(tmp_path, address)
+
+
+def test_init_spark_returns_a_connect_session(results):
     assert results["session"] == {"module": "pyspark.sql.connect.session", "again": True}
+
+
+def test_training_with_validation_callbacks_and_checkpoints_then_evaluate_and_predict(results):
+    train = results["train"]
+    assert train["iterations"] == 24 and len(train["loss"]) == 24 and train["loss"][-1] < train["loss"][0] / 10
+    assert len(train["val_loss"]) == 3
+    assert train["epochs"] == [[epoch, ["loss", "val_loss", "val_mae"]] for epoch in range(3)]
+    assert train["checkpoints"] == 3
+    for name in ("loss", "mae"):
+        assert train["evaluated"][name] == pytest.approx(train["local"][name], rel=1e-4, abs=1e-5)
+    assert train["prediction_error"] < 1e-4
+    error, message = train["predict_rdd"]
+    assert error == "SparkTFError" and "TFPredictor.predict" in message and "predict_dataframe" in message
+
+
+def test_a_worker_failure_is_relaunched_and_ends_like_an_uninterrupted_run(results):
+    assert results["recover"]["marker"] and results["recover"]["difference"] < 1e-5
+
+
+def test_an_ml_pipeline_fits_saves_and_loads(results):
+    pipeline = results["pipeline"]
+    assert pipeline["epochs"] == 2 and pipeline["rows"] == 128 and pipeline["difference"] < 1e-5
 
 
 def test_run_starts_its_children_and_streams_their_lines_to_the_client(results):

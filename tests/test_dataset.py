@@ -122,23 +122,23 @@ def test_batch_option_rules(sc):
     assert TFDataset.from_ndarrays(x, batch_per_thread=3).inference_batch_size(2) == 3
 
 
-def test_training_block_rdd_balances_contiguous_ranges(sc):
+def test_training_blocks_balance_contiguous_ranges(sc):
     rdd = sc.parallelize(range(10), 3).mapPartitionsWithIndex(lambda p, it: it if p != 1 else iter([]))
     ds = TFDataset.from_rdd(rdd.map(lambda i: ([float(i)], i)), ("float32", [1]), ("int64", []), batch_size=2)
     assert ds.partition_counts == [3, 0, 4]
-    training = ds.training_block_rdd(2)
-    assert training.getNumPartitions() == 2
-    assert ds.is_keyed(2)  # shuffled blocks carry their key; the worker spills them in key order
+    training = ds.training_blocks(2)
+    assert training.num_partitions == 2
+    assert training.keyed  # shuffled blocks carry their key; the worker spills them in key order
 
     def labels_in_key_order(blocks):
         return np.concatenate([b[2] for b in sorted(blocks, key=lambda b: tuple(b[0]))]).tolist()
 
-    assert training.glom().map(labels_in_key_order).collect() == [[0, 1, 2], [6, 7, 8, 9]]
-    assert ds.training_block_rdd(2) is training
+    assert training.rdd.glom().map(labels_in_key_order).collect() == [[0, 1, 2], [6, 7, 8, 9]]
+    assert ds.training_blocks(2) is training
     balanced = TFDataset.from_ndarrays(np.zeros((9, 1)), num_partitions=2)
-    assert balanced.training_block_rdd(2) is balanced.block_rdd and not balanced.is_keyed(2)
+    assert balanced.training_blocks(2) is balanced.blocks and not balanced.blocks.keyed
     with pytest.raises(DataError, match="has 9 records, fewer than the 10 training workers"):
-        balanced.training_block_rdd(10)
+        balanced.training_blocks(10)
 
 
 def test_string_and_bytes_rdds(sc):

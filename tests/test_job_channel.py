@@ -108,35 +108,48 @@ def test_bad_registrations_are_dropped():
         assert directory_peers(directory.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT) == ["127.0.0.1:5"]
 
 
-def test_rendezvous_setting_picks_the_driver_directory_or_allgather(sc):
+def test_rendezvous_setting_picks_the_driver_directory_or_allgather(spark):
     from pyspark import SparkConf
 
-    from sparktf.spark.cluster import rendezvous_host
     from sparktf.errors import SparkTFError
+    from sparktf.spark.classic_session import ClassicSession
 
-    assert rendezvous_host(sc.getConf()) == "127.0.0.1"  # the default: a directory on spark.driver.host
+    class SessionWithConf(ClassicSession):
+        def __init__(self, conf):
+            self._conf = conf
+
+        @property
+        def conf(self):
+            return self._conf
+
+    assert ClassicSession(spark).rendezvous_host() == "127.0.0.1"  # the default: a directory on spark.driver.host
     conf = SparkConf(loadDefaults=False).set("spark.driver.host", "10.1.2.3")
-    assert rendezvous_host(conf) == "10.1.2.3"
-    assert rendezvous_host(conf.set("spark.sparktf.rendezvous", "barrier")) is None
+    assert SessionWithConf(conf).rendezvous_host() == "10.1.2.3"
+    chosen = SparkConf(loadDefaults=False).setAll(conf.getAll()).set("spark.sparktf.driverHost", "10.9.9.9")
+    assert SessionWithConf(chosen).rendezvous_host() == "10.9.9.9"
+    assert SessionWithConf(conf.set("spark.sparktf.rendezvous", "barrier")).rendezvous_host() is None
     with pytest.raises(SparkTFError, match="'driver' or 'barrier', got 'ring'"):
-        rendezvous_host(conf.set("spark.sparktf.rendezvous", "ring"))
+        SessionWithConf(conf.set("spark.sparktf.rendezvous", "ring")).rendezvous_host()
 
 
-def test_watchdog_slack_is_a_local_property_or_the_configuration(sc):
+def test_watchdog_slack_is_a_local_property_or_the_configuration(spark, sc):
     from sparktf.errors import SparkTFError
+    from sparktf.spark.classic_session import ClassicSession
     from sparktf.spark.cluster import WATCHDOG_SLACK_CONF, watchdog_slack
 
-    assert watchdog_slack(sc) == 30.0
+    session = ClassicSession(spark)
+
+    assert watchdog_slack(session) == 30.0
     try:
         sc.setLocalProperty(WATCHDOG_SLACK_CONF, "12s")
-        assert watchdog_slack(sc) == 12.0
+        assert watchdog_slack(session) == 12.0
         for bad in ("-1", "nan", "soon"):
             sc.setLocalProperty(WATCHDOG_SLACK_CONF, bad)
             with pytest.raises(SparkTFError, match=f"spark.sparktf.watchdogSlack must be .* got '{bad}'"):
-                watchdog_slack(sc)
+                watchdog_slack(session)
     finally:
         sc.setLocalProperty(WATCHDOG_SLACK_CONF, None)
-    assert watchdog_slack(sc) == 30.0
+    assert watchdog_slack(session) == 30.0
 
 
 def test_training_falls_back_to_allgather_when_the_driver_host_cannot_be_listened_on(caplog):

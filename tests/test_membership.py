@@ -24,9 +24,8 @@ class FakeConf(dict):
     pass
 
 
-class FakeContext:
-    def getConf(self):
-        return FakeConf({"spark.task.cpus": "1"})
+class FakeSession:
+    conf = FakeConf({"spark.task.cpus": "1"})
 
 
 class FakeCluster:
@@ -55,7 +54,7 @@ class FakeCluster:
 
 
 def membership(cluster, num_workers=3, min_workers=2, replace_wait=10.0, prepare=None):
-    return Membership(FakeContext(), num_workers, min_workers, replace_wait, prepare, probe=cluster.probe,
+    return Membership(FakeSession(), num_workers, min_workers, replace_wait, prepare, probe=cluster.probe,
                       clock=cluster.clock, sleep=cluster.sleep)
 
 
@@ -239,7 +238,7 @@ def scripted_jobs(monkeypatch, outcomes, cluster=None, lose_on_failure=False):
 def test_a_failure_that_changes_the_count_is_not_counted_in_max_failures(monkeypatch):
     cluster = FakeCluster(total=3)
     inputs = FakeInputs()
-    runner = SegmentRunner(FakeContext(), inputs, membership(cluster, replace_wait=5), max_failures=0)
+    runner = SegmentRunner(FakeSession(), inputs, membership(cluster, replace_wait=5), max_failures=0)
     calls = scripted_jobs(monkeypatch, [RuntimeError("executor lost"), result()], cluster, lose_on_failure=True)
     launches = []
     done = runner.run(spec(), lambda: None, on_launch=launches.append)
@@ -253,7 +252,7 @@ def test_a_failure_that_changes_the_count_is_not_counted_in_max_failures(monkeyp
 
 def test_a_failure_on_the_same_count_is_counted_and_max_failures_stops_at_once(monkeypatch):
     cluster = FakeCluster(total=3)
-    runner = SegmentRunner(FakeContext(), FakeInputs(), membership(cluster, replace_wait=60), max_failures=1)
+    runner = SegmentRunner(FakeSession(), FakeInputs(), membership(cluster, replace_wait=60), max_failures=1)
     scripted_jobs(monkeypatch, [RuntimeError("flaky"), result()])
     assert runner.run(spec(), lambda: None).workers == 3 and runner.failures == 1
     scripted_jobs(monkeypatch, [RuntimeError("flaky again")])
@@ -263,7 +262,7 @@ def test_a_failure_on_the_same_count_is_counted_and_max_failures_stops_at_once(m
 
 
 def test_deterministic_errors_are_not_relaunched(monkeypatch):
-    runner = SegmentRunner(FakeContext(), FakeInputs(), membership(FakeCluster(total=3)), max_failures=3)
+    runner = SegmentRunner(FakeSession(), FakeInputs(), membership(FakeCluster(total=3)), max_failures=3)
     scripted_jobs(monkeypatch, [DataError("bad record")])
     with pytest.raises(DataError):
         runner.run(spec(), lambda: None)
@@ -272,7 +271,7 @@ def test_deterministic_errors_are_not_relaunched(monkeypatch):
 
 def test_start_decides_the_first_launch_before_any_job(monkeypatch):
     cluster = FakeCluster(total=3)
-    runner = SegmentRunner(FakeContext(), FakeInputs(), membership(cluster), max_failures=3)
+    runner = SegmentRunner(FakeSession(), FakeInputs(), membership(cluster), max_failures=3)
     assert runner.start(0) == 3
     probes = []
     runner.membership.next_launch = lambda *args, **kwargs: probes.append(args)  # must not be asked again
@@ -289,6 +288,6 @@ def test_busy_slots_are_waited_for_once_the_launch_data_is_ready(monkeypatch):
             return super().get(workers)
 
     monkeypatch.setattr(membership_module, "SLOT_WAIT_SECONDS", 0.2)
-    runner = SegmentRunner(FakeContext(), LayoutInputs(), membership(cluster), max_failures=0)
+    runner = SegmentRunner(FakeSession(), LayoutInputs(), membership(cluster), max_failures=0)
     scripted_jobs(monkeypatch, [result()])
     assert runner.run(spec(), lambda: None).workers == 3

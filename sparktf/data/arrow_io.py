@@ -201,14 +201,18 @@ class ArrowBlockDecoder:
         self.column_names = list(column_names)
 
     def __call__(self, partition: int, messages: Iterable[bytes]) -> Iterator[Block]:
+        batches = (pa.ipc.read_record_batch(pa.py_buffer(message), self.schema) for message in messages)
+        return self.blocks(partition, batches)
+
+    def blocks(self, partition: int, batches: Iterable[pa.RecordBatch]) -> Iterator[Block]:
+        """The Blocks of a partition's record batches (``mapInArrow``'s input in Spark Connect)."""
         capacity = records_per_block(self.leaves)
-        for arrays in inference_batches(self._batch_columns(partition, messages), capacity):
+        for arrays in inference_batches(self._batch_columns(partition, batches), capacity):
             yield tuple(arrays)
 
-    def _batch_columns(self, partition: int, messages: Iterable[bytes]) -> Iterator[Block]:
+    def _batch_columns(self, partition: int, batches: Iterable[pa.RecordBatch]) -> Iterator[Block]:
         first_row = 0
-        for message in messages:
-            batch = pa.ipc.read_record_batch(pa.py_buffer(message), self.schema)
+        for batch in batches:
             yield tuple(
                 arrow_to_numpy(batch.column(i), leaf, name, partition, first_row)
                 for i, (leaf, name) in enumerate(zip(self.leaves, self.column_names))

@@ -1,18 +1,16 @@
 """``BlockDataset``: records as cached columnar Blocks, with the batching rules of training and inference.
 
 The state and the batching plumbing behind :class:`sparktf.dataset.TFDataset`
-(whose factories build the block RDDs): specs, batch options, per-partition
-record counts, per-worker batch sizes and the balanced training RDD with one
-partition per worker.
+(whose factories build the :class:`~sparktf.data.block_sets.BlockSet`): specs,
+batch options, per-partition record counts, per-worker batch sizes and the
+balanced training layout with one partition per worker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import re
 import secrets
-from operator import itemgetter
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -20,11 +18,10 @@ from pyspark import RDD
 
 from sparktf.data import specs
 from sparktf.data.block_feed import BlockFeed
-from sparktf.data.block_serializer import block_rdd, cached
-from sparktf.data.columnar import BlockRouter, RecordFormat, balanced_bounds, count_records, keyed_block
+from sparktf.data.block_sets import BlockSet
+from sparktf.data.columnar import RecordFormat, balanced_bounds
 from sparktf.errors import DataError
 from sparktf.spark.cluster import train_data_memory
-from sparktf.spark.jobs import unpersist
 from sparktf.spark.remote_errors import reraise_remote
 
 __all__ = ["BlockDataset", "UNSET"]
@@ -40,8 +37,8 @@ class BlockDataset:
 
     Parameters
     ----------
-    block_rdd : pyspark.RDD
-        RDD of Blocks in the format of ``feature_spec`` / ``label_spec``.
+    blocks : BlockSet
+        The Blocks, in the format of ``feature_spec`` / ``label_spec``.
     feature_spec, label_spec : structure of tf.TensorSpec
         Parsed specs (see :func:`sparktf.data.specs.parse_spec`); ``label_spec``
         is ``None`` for a dataset without labels.
@@ -59,10 +56,10 @@ class BlockDataset:
     seed : int, optional
         Seed of the training order; a random one when ``None``.
     partition_counts : list of int, optional
-        Records per partition of ``block_rdd`` when already known.
+        Records per partition of ``blocks`` when already known.
     file_stream : TFRecordStream, optional
         For ``from_tfrecord_file(cache=False)``: the files training workers
-        read every epoch (``block_rdd`` then reads them, uncached, for
+        read every epoch (``blocks`` then reads them, uncached, for
         evaluation and prediction).
 
     Raises
@@ -73,7 +70,7 @@ class BlockDataset:
 
     def __init__(
         self,
-        block_rdd: RDD,
+        blocks: BlockSet,
         feature_spec,
         label_spec=None,
         *,
@@ -89,7 +86,7 @@ class BlockDataset:
         check_batch_options(batch_size, batch_per_thread)
         if seed is not None and (not isinstance(seed, (int, np.integer)) or seed < 0):
             raise DataError(f"seed must be a non-negative integer or None, got {seed!r}")
-        self._block_rdd = block_rdd
+        self._blocks = blocks
         self._feature_spec = feature_spec
         self._label_spec = label_spec
         self._format = RecordFormat.from_specs(feature_spec, label_spec)
@@ -100,7 +97,7 @@ class BlockDataset:
         self._sequential_order = bool(sequential_order)
         self._seed = int(seed) if seed is not None else secrets.randbits(31)
         self._partition_counts = list(partition_counts) if partition_counts is not None else None
-        self._training_rdds: Dict[int, RDD] = {}
+        self._training_blocks: Dict[int, BlockSet] = {}
         self._file_stream = file_stream
 
     # ------------------------------------------------------------------ properties
@@ -161,14 +158,19 @@ class BlockDataset:
         return self._val_dataset
 
     @property
+    def blocks(self) -> BlockSet:
+        """The Blocks (a few per partition), in an RDD or, in Spark Connect, a DataFrame."""
+        return self._blocks
+
+    @property
     def block_rdd(self) -> RDD:
-        """The RDD of Blocks (a few per partition)."""
-        return self._block_rdd
+        """The RDD of Blocks (classic sessions; Spark Connect raises ``SparkTFError``)."""
+        return self._blocks.rdd
 
     @property
     def rdd(self) -> RDD:
-        """The records: ``(features, labels)`` or ``features``, leaves as NumPy values."""
-        return self._block_rdd.flatMap(self._format.to_records)
+        """The records: ``(features, labels)`` or ``features``, leaves as NumPy values (classic sessions)."""
+        return self._blocks.rdd.flatMap(self._format.to_records)
 
     @property
     def partition_counts(self) -> List[int]:
@@ -182,9 +184,9 @@ class BlockDataset:
         if self._partition_counts is None:
             with reraise_remote():
                 if self._file_stream is not None:  # count the files' records without parsing them
-                    self._partition_counts = self._file_stream.count_records(self._block_rdd.context)
+                    self._partition_counts = self._file_stream.count_records(self._blocks.rdd.context)
                 else:
-                    self._partition_counts = self._block_rdd.mapPartitions(count_records).collect()
+                    self._partition_counts = self._blocks.count_records()
         return self._partition_counts
 
     @property
@@ -253,14 +255,14 @@ class BlockDataset:
         self.local_batch_size(self._default_workers(num_workers))
         return math.ceil(self.num_records / self._batch_size)
 
-    def training_block_rdd(self, num_workers: int) -> RDD:
+    def training_blocks(self, num_workers: int) -> BlockSet:
         """The Blocks in exactly ``num_workers`` balanced partitions, for barrier training.
 
         Worker ``w`` gets the contiguous records ``[w * n // W, (w + 1) * n //
         W)``; the data is shuffled through Spark only when the partitions are
         not already like that. Shuffled Blocks arrive in no particular order
         and carry their key as their first array (:func:`~sparktf.data.columnar.keyed_block`):
-        see :meth:`is_keyed`.
+        the result's ``keyed`` is then True.
 
         Raises
         ------
@@ -275,55 +277,46 @@ class BlockDataset:
                 "workers; use more data or fewer workers"
             )
         if len(counts) == num_workers and max(counts) - min(counts) <= 1:
-            return self._block_rdd
-        if num_workers not in self._training_rdds:
-            self._training_rdds[num_workers] = block_rdd(
-                self._block_rdd.mapPartitionsWithIndex(BlockRouter(counts, num_workers))
-                .partitionBy(num_workers, itemgetter(0))
-                .map(keyed_block, preservesPartitioning=True)
-            )
-        return self._training_rdds[num_workers]
-
-    def is_keyed(self, num_workers: int) -> bool:
-        """Whether :meth:`training_block_rdd` holds keyed Blocks, to be put in key order by the worker."""
-        return self.training_block_rdd(num_workers) is not self._block_rdd
+            return self._blocks
+        if num_workers not in self._training_blocks:
+            self._training_blocks[num_workers] = self._blocks.balanced(counts, num_workers)
+        return self._training_blocks[num_workers]
 
     @contextlib.contextmanager
-    def training_input(self, num_workers: int) -> Iterator[Tuple[RDD, Any]]:
-        """``(rdd, feed)`` for the training jobs of one ``optimize`` call.
+    def training_input(self, num_workers: int) -> Iterator[Tuple[BlockSet, Any]]:
+        """``(blocks, feed)`` for the training jobs of one ``optimize`` call.
 
-        ``rdd`` has one partition per worker and ``feed.open(rank, partition,
+        ``blocks`` has one partition per worker and ``feed.open(rank, partition,
         local_batch, start_batch)`` turns a task's partition into its endless
         batches (:class:`~sparktf.data.block_feed.BlockFeed` over the balanced
         Blocks, persisted while the context lasts when nothing cached them;
         or, for ``cache=False`` TFRecords, a feed reading the worker's files).
         """
-        sc = self._block_rdd.context
-        budget = train_data_memory(sc)
+        kind = self._blocks.kind
+        budget = train_data_memory(kind)
         if self._file_stream is not None:
-            yield self._file_stream.training_input(sc, self.partition_counts, num_workers, self._shuffle,
-                                                   self._seed, budget)
+            yield self._file_stream.training_input(self._blocks, self.partition_counts, num_workers,
+                                                   self._shuffle, self._seed, budget)
             return
-        blocks = self.training_block_rdd(num_workers)
+        blocks = self.training_blocks(num_workers)
         persisted_here = not blocks.is_cached
         if persisted_here:
-            cached(blocks, "training")
-        key = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{sc.applicationId}-rdd{blocks.id()}")
-        feed = BlockFeed(key, self._shuffle, self._seed, self._sequential_order, budget, self.is_keyed(num_workers))
+            blocks.persist("training")
+        feed = BlockFeed(blocks.cache_key, self._shuffle, self._seed, self._sequential_order, budget, blocks.keyed)
         try:
             yield blocks, feed
         finally:
             if persisted_here:
-                unpersist(blocks)
+                blocks.unpersist()
 
     def _default_workers(self, num_workers: Optional[int]) -> int:
-        return self._block_rdd.context.defaultParallelism if num_workers is None else num_workers
+        return self._blocks.kind.default_parallelism() if num_workers is None else num_workers
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(feature_spec={self._feature_spec}, label_spec={self._label_spec}, "
             f"batch_size={self._batch_size}, batch_per_thread={self._batch_per_thread}, "
-            f"partitions={self._block_rdd.getNumPartitions()})"
+            f"partitions={self._blocks.num_partitions})"
         )
 
 

@@ -19,6 +19,7 @@ themselves, not re-serialized).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import pickle
 import struct
@@ -31,7 +32,7 @@ from pyspark.serializers import Serializer, SpecialLengths
 
 from sparktf.data.columnar import Block
 
-__all__ = ["BlockSerializer", "block_rdd", "cached", "skipping_blocks"]
+__all__ = ["BlockSerializer", "block_rdd", "cached", "skipping_blocks", "encode_block", "decode_block"]
 
 _INT = struct.Struct("!i")
 
@@ -84,6 +85,20 @@ def _encode(block: Block) -> tuple:
         header.append([array.dtype.str, list(array.shape), len(payload)])
         payloads.append(payload)
     return json.dumps(header).encode(), payloads
+
+
+def encode_block(block: Block) -> bytes:
+    """One Block as bytes (``[header length][JSON header][array bytes...]``): a DataFrame cell in Spark Connect."""
+    header, payloads = _encode(block)
+    return b"".join([_INT.pack(len(header)), header, *payloads])
+
+
+def decode_block(data: Any) -> Block:
+    """The Block of :func:`encode_block`'s bytes (any buffer), its arrays copied out of them."""
+    stream = io.BytesIO(data)
+    (header_length,) = _INT.unpack(_read_exactly(stream, _INT.size))
+    header = json.loads(_read_exactly(stream, header_length))
+    return tuple(_read_array(stream, dtype, shape, nbytes) for dtype, shape, nbytes in header)
 
 
 def _read_array(stream: BinaryIO, dtype: str, shape: List[int], nbytes: int) -> np.ndarray:

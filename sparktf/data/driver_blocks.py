@@ -20,7 +20,7 @@ the first batch starts before the whole partition has arrived.
 
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterator, List, Sequence
 
 import numpy as np
 from pyspark import RDD, SparkContext
@@ -30,7 +30,7 @@ from sparktf.data.block_serializer import block_rdd, cached
 from sparktf.data.columnar import Block, balanced_bounds, records_per_block, slice_block
 from sparktf.data.specs import LeafSpec
 
-__all__ = ["cached_driver_blocks"]
+__all__ = ["driver_partitions", "cached_driver_blocks"]
 
 
 class _BroadcastBlocks:
@@ -43,34 +43,23 @@ class _BroadcastBlocks:
         return iter(self.partitions[index].value)
 
 
-def cached_driver_blocks(
-    sc: SparkContext, columns: Sequence[np.ndarray], leaves: Sequence[LeafSpec], partitions: int, name: str
-) -> Tuple[RDD, List[int]]:
-    """A cached RDD of ``partitions`` contiguous ranges of ``columns`` and its record counts.
+def driver_partitions(columns: Sequence[np.ndarray], leaves: Sequence[LeafSpec], partitions: int) -> List[List[Block]]:
+    """``partitions`` contiguous ranges of ``columns`` (one array per leaf, equal lengths), each as its Blocks.
 
-    Parameters
-    ----------
-    sc : SparkContext
-    columns : sequence of numpy.ndarray
-        One C-contiguous array per leaf, all with the same number of records.
-    leaves : sequence of LeafSpec
-        The leaves of ``columns`` (they size the Blocks).
-    partitions : int
-        Number of partitions; partition ``i`` holds records
-        ``balanced_bounds(n, partitions)[i:i + 2]``.
-    name : str
-        Names the cached RDD in Spark's UI.
-
-    Returns
-    -------
-    (RDD, list of int)
+    Partition ``i`` holds records ``balanced_bounds(n, partitions)[i:i + 2]``, in
+    Blocks sized for ``leaves`` (:func:`~sparktf.data.columnar.records_per_block`).
     """
     bounds = balanced_bounds(len(columns[0]), partitions)
     step = records_per_block(leaves)
-    ranges = list(zip(bounds, bounds[1:]))
-    broadcasts = [
-        sc.broadcast([slice_block(columns, i, min(i + step, stop)) for i in range(start, stop, step)])
-        for start, stop in ranges
-    ]
-    blocks = sc.parallelize(range(partitions), partitions).mapPartitionsWithIndex(_BroadcastBlocks(broadcasts))
-    return cached(block_rdd(blocks), name), [stop - start for start, stop in ranges]
+    return [[slice_block(columns, i, min(i + step, stop)) for i in range(start, stop, step)]
+            for start, stop in zip(bounds, bounds[1:])]
+
+
+def cached_driver_blocks(sc: SparkContext, partitions: Sequence[List[Block]], name: str) -> RDD:
+    """A cached RDD whose partition ``i`` holds the Blocks ``partitions[i]`` (of :func:`driver_partitions`).
+
+    ``name`` names the cached RDD in Spark's UI.
+    """
+    broadcasts = [sc.broadcast(blocks) for blocks in partitions]
+    blocks = sc.parallelize(range(len(partitions)), len(partitions)).mapPartitionsWithIndex(_BroadcastBlocks(broadcasts))
+    return cached(block_rdd(blocks), name)

@@ -1,22 +1,27 @@
-"""The block RDDs behind ``TFDataset``'s factories: RDD records, driver arrays, DataFrame columns.
+"""The Blocks behind ``TFDataset``'s factories: RDD records, driver arrays, DataFrame columns.
 
-Each function checks its input and builds a cached RDD of columnar Blocks
-(see :mod:`sparktf.data.columnar`) in a :class:`~sparktf.data.columnar.RecordFormat`;
-:class:`sparktf.dataset.TFDataset` adds the specs and batching options.
+Each function checks its input and builds a cached :class:`~sparktf.data.block_sets.BlockSet`
+of columnar Blocks (see :mod:`sparktf.data.columnar`) in a
+:class:`~sparktf.data.columnar.RecordFormat`; :class:`sparktf.dataset.TFDataset`
+adds the specs and batching options. This is where the session's kind picks
+where Blocks live: an RDD in a classic session, a DataFrame in Spark Connect
+(:mod:`sparktf.data.frame_blocks`).
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Union
+from typing import Any, List, Sequence, Tuple, Union
 
 import numpy as np
-from pyspark import RDD, SparkContext
+from pyspark import RDD
 from pyspark.sql import DataFrame
 
 from sparktf.data import arrow_io, specs
 from sparktf.data.block_serializer import block_rdd, cached
+from sparktf.data.block_sets import BlockSet, RddBlockSet
 from sparktf.data.columnar import RecordFormat, to_leaf_column
-from sparktf.data.driver_blocks import cached_driver_blocks
+from sparktf.data.driver_blocks import cached_driver_blocks, driver_partitions
+from sparktf.data.frame_blocks import EncodedBlocks, FrameBlockSet, encoded_frame
 from sparktf.errors import DataError
 
 __all__ = [
@@ -31,9 +36,9 @@ __all__ = [
 ]
 
 
-def rdd_blocks(rdd: RDD, record_format: RecordFormat, kind: str) -> RDD:
-    """The cached Blocks of an RDD of records (``kind`` names the cache: "training", "validation")."""
-    return cached(block_rdd(rdd.mapPartitionsWithIndex(record_format.to_blocks)), kind)
+def rdd_blocks(session: Any, rdd: RDD, record_format: RecordFormat, name: str) -> BlockSet:
+    """The cached Blocks of an RDD of records (``name`` names the cache: "training", "validation")."""
+    return RddBlockSet(session, cached(block_rdd(rdd.mapPartitionsWithIndex(record_format.to_blocks)), name))
 
 
 def check_is_rdd(value: Any, name: str) -> None:
@@ -62,8 +67,14 @@ def tf_dtype_of(array: Any) -> str:
     return "float32" if dtype == np.float64 else dtype.name
 
 
-def ndarray_blocks(sc: SparkContext, record_format: RecordFormat, element, name: str, partitions: int):
-    """The cached block RDD of contiguous ranges of the arrays of ``element``, and its partition counts."""
+def ndarray_blocks(session: Any, record_format: RecordFormat, element, name: str, partitions: int
+                   ) -> Tuple[BlockSet, List[int]]:
+    """The cached Blocks of contiguous ranges of the arrays of ``element``, and the partitions' record counts.
+
+    ``session`` is the :class:`~sparktf.spark.session_kind.SessionKind`: the
+    Blocks travel to a classic session's executors in one broadcast per
+    partition, and to a Connect server in one ``createDataFrame``.
+    """
     leaves = record_format.leaves
     try:
         values = specs.flatten_like(record_format.element, element, name)
@@ -73,7 +84,15 @@ def ndarray_blocks(sc: SparkContext, record_format: RecordFormat, element, name:
     lengths = {leaf.path: len(column) for leaf, column in zip(leaves, columns)}
     if len(set(lengths.values())) > 1:
         raise DataError(f"{name}: the arrays have different numbers of records {lengths}; they must be equal")
-    return cached_driver_blocks(sc, columns, leaves, partitions, name)
+    partitioned = driver_partitions(columns, leaves, partitions)
+    counts = [sum(len(block[0]) for block in blocks) for blocks in partitioned]
+    if session.has_rdds:
+        sc = session.spark_context("TFDataset.from_ndarrays", "")
+        return RddBlockSet(session, cached_driver_blocks(sc, partitioned, name)), counts
+    blocks = FrameBlockSet(session, encoded_frame(session.session, partitioned), EncodedBlocks(),
+                           num_partitions=partitions)
+    blocks.persist(name)
+    return blocks, counts
 
 
 def column_names(cols: Union[str, Sequence[str]], name: str) -> List[str]:
@@ -87,13 +106,21 @@ def one_or_list(column_specs: list):
     return column_specs[0] if len(column_specs) == 1 else column_specs
 
 
-def dataframe_blocks(df: DataFrame, columns: List[str], record_format: RecordFormat, kind: str) -> RDD:
-    """Blocks of ``columns`` of ``df``: the JVM's Arrow record batches, cached in the JVM, decoded when read.
+def dataframe_blocks(session: Any, df: DataFrame, columns: List[str], record_format: RecordFormat,
+                     name: str) -> BlockSet:
+    """Blocks of ``columns`` of ``df``: Arrow record batches cached in the JVM, decoded when read.
 
     The batches stay in the JVM's cache (no round trip through Python); each
     read decodes them without per-row work (zero-copy for columns that are
-    already of their leaf's dtype).
+    already of their leaf's dtype). A classic session caches the batches of
+    ``toArrowBatchRdd``; Spark Connect persists the reduced DataFrame, and
+    each ``mapInArrow`` task decodes its batches.
     """
     ready = arrow_io.arrow_ready(df, columns)
     decoder = arrow_io.ArrowBlockDecoder(arrow_io.arrow_schema(ready), record_format.leaves, columns)
-    return block_rdd(cached(arrow_io.arrow_batch_rdd(ready), f"{kind} Arrow").mapPartitionsWithIndex(decoder))
+    if session.has_rdds:
+        batches = cached(arrow_io.arrow_batch_rdd(ready), f"{name} Arrow")
+        return RddBlockSet(session, block_rdd(batches.mapPartitionsWithIndex(decoder)))
+    blocks = FrameBlockSet(session, ready, decoder.blocks)
+    blocks.persist(name)
+    return blocks

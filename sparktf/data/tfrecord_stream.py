@@ -82,11 +82,12 @@ class TFRecordStream:
 
     def count_records(self, sc: Any) -> List[int]:
         """Records per file, counted on the executors without parsing them."""
-        return sc.parallelize(self.files, len(self.files)).map(partial(_count_file, gpu_plan(sc))).collect()
+        return sc.parallelize(self.files, len(self.files)).map(partial(_count_file, gpu_plan(sc.getConf()))).collect()
 
-    def training_input(self, sc: Any, counts: Sequence[int], num_workers: int, shuffle: bool, seed: int,
+    def training_input(self, blocks: Any, counts: Sequence[int], num_workers: int, shuffle: bool, seed: int,
                        memory_budget: int) -> Tuple[Any, "TFRecordFeed"]:
-        """``(rdd, feed)`` for a training job: one tiny partition per worker, and the feed that reads its files."""
+        """``(placeholder, feed)`` for a training job: one tiny partition per worker (``blocks.placeholder``), and
+        the feed that reads its files."""
         assignment = assign_files(counts, num_workers)
         raw_bytes = sum(file_size(path) for path in self.files)
         record_bytes = max(1, raw_bytes // max(1, sum(counts)))
@@ -100,7 +101,7 @@ class TFRecordStream:
             seed=seed,
             shuffle_buffer=buffer,
         )
-        return sc.parallelize(range(num_workers), num_workers), feed
+        return blocks.placeholder(num_workers), feed
 
 
 class TFRecordFeed:

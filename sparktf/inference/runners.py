@@ -19,6 +19,7 @@ from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed
 from sparktf.models.batch_errors import rejected_batch
 from sparktf.models.cache import cached
 from sparktf.models.payload import ModelPayload
+from sparktf.models.saved_model_archive import SavedModelArchive
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.worker_gc import frozen_after
 
@@ -84,7 +85,8 @@ class SignatureRunner:
 
 @dataclass(frozen=True)
 class ModelHandle:
-    """What executors need to get the runner: the broadcast, how to load it, and the stage's GPU plan."""
+    """What executors need to get the runner: the model's shipped bytes (``broadcast``: a broadcast variable or a
+    session artifact, see ``SessionKind.share``), how to load them, and the stage's GPU plan."""
 
     kind: str  # "keras" or "saved_model"
     key: str
@@ -109,7 +111,8 @@ class ModelHandle:
                 "keras-predict:" + self.key,
                 frozen_after(lambda: KerasRunner(ModelPayload.from_bytes(self.broadcast.value).build())),
             )
-        loaded = cached("saved-model:" + self.key, frozen_after(lambda: self.broadcast.value.load()))
+        loaded = cached("saved-model:" + self.key,
+                        frozen_after(lambda: SavedModelArchive(self.broadcast.value, self.key).load()))
         return SignatureRunner(loaded, self.signature, self.outputs, self.output_kind)
 
 

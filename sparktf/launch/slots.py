@@ -10,26 +10,26 @@ import time
 from sparktf.errors import SparkTFError
 from sparktf.spark.session_kind import SessionKind
 
-__all__ = ["check_task_slots", "EXECUTOR_WAIT_S"]
+__all__ = ["check_task_slots"]
 
-EXECUTOR_WAIT_S = 30.0
 _POLL_S = 0.5
 
 
-def check_task_slots(kind: SessionKind, needed: int, executor_wait: float = EXECUTOR_WAIT_S) -> None:
+def check_task_slots(kind: SessionKind, needed: int) -> None:
     """Return once the cluster runs ``needed`` tasks at once; raise ``SparkTFError`` if it does not.
 
     With ``local[N]`` the slots are known at once. On a cluster, executors
     that are still registering (a session that just started) are waited
-    for, at most ``executor_wait`` seconds.
+    for, at most ``kind.executor_wait`` seconds.
     """
-    deadline = time.monotonic() + (0.0 if kind.is_local else executor_wait)
+    executor_wait = 0.0 if kind.is_local else kind.executor_wait
+    deadline = time.monotonic() + executor_wait
     slots = kind.task_slots()
     while slots < needed and time.monotonic() < deadline:
         time.sleep(_POLL_S)
         slots = kind.task_slots()
     if slots < needed:
-        waited = "" if kind.is_local else f" after waiting {executor_wait:g} s for executors"
+        waited = f" after waiting {executor_wait:g} s for executors" if executor_wait else ""
         raise SparkTFError(
             f"sparktf.run needs {needed} tasks running at once (num_workers={needed}) but the cluster runs at "
             f"most {slots}{waited} (executors x cores / spark.task.cpus, and task resources such as GPUs); "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from sparktf.spark.cluster import total_task_slots
-from sparktf.spark.session_kind import SessionKind, TaskFunction
+from sparktf.spark.cluster import TaskSlots, task_slots, total_task_slots
+from sparktf.spark.session_kind import SessionKind, Shared, TaskFunction
 
 __all__ = ["ClassicSession"]
 
@@ -23,6 +23,9 @@ class ClassicSession(SessionKind):
     def conf(self) -> Any:
         return self.sc.getConf()
 
+    def setting(self, key: str, default: str) -> str:
+        return self.sc.getLocalProperty(key) or self.conf.get(key, default)
+
     @property
     def master(self) -> str:
         return self.sc.master
@@ -36,6 +39,21 @@ class ClassicSession(SessionKind):
     def task_slots(self) -> int:
         return total_task_slots(self.sc)
 
+    def slots(self, profile: Any = None) -> TaskSlots:
+        return task_slots(self.sc, profile)
+
+    def register_profile(self, profile: Any) -> Any:
+        """The profile as Spark registered it, through a one-partition RDD (``withResources``) that never runs."""
+        from pyspark.resource import ResourceProfile
+
+        probe = self.sc.parallelize([0], 1)
+        probe.withResources(profile)
+        return ResourceProfile(_java_resource_profile=probe._jrdd.getResourceProfile())
+
+    def share(self, data: bytes, name: str) -> Shared:
+        """A broadcast variable (``value``, ``destroy``)."""
+        return self.sc.broadcast(data)
+
     def add_python_file(self, path: str) -> None:
         self.sc.addPyFile(path)
 
@@ -43,18 +61,23 @@ class ClassicSession(SessionKind):
     def holder(self) -> Any:
         return self.sc
 
+    def add_tag(self, tag: str) -> None:
+        self.sc.addJobTag(tag)
+
+    def remove_tag(self, tag: str) -> None:
+        self.sc.removeJobTag(tag)
+
     def run_tasks(self, num_tasks: int, function: TaskFunction, tag: str, barrier: bool = False,
                   description: Optional[str] = None) -> List[Optional[bytes]]:
-        self.sc.addJobTag(tag)
-        try:
+        with self.tagged(tag):
             if description:
                 self.sc.setJobDescription(description)
-            tasks = self.sc.parallelize(range(num_tasks), num_tasks)
-            return (tasks.barrier() if barrier else tasks).mapPartitions(function).collect()
-        finally:
-            self.sc.removeJobTag(tag)
-            if description:
-                self.sc.setJobDescription(None)
+            try:
+                tasks = self.sc.parallelize(range(num_tasks), num_tasks)
+                return (tasks.barrier() if barrier else tasks).mapPartitions(function).collect()
+            finally:
+                if description:
+                    self.sc.setJobDescription(None)
 
     def cancel_tag(self, tag: str) -> None:
         self.sc.cancelJobsWithTag(tag)

@@ -1,4 +1,4 @@
-"""Cluster resources: free task slots for a barrier job, TensorFlow threads per task, the rendezvous, memory settings.
+"""Cluster resources: free task slots for a barrier job, TensorFlow threads per task, the watchdog's slack, memory settings.
 
 Spark's own check for a barrier stage that does not fit retries for minutes;
 sparktf fails within seconds instead, naming the numbers.
@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
-from pyspark import SparkConf, SparkContext
+from pyspark import SparkContext
 
 from sparktf.errors import SparkTFError
 from sparktf.spark.resources import describe_profile
@@ -23,13 +23,10 @@ __all__ = [
     "task_slots",
     "total_task_slots",
     "busy_task_slots",
-    "free_task_slots",
     "wait_for_free_slots",
     "slot_shortage",
     "configure_task_threads",
     "use_task_threads",
-    "RENDEZVOUS_CONF",
-    "rendezvous_host",
     "WATCHDOG_SLACK_CONF",
     "watchdog_slack",
     "TRAIN_DATA_MEMORY_CONF",
@@ -37,7 +34,6 @@ __all__ = [
 ]
 
 _LOG = logging.getLogger(__name__)
-RENDEZVOUS_CONF = "spark.sparktf.rendezvous"
 WATCHDOG_SLACK_CONF = "spark.sparktf.watchdogSlack"
 
 
@@ -66,11 +62,6 @@ def busy_task_slots(sc: SparkContext) -> dict:
         if info.numRunningTasks() > 0:
             busy[f"{info.host()}:{info.port()}"] = int(info.numRunningTasks())
     return busy
-
-
-def free_task_slots(sc: SparkContext) -> int:
-    """Task slots not taken by the tasks running right now."""
-    return task_slots(sc).free
 
 
 @dataclass(frozen=True)
@@ -110,7 +101,7 @@ def task_slots(sc: SparkContext, profile: Any = None) -> TaskSlots:
 
 
 def wait_for_free_slots(
-    sc: SparkContext, num_workers: int, timeout: float = 0.0, probe: Optional[Callable[[], TaskSlots]] = None
+    kind: Any, num_workers: int, timeout: float = 0.0, probe: Optional[Callable[[], TaskSlots]] = None
 ) -> None:
     """Return once ``num_workers`` barrier tasks can start; raise ``SparkTFError`` otherwise.
 
@@ -120,16 +111,16 @@ def wait_for_free_slots(
 
     Parameters
     ----------
-    sc : pyspark.SparkContext
-        The context that will run the barrier job.
+    kind : SessionKind
+        The session that will run the barrier job.
     num_workers : int
         Number of barrier tasks (one per training worker).
     timeout : float
         Seconds to wait for busy slots to be released; 0 checks once.
     probe : callable, optional
-        Returns the :class:`TaskSlots` to check (default: :func:`task_slots` of ``sc``).
+        Returns the :class:`TaskSlots` to check (default: ``kind.slots()``).
     """
-    probe = probe or (lambda: task_slots(sc))
+    probe = probe or kind.slots
     deadline = time.monotonic() + timeout
     while True:
         slots = probe()
@@ -138,15 +129,15 @@ def wait_for_free_slots(
         if slots.total < num_workers or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
-    raise slot_shortage(sc, "num_workers", num_workers, slots, timeout)
+    raise slot_shortage(kind, "num_workers", num_workers, slots, timeout)
 
 
-def slot_shortage(sc: SparkContext, setting: str, needed: int, slots: TaskSlots, waited: float = 0.0) -> SparkTFError:
+def slot_shortage(kind: Any, setting: str, needed: int, slots: TaskSlots, waited: float = 0.0) -> SparkTFError:
     """The error for ``needed`` barrier tasks that ``slots`` cannot hold, naming ``setting`` (e.g. ``"num_workers"``).
 
     Parameters
     ----------
-    sc : pyspark.SparkContext
+    kind : SessionKind
     setting : str
         The parameter that asked for ``needed`` workers.
     needed : int
@@ -160,7 +151,7 @@ def slot_shortage(sc: SparkContext, setting: str, needed: int, slots: TaskSlots,
         f"{setting}={needed} training workers need {needed} free task slots, "
         f"but the cluster has only {slots.free} free (of {slots.total} in total, "
         + (f"for {slots.profile}" if slots.profile else
-           f"at spark.task.cpus={sc.getConf().get('spark.task.cpus', '1')} cores each")
+           f"at spark.task.cpus={kind.conf.get('spark.task.cpus', '1')} cores each")
         + (f"; busy: {busy}" if busy else "") + "). "
         + (f"Use {setting} <= {slots.total}, or add executors / cores." if slots.total < needed else
            f"The busy slots were not released within {waited:g} s: end the Spark jobs that hold them.")
@@ -206,45 +197,19 @@ def use_task_threads() -> None:
         configure_task_threads(context.cpus())
 
 
-def rendezvous_host(conf: SparkConf) -> str | None:
-    """Where a barrier job's ranks exchange their addresses.
-
-    ``spark.sparktf.rendezvous`` is ``driver`` (the default: a
-    :class:`~sparktf.collective.JobChannel` on ``spark.driver.host``) or
-    ``barrier`` (``BarrierTaskContext.allGather``, ~1 s per job, for clusters
-    whose executors cannot open connections to the driver).
-
-    Parameters
-    ----------
-    conf : pyspark.SparkConf
-        The application's configuration (``sc.getConf()``).
-
-    Returns
-    -------
-    str or None
-        The driver's address for the directory, None for ``barrier``.
-    """
-    mode = conf.get(RENDEZVOUS_CONF, "driver")
-    if mode == "barrier":
-        return None
-    if mode != "driver":
-        raise SparkTFError(f"{RENDEZVOUS_CONF} must be 'driver' or 'barrier', got {mode!r}")
-    return conf.get("spark.driver.host", "127.0.0.1")
-
-
-def watchdog_slack(sc: SparkContext) -> float:
+def watchdog_slack(kind: Any) -> float:
     """Seconds beyond ``collective_timeout`` that a task may make no progress before its job is cancelled.
 
     ``spark.sparktf.watchdogSlack`` (default 30), read from this thread's
     local properties (``sc.setLocalProperty``: for the jobs this thread
-    starts) or else from the application's configuration.
+    starts; classic sessions) or else from the session's settings.
 
     Raises
     ------
     SparkTFError
         The value is not a number of seconds >= 0.
     """
-    text = sc.getLocalProperty(WATCHDOG_SLACK_CONF) or sc.getConf().get(WATCHDOG_SLACK_CONF, "30")
+    text = kind.setting(WATCHDOG_SLACK_CONF, "30")
     try:
         seconds = float(text.strip().removesuffix("s"))
     except ValueError:
@@ -259,12 +224,12 @@ DEFAULT_TRAIN_DATA_MEMORY = "512m"
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def train_data_memory(sc: SparkContext) -> int:
+def train_data_memory(kind: Any) -> int:
     """Bytes of training records one training worker may hold in memory.
 
     ``spark.sparktf.trainDataMemory`` (a Spark size string such as ``512m``
     or ``2g``; plain numbers are bytes; default 512m), read from this
-    thread's local properties or else from the application's configuration.
+    thread's local properties or else from the session's settings.
     A worker whose shard is larger streams it through a bounded shuffle window.
 
     Raises
@@ -272,8 +237,7 @@ def train_data_memory(sc: SparkContext) -> int:
     SparkTFError
         The value is not a positive size.
     """
-    text = sc.getLocalProperty(TRAIN_DATA_MEMORY_CONF) or sc.getConf().get(
-        TRAIN_DATA_MEMORY_CONF, DEFAULT_TRAIN_DATA_MEMORY)
+    text = kind.setting(TRAIN_DATA_MEMORY_CONF, DEFAULT_TRAIN_DATA_MEMORY)
     match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", text.lower())
     size = int(match.group(1)) * _SIZE_UNITS[match.group(2)] if match else 0
     if size <= 0:

@@ -7,11 +7,16 @@ and files reach the executors as session artifacts.
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+import uuid
 from typing import Any, Iterable, Iterator, List, Optional
 
 from sparktf.errors import SparkTFError
-from sparktf.spark.session_kind import SessionKind, TaskFunction
+from sparktf.spark.cluster import TaskSlots
+from sparktf.spark.resources import describe_profile
+from sparktf.spark.session_kind import SessionKind, Shared, TaskFunction
 
 __all__ = ["ConnectSession"]
 
@@ -35,10 +40,27 @@ class _ArrowTasks:
             yield pa.RecordBatch.from_pydict({"result": [value]}, schema=schema)
 
 
+class ArtifactBytes(Shared):
+    """Bytes shipped as a session artifact (``addArtifacts(file=True)``), read with ``SparkFiles`` on executors."""
+
+    def __init__(self, file_name: str) -> None:
+        self.file_name = file_name
+
+    @property
+    def value(self) -> bytes:
+        from pyspark import SparkFiles
+
+        with open(SparkFiles.get(self.file_name), "rb") as shipped:
+            return shipped.read()
+
+
 class ConnectSession(SessionKind):
     """A Spark Connect session: settings through ``spark.conf``, jobs over DataFrames."""
 
     name = "Spark Connect"
+    has_rdds = False
+    #: The server's executors registered before its clients came, and its slots are read once per session.
+    executor_wait = 0.0
 
     @property
     def conf(self) -> Any:
@@ -60,11 +82,48 @@ class ConnectSession(SessionKind):
 
     def task_slots(self) -> int:
         """``local[N]``'s N; on a cluster the default parallelism (its cores) over ``spark.task.cpus``."""
+        return self.slots().total
+
+    def slots(self, profile: Any = None) -> TaskSlots:
+        """Total slots as :meth:`task_slots` (a profile's ``cpus`` instead of ``spark.task.cpus``); busy ones unknown."""
         local = _LOCAL_THREADS.match(self.master)
         if local and local.group(1) != "*":
-            return int(local.group(1))
-        cpus = int(self.conf.get("spark.task.cpus", "1") or 1)
-        return max(1, self.default_parallelism() // max(cpus, 1))
+            return TaskSlots(int(local.group(1)), {})
+        cpus = float(self.conf.get("spark.task.cpus", "1") or 1)
+        if profile is not None and "cpus" in profile.taskResources:
+            cpus = float(profile.taskResources["cpus"].amount)
+        total = max(1, int(self.default_parallelism() // max(cpus, 1)))
+        return TaskSlots(total, {}, describe_profile(profile) if profile is not None else "")
+
+    def rendezvous_host(self) -> str:
+        """The job channel's checked address (:meth:`driver_host`): a Connect job has no other way to the model state.
+
+        Raises
+        ------
+        SparkTFError
+            For ``spark.sparktf.rendezvous=barrier``, or an address this machine does not have.
+        """
+        if super().rendezvous_host() is None:
+            raise SparkTFError(
+                "spark.sparktf.rendezvous=barrier needs a classic session: in Spark Connect the tasks get the "
+                "model state from sparktf's job channel in this process. Unset it, and set "
+                "spark.sparktf.driverHost to an address of this machine that the executors reach"
+            )
+        return self.driver_host()
+
+    def register_profile(self, profile: Any) -> Any:
+        """``profile``, registered on the server (asking its ``id`` does)."""
+        profile.id  # noqa: B018  (the server checks and registers the profile here)
+        return profile
+
+    def share(self, data: bytes, name: str) -> Shared:
+        """A session artifact (kept on the server until the session ends)."""
+        with tempfile.TemporaryDirectory(prefix="sparktf-share-") as folder:
+            path = os.path.join(folder, f"sparktf-{name}-{uuid.uuid4().hex}.bin")
+            with open(path, "wb") as out:
+                out.write(data)
+            self.session.addArtifacts(path, file=True)
+        return ArtifactBytes(os.path.basename(path))
 
     def add_python_file(self, path: str) -> None:
         self.session.addArtifacts(path, pyfile=True)
@@ -73,15 +132,18 @@ class ConnectSession(SessionKind):
     def holder(self) -> Any:
         return self.session
 
+    def add_tag(self, tag: str) -> None:
+        self.session.addTag(tag)
+
+    def remove_tag(self, tag: str) -> None:
+        self.session.removeTag(tag)
+
     def run_tasks(self, num_tasks: int, function: TaskFunction, tag: str, barrier: bool = False,
                   description: Optional[str] = None) -> List[Optional[bytes]]:
-        self.session.addTag(tag)
-        try:
+        with self.tagged(tag):
             tasks = self.session.range(0, num_tasks, 1, num_tasks)
             rows = tasks.mapInArrow(_ArrowTasks(function), _RESULT_SCHEMA, barrier=barrier).collect()
             return [row[0] for row in rows]
-        finally:
-            self.session.removeTag(tag)
 
     def cancel_tag(self, tag: str) -> None:
         self.session.interruptTag(tag)

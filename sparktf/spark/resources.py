@@ -52,13 +52,14 @@ def describe_profile(profile: ResourceProfile) -> str:
 
 
 def stage_profile(
-    sc: Any, resource_profile: ResourceProfileLike, parameter: str = "resource_profile"
+    kind: Any, resource_profile: ResourceProfileLike, parameter: str = "resource_profile"
 ) -> Optional[ResourceProfile]:
     """The profile sparktf's stages run with, checked and registered with Spark; None for the defaults.
 
     Parameters
     ----------
-    sc : pyspark.SparkContext
+    kind : SessionKind
+        The session that runs the stages.
     resource_profile : ResourceProfile, dict or None
         A ``ResourceProfile``, or ``{"cpus": n, "gpus": x}`` (either key may
         be left out) for each task's needs.
@@ -79,23 +80,21 @@ def stage_profile(
     if not isinstance(resource_profile, ResourceProfile):
         raise SparkTFError(f"{parameter} must be a pyspark.resource.ResourceProfile or a dict such as "
                            f"{{'cpus': 4, 'gpus': 1}}, got {type(resource_profile).__name__}")
-    master = sc.master
+    master = kind.master
     if master.startswith("local") and not master.startswith("local-cluster"):
         raise SparkTFError(
             f"{parameter}: Spark does not run stage-level resource profiles in local mode "
             f"(master {master!r}); use a cluster (standalone, local-cluster, YARN, Kubernetes), "
             "or drop it and set spark.task.cpus / spark.task.resource.gpu.amount for the whole application"
         )
-    probe = sc.parallelize([0], 1)
     try:
-        probe.withResources(resource_profile)
+        return kind.register_profile(resource_profile)
     except Exception as error:  # py4j's error carries Spark's reason
         reason = str(getattr(error, "java_exception", error)).splitlines()[0]
         raise SparkTFError(
             f"{parameter}: Spark refused the resource profile: {reason}. A profile of task resources only "
             "needs spark.dynamicAllocation.enabled=false; one with executor resources needs it true"
         ) from None
-    return ResourceProfile(_java_resource_profile=probe._jrdd.getResourceProfile())
 
 
 def with_profile(rdd: Any, profile: Optional[ResourceProfile]) -> Any:

@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import socket
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 from sparktf.errors import SparkTFError
 
-__all__ = ["SessionKind", "TaskFunction", "DRIVER_HOST_CONF"]
+__all__ = ["SessionKind", "TaskFunction", "Shared", "DRIVER_HOST_CONF", "RENDEZVOUS_CONF"]
 
 #: A task of :meth:`SessionKind.run_tasks`: its partition's numbers in, byte strings (or None) out.
 TaskFunction = Callable[[Iterable[int]], Iterator[Optional[bytes]]]
 
 #: The address sparktf's listeners in this process bind and the executors connect to.
 DRIVER_HOST_CONF = "spark.sparktf.driverHost"
+#: ``driver`` (a job channel in this process) or ``barrier`` (ranks meet through ``allGather``).
+RENDEZVOUS_CONF = "spark.sparktf.rendezvous"
+
+
+class Shared(ABC):
+    """Bytes shipped once to the executors (a broadcast or a session artifact); ``value`` there."""
+
+    @property
+    @abstractmethod
+    def value(self) -> bytes:
+        """The bytes (on an executor or the driver)."""
+
+    def destroy(self) -> None:
+        """Free them on the executors, where the kind can."""
 
 
 class SessionKind(ABC):
@@ -29,6 +44,10 @@ class SessionKind(ABC):
 
     #: How messages name the kind: ``"classic"`` or ``"Spark Connect"``.
     name: str = ""
+    #: Whether the session has a SparkContext and RDDs.
+    has_rdds: bool = True
+    #: Seconds a task-slot check on a cluster waits for executors still registering (a session just started).
+    executor_wait: float = 30.0
 
     def __init__(self, session: Any) -> None:
         self.session = session
@@ -39,6 +58,10 @@ class SessionKind(ABC):
     @abstractmethod
     def conf(self) -> Any:
         """The session's settings: an object with ``get(key, default)``."""
+
+    def setting(self, key: str, default: str) -> str:
+        """``key`` from this thread's local properties (where the kind has them), else the session's settings."""
+        return self.conf.get(key, default)
 
     @property
     def master(self) -> str:
@@ -62,6 +85,37 @@ class SessionKind(ABC):
     def task_slots(self) -> int:
         """How many tasks of the default resource profile the cluster runs at once."""
 
+    @abstractmethod
+    def slots(self, profile: Any = None) -> Any:
+        """The cluster's :class:`~sparktf.spark.cluster.TaskSlots` now, for ``profile`` (None: the defaults)."""
+
+    @abstractmethod
+    def register_profile(self, profile: Any) -> Any:
+        """``profile`` (a ``ResourceProfile``) registered with Spark; raises with Spark's reason when refused."""
+
+    def rendezvous_host(self) -> Optional[str]:
+        """Where a job's ranks find each other: the job channel's address, or None for ``allGather``.
+
+        ``spark.sparktf.rendezvous`` is ``driver`` (the default: a job
+        channel on :meth:`listen_host`) or ``barrier`` (``BarrierTaskContext.allGather``,
+        for clusters whose executors cannot open connections to the driver).
+
+        Raises
+        ------
+        SparkTFError
+            Any other value.
+        """
+        mode = self.conf.get(RENDEZVOUS_CONF, "driver")
+        if mode == "barrier":
+            return None
+        if mode != "driver":
+            raise SparkTFError(f"{RENDEZVOUS_CONF} must be 'driver' or 'barrier', got {mode!r}")
+        return self.listen_host()
+
+    def listen_host(self) -> str:
+        """The address job channels bind (``spark.sparktf.driverHost``, else ``spark.driver.host``), unchecked."""
+        return self.conf.get(DRIVER_HOST_CONF, None) or self.conf.get("spark.driver.host", None) or "127.0.0.1"
+
     def driver_host(self) -> str:
         """The address this process's listeners bind, and the executors connect to.
 
@@ -74,7 +128,7 @@ class SessionKind(ABC):
             could listen on it (naming ``spark.sparktf.driverHost``).
         """
         chosen = self.conf.get(DRIVER_HOST_CONF, None)
-        host = chosen or self.conf.get("spark.driver.host", None) or "127.0.0.1"
+        host = self.listen_host()
         try:
             with socket.create_server((host, 0)):
                 pass
@@ -108,12 +162,33 @@ class SessionKind(ABC):
 
         self.holder.stop = stop_then_call_back
 
+    @abstractmethod
+    def share(self, data: bytes, name: str) -> Shared:
+        """Ship ``data`` to the executors once (``name`` says what it is: ``"model"``, ...)."""
+
     @property
     @abstractmethod
     def holder(self) -> Any:
         """What lives as long as the session, with its ``stop``: the SparkContext, or the Connect session."""
 
     # ---- jobs -------------------------------------------------------------
+
+    @abstractmethod
+    def add_tag(self, tag: str) -> None:
+        """Tag the jobs this thread starts from now on with ``tag``."""
+
+    @abstractmethod
+    def remove_tag(self, tag: str) -> None:
+        """Stop tagging this thread's jobs with ``tag``."""
+
+    @contextlib.contextmanager
+    def tagged(self, tag: str) -> Iterator[None]:
+        """This thread's jobs carry ``tag`` inside the ``with`` block."""
+        self.add_tag(tag)
+        try:
+            yield
+        finally:
+            self.remove_tag(tag)
 
     @abstractmethod
     def run_tasks(self, num_tasks: int, function: TaskFunction, tag: str, barrier: bool = False,

@@ -84,14 +84,15 @@ def _gpu_amount(requests: Any) -> Optional[float]:
     return float(request.amount) if request is not None else None
 
 
-def gpu_plan(sc: Any, profile: Any = None) -> GpuPlan:
+def gpu_plan(conf: Any, profile: Any = None) -> GpuPlan:
     """The :class:`GpuPlan` of a stage run with ``profile`` (a ``ResourceProfile``; None: the session's default).
+
+    ``conf`` is the session's settings (``SessionKind.conf``, ``sc.getConf()``).
 
     A profile's own task or executor ``gpu`` request wins over the
     application's ``spark.task.resource.gpu.amount`` and
     ``spark.executor.resource.gpu.amount``.
     """
-    conf = sc.getConf()
     per_task = _gpu_amount(profile.taskResources) if profile is not None else None
     per_executor = _gpu_amount(profile.executorResources) if profile is not None else None
     if per_task is None:

@@ -35,7 +35,7 @@ __all__ = ["evaluate_blocks"]
 
 def evaluate_blocks(
     model: Any,
-    block_rdd: Any,
+    blocks: Any,
     element_structure: tuple,
     batch_size: int,
     payload: Any,
@@ -43,20 +43,20 @@ def evaluate_blocks(
     timeout: float = 300.0,
     profile: Any = None,
 ) -> Dict[str, float]:
-    """Evaluate ``model``'s compiled loss and metrics over every record of ``block_rdd``.
+    """Evaluate ``model``'s compiled loss and metrics over every record of ``blocks``.
 
     Parameters
     ----------
     model : keras.Model
         The driver's compiled model (its metric objects compute the result).
-    block_rdd : pyspark.RDD
-        RDD of Blocks (see ``docs/internals.md``).
+    blocks : BlockSet
+        The Blocks (see ``docs/internals.md``).
     element_structure : tuple
         ``(feature_spec, label_spec)`` of the blocks.
     batch_size : int
         Records per batch in each partition.
-    payload : pyspark.Broadcast
-        ``ModelPayload`` bytes of the model.
+    payload : Shared
+        ``ModelPayload`` bytes of the model (``SessionKind.share``).
     state : ModelState, optional
         The weights to evaluate (default: the payload's own); optimizer
         variables in it are not needed.
@@ -78,31 +78,30 @@ def evaluate_blocks(
         The watchdog cancelled the job (naming the partition and its phase).
     """
     from sparktf.errors import DataError
-    from sparktf.spark.cluster import rendezvous_host
     from sparktf.spark.jobs import run_job
-    from sparktf.spark.resources import with_profile
     from sparktf.spark.task_devices import gpu_plan
     from sparktf.training.segment_job import job_channel
     from sparktf.training.watchdog import JobWatchdog
 
     secret = secrets.token_bytes(32)
-    partitions = block_rdd.getNumPartitions()
-    host = rendezvous_host(block_rdd.context.getConf()) if state is not None else None
+    session = blocks.kind
+    partitions = blocks.num_partitions
+    host = session.rendezvous_host() if state is not None else None
     with job_channel(host, partitions, secret) as channel:
         broadcast = None
         if channel is not None:
             channel.serve_state(*state.to_wire())
         elif state is not None:
-            broadcast = block_rdd.context.broadcast(state)
+            broadcast = session.spark_context("evaluation without a job channel", "").broadcast(state)
         source = StateSource(channel and channel.address, secret, partitions, timeout, broadcast)
         task = partial(_evaluate_partition, payload, source if state is not None else None, element_structure,
-                       batch_size, gpu_plan(block_rdd.context, profile))
-        collect = lambda: with_profile(block_rdd.mapPartitions(task), profile).collect()  # noqa: E731
+                       batch_size, gpu_plan(session.conf, profile))
+        collect = lambda: blocks.collect(task, profile=profile)  # noqa: E731
         try:
             if channel is None:
                 per_partition = run_job(collect, what="the evaluation job")
             else:
-                watchdog = JobWatchdog(block_rdd.context, channel, partitions, timeout, barrier=False)
+                watchdog = JobWatchdog(session, channel, partitions, timeout, barrier=False)
                 per_partition = watchdog.run(collect, what="the evaluation job")
         finally:
             if broadcast is not None:

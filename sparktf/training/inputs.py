@@ -1,11 +1,11 @@
 """The training data of one ``optimize`` call, laid out for each worker count it uses.
 
-``dataset.training_input(n)`` gives the RDD a training job maps over (one
+``dataset.training_input(n)`` gives the Blocks a training job maps over (one
 partition per worker: a Spark shuffle when the dataset's partitions are not
 already like that, persisted while its context lasts) and the feed that
-batches it. When elastic training changes the worker count, each count needs
+batches them. When elastic training changes the worker count, each count needs
 its own layout. :class:`WorkerInputs` opens one per count on first use, keeps
-them all for the call and closes them (unpersisting every RDD they persisted)
+them all for the call and closes them (unpersisting everything they persisted)
 at its end. :meth:`WorkerInputs.prepare` computes a layout ahead of its first
 launch, in a background job that fills Spark's cache, so that the driver's
 wait for lost executors and the shuffle overlap.
@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
-from sparktf.spark.jobs import fully_cached, jvm_gone, run_job
+from sparktf.spark.jobs import jvm_gone, run_job
 
 __all__ = ["WorkerInputs"]
 
@@ -30,7 +30,7 @@ _CANCEL_WAIT = 30.0
 
 
 class WorkerInputs:
-    """Per worker count, ``(rdd, feed)`` and the local batches of one ``optimize`` call (a context manager).
+    """Per worker count, ``(blocks, feed)`` and the local batches of one ``optimize`` call (a context manager).
 
     Parameters
     ----------
@@ -56,7 +56,7 @@ class WorkerInputs:
         self.close()
 
     def get(self, workers: int) -> Tuple[Any, Any]:
-        """``(rdd, feed)`` for a job of ``workers`` tasks; background layouts of other counts are cancelled."""
+        """``(blocks, feed)`` for a job of ``workers`` tasks; background layouts of other counts are cancelled."""
         for count in [count for count in self._builds if count != workers]:
             self._builds.pop(count).cancel()
         build = self._builds.pop(workers, None)
@@ -73,17 +73,17 @@ class WorkerInputs:
         if workers in self._builds:
             return
         try:
-            rdd, _ = self._open(workers)
-            if not rdd.is_cached or fully_cached(rdd):
+            blocks, _ = self._open(workers)
+            if not blocks.is_cached or blocks.fully_cached():
                 return
         except Exception as error:  # the launch for this count will raise it properly
             _LOG.warning("could not lay out the training data for %d workers ahead of time: %s", workers, error)
             return
         _LOG.info("laying out the training data for %d workers while waiting", workers)
-        self._builds[workers] = _LayoutBuild(rdd, workers)
+        self._builds[workers] = _LayoutBuild(blocks, workers)
 
     def close(self) -> None:
-        """Cancel the background layouts and unpersist every training RDD opened for the call."""
+        """Cancel the background layouts and unpersist every training layout opened for the call."""
         builds, self._builds = list(self._builds.values()), {}
         for build in builds:
             build.cancel()
@@ -99,10 +99,10 @@ class WorkerInputs:
 
 
 class _LayoutBuild:
-    """A Spark job, on its own thread and job tag, computing and caching a persisted training RDD."""
+    """A Spark job, on its own thread and job tag, computing and caching a persisted training layout."""
 
-    def __init__(self, rdd: Any, workers: int):
-        self._rdd = rdd
+    def __init__(self, blocks: Any, workers: int):
+        self._blocks = blocks
         self._workers = workers
         self._tag = f"sparktf-layout-{uuid.uuid4().hex[:12]}"
         self.error: Optional[BaseException] = None
@@ -112,17 +112,17 @@ class _LayoutBuild:
         self._thread.start()
 
     def _run(self) -> None:
-        sc = self._rdd.context
+        session = self._blocks.kind
         try:
-            sc.addJobTag(self._tag)
+            session.add_tag(self._tag)
             if self._cancelled.is_set():
                 return
-            run_job(lambda: self._rdd._jrdd.count(), what=f"laying out the training data for {self._workers} workers")
+            run_job(self._blocks.compute, what=f"laying out the training data for {self._workers} workers")
         except Exception as error:  # cancelled, or failed: the training job computes the data itself
             self.error = error
         finally:
             try:
-                sc.removeJobTag(self._tag)
+                session.remove_tag(self._tag)
             except Exception as error:
                 if not jvm_gone(error):
                     _LOG.warning("could not remove the job tag %s: %s", self._tag, error)
@@ -143,7 +143,7 @@ class _LayoutBuild:
         if not self._thread.is_alive():
             return
         try:
-            self._rdd.context.cancelJobsWithTag(self._tag)
+            self._blocks.kind.cancel_tag(self._tag)
         except Exception as error:
             if not jvm_gone(error):
                 _LOG.warning("could not cancel laying out the training data for %d workers: %s",

@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Deque, Optional
 
 from sparktf.errors import TrainingError
-from sparktf.spark.cluster import TaskSlots, slot_shortage, task_slots, wait_for_free_slots
+from sparktf.spark.cluster import TaskSlots, slot_shortage, wait_for_free_slots
 
 __all__ = ["Membership", "FLAP_LIMIT", "FLAP_WINDOW", "SLOT_WAIT_SECONDS"]
 
@@ -57,7 +57,8 @@ class Membership:
 
     Parameters
     ----------
-    sc : pyspark.SparkContext
+    session : SessionKind
+        The session that runs the training jobs.
     num_workers : int
         The workers training wants (``TFOptimizer``'s ``num_workers``).
     min_workers : int
@@ -70,7 +71,7 @@ class Membership:
         while a launch waits; called at most once per wait and count.
     probe : callable, optional
         Returns the cluster's :class:`~sparktf.spark.cluster.TaskSlots`
-        (default: asks Spark).
+        (default: ``session.slots()``).
     clock, sleep : callable, optional
         ``time.monotonic`` and ``time.sleep`` (replaceable in tests).
 
@@ -84,7 +85,7 @@ class Membership:
 
     def __init__(
         self,
-        sc: Any,
+        session: Any,
         num_workers: int,
         min_workers: int,
         replace_wait: float,
@@ -95,12 +96,12 @@ class Membership:
     ):
         if not 1 <= min_workers <= num_workers:
             raise ValueError(f"min_workers must be between 1 and num_workers={num_workers}, got {min_workers}")
-        self.sc = sc
+        self.session = session
         self.num_workers = num_workers
         self.min_workers = min_workers
         self.replace_wait = float(replace_wait)
         self._prepare = prepare
-        self._probe = probe or (lambda: task_slots(sc))
+        self._probe = probe or session.slots
         self._clock = clock
         self._sleep = sleep
         self.current: Optional[int] = None
@@ -151,7 +152,7 @@ class Membership:
         slots = self._probe()
         if slots.total < self.min_workers:
             setting = "min_workers" if self.elastic else "num_workers"
-            raise slot_shortage(self.sc, setting, self.min_workers, slots)
+            raise slot_shortage(self.session, setting, self.min_workers, slots)
         return self._wanted_or_fewer(self.num_workers) if self.elastic else self.num_workers
 
     def _grown(self) -> Optional[int]:
@@ -200,7 +201,7 @@ class Membership:
         SparkTFError
             The slots are not all free in time (naming the busy executors).
         """
-        wait_for_free_slots(self.sc, workers, timeout=SLOT_WAIT_SECONDS, probe=self._probe)
+        wait_for_free_slots(self.session, workers, timeout=SLOT_WAIT_SECONDS, probe=self._probe)
 
     # ------------------------------------------------------------------ changes
 

@@ -1,21 +1,23 @@
 """Driver side of training segments: launches on a worker count, relaunches, the barrier job, its channel and watchdog.
 
-A segment is one Spark barrier job, each task running
+A segment is one Spark barrier job over the training Blocks (an RDD, or in
+Spark Connect a barrier ``mapInArrow``), each task running
 :func:`sparktf.training.loop.run_segment`, on as many workers as
 :class:`~sparktf.training.membership.Membership` picks (``num_workers``
 unless elastic training goes on with fewer). This module starts it with a fresh
-secret and, on ``spark.driver.host``, a :class:`~sparktf.collective.JobChannel`
+secret and, on the driver's address (``spark.sparktf.driverHost``, else
+``spark.driver.host``), a :class:`~sparktf.collective.JobChannel`
 through which the ranks find each other, fetch the start state, report
 their progress (watched by :class:`~sparktf.training.watchdog.JobWatchdog`)
 and rank 0 uploads the final state: model state never rides in a Spark
 broadcast or task result, so it never fills the driver JVM's heap.
 
 With ``spark.sparktf.rendezvous=barrier`` (executors cannot reach the
-driver), or when ``spark.driver.host`` cannot be listened on, there is no
-channel: the ranks exchange addresses with ``BarrierTaskContext.allGather``,
+driver), or when that address cannot be listened on, a classic session
+goes without a channel: the ranks exchange addresses with ``BarrierTaskContext.allGather``,
 the start state travels in a broadcast and the final state in rank 0's task
 result, both through the JVM, and there is no watchdog beyond the
-collective's own timeouts.
+collective's own timeouts. A Spark Connect session always has its channel.
 """
 
 from __future__ import annotations
@@ -30,9 +32,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from sparktf.collective import JobChannel
 from sparktf.errors import DataError, DriverJVMGone, ModelError, SparkTFError, TrainingError
-from sparktf.spark.cluster import rendezvous_host
 from sparktf.spark.jobs import run_job
-from sparktf.spark.resources import with_profile
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.failures import reported_failure
 from sparktf.training.inputs import WorkerInputs
@@ -51,7 +51,8 @@ class SegmentRunner:
 
     Parameters
     ----------
-    sc : pyspark.SparkContext
+    session : SessionKind
+        The session that runs the jobs.
     inputs : WorkerInputs
         The training data and local batches for each worker count.
     membership : Membership
@@ -69,9 +70,9 @@ class SegmentRunner:
         The failures counted so far.
     """
 
-    def __init__(self, sc: Any, inputs: WorkerInputs, membership: Membership, max_failures: int,
+    def __init__(self, session: Any, inputs: WorkerInputs, membership: Membership, max_failures: int,
                  profile: Any = None):
-        self.sc = sc
+        self.session = session
         self.profile = profile
         self.inputs = inputs
         self.membership = membership
@@ -115,7 +116,7 @@ class SegmentRunner:
             if on_launch is not None:
                 on_launch(workers)
             try:
-                result = run_segment_job(self.sc, data, self._spec_for(spec, workers, feed), state(), workers,
+                result = run_segment_job(self.session, data, self._spec_for(spec, workers, feed), state(), workers,
                                          on_reports, self.profile)
                 result.workers = workers
                 return result
@@ -157,7 +158,7 @@ class SegmentRunner:
 
 
 def run_segment_job(
-    sc: Any,
+    session: Any,
     blocks: Any,
     spec: SegmentSpec,
     state: ModelState,
@@ -169,8 +170,8 @@ def run_segment_job(
 
     Parameters
     ----------
-    sc : pyspark.SparkContext
-    blocks : pyspark.RDD
+    session : SessionKind
+    blocks : BlockSet
         The training Blocks, one partition per worker.
     spec : SegmentSpec
         The segment's settings; its ``state``, ``secret`` and ``directory``
@@ -193,13 +194,13 @@ def run_segment_job(
     secret = secrets.token_bytes(32)
     what = f"the training job after iteration {spec.start.iteration}"
     started = time.perf_counter()
-    with job_channel(rendezvous_host(sc.getConf()), num_workers, secret) as channel:
+    with job_channel(session.rendezvous_host(), num_workers, secret) as channel:
         if channel is None:
-            result = _run_with_broadcast(sc, blocks, dataclasses.replace(spec, secret=secret), state, what, profile)
+            result = _run_with_broadcast(session, blocks, dataclasses.replace(spec, secret=secret), state, what, profile)
         else:
             channel.serve_state(*state.to_wire())
             job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
-            watchdog = JobWatchdog(sc, channel, num_workers, spec.collective_timeout, on_reports)
+            watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout, on_reports)
             try:
                 result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
             except (DataError, ModelError):
@@ -227,13 +228,13 @@ def _uploaded_state(channel: JobChannel, what: str) -> ModelState:
 
 
 def _collect(blocks: Any, spec: SegmentSpec, profile: Any) -> list:
-    return with_profile(blocks.barrier().mapPartitions(partial(run_segment, spec)), profile).collect()
+    return blocks.collect(partial(run_segment, spec), barrier=True, profile=profile)
 
 
-def _run_with_broadcast(sc: Any, blocks: Any, spec: SegmentSpec, state: ModelState, what: str,
+def _run_with_broadcast(session: Any, blocks: Any, spec: SegmentSpec, state: ModelState, what: str,
                         profile: Any) -> SegmentResult:
-    """The segment without a job channel: state in a broadcast and in rank 0's task result."""
-    state_broadcast = sc.broadcast(state)
+    """The segment without a job channel (classic sessions): state in a broadcast and in rank 0's task result."""
+    state_broadcast = session.spark_context(what, "").broadcast(state)
     try:
         job_spec = dataclasses.replace(spec, state=state_broadcast)
         return _only_result(run_job(partial(_collect, blocks, job_spec, profile), what))
@@ -253,7 +254,8 @@ def job_channel(host: Optional[str], num_workers: int, secret: bytes) -> Iterato
 
     None for ``host=None`` (``spark.sparktf.rendezvous=barrier``) and, with a
     warning, when ``host`` cannot be listened on (e.g. a ``spark.driver.host``
-    that names a proxy or service address).
+    that names a proxy or service address; a Spark Connect session checked it
+    already, see ``SessionKind.rendezvous_host``).
     """
     if host is None:
         yield None

@@ -45,7 +45,8 @@ class JobWatchdog:
 
     Parameters
     ----------
-    sc : pyspark.SparkContext
+    session : SessionKind
+        The session that runs the job.
     channel : sparktf.collective.JobChannel
         The job's channel, which receives the tasks' reports.
     num_workers : int
@@ -61,12 +62,12 @@ class JobWatchdog:
         may wait for slots (an ordinary job of partitions).
     """
 
-    def __init__(self, sc: Any, channel: Any, num_workers: int, timeout: float,
+    def __init__(self, session: Any, channel: Any, num_workers: int, timeout: float,
                  on_reports: Optional[Callable[[dict], None]] = None, barrier: bool = True):
-        self._sc = sc
+        self._session = session
         self._channel = channel
         self._num_workers = num_workers
-        self._stall_seconds = timeout + watchdog_slack(sc)
+        self._stall_seconds = timeout + watchdog_slack(session)
         self._barrier = barrier
         self._task, self._counter = ("rank", "iteration") if barrier else ("partition", "batch")
         self._tag = f"sparktf-job-{uuid.uuid4().hex[:12]}"
@@ -86,7 +87,7 @@ class JobWatchdog:
         """
         started = time.monotonic()
         watcher = threading.Thread(target=self._watch, args=(started, what), name="sparktf-watchdog", daemon=True)
-        self._sc.addJobTag(self._tag)
+        self._session.add_tag(self._tag)
         watcher.start()
         try:
             return run_job(action, what=what)
@@ -98,7 +99,7 @@ class JobWatchdog:
             self._done.set()
             watcher.join()
             try:
-                self._sc.removeJobTag(self._tag)
+                self._session.remove_tag(self._tag)
             except Exception as error:
                 if not jvm_gone(error):  # a dead JVM's error is already on its way
                     raise
@@ -115,7 +116,7 @@ class JobWatchdog:
                 self.reason = reason
                 _LOG.warning("cancelling %s: %s", what, reason)
                 try:
-                    self._sc.cancelJobsWithTag(self._tag)
+                    self._session.cancel_tag(self._tag)
                 except Exception as error:  # the JVM may be gone: the job's own call fails then
                     _LOG.warning("could not cancel %s: %s", what, error)
                 return

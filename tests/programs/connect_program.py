@@ -1,10 +1,14 @@
-"""sparktf in a Spark Connect client session: ``python connect_program.py``.
+"""sparktf in a Spark Connect client session: ``python connect_program.py TMP [sc://host:port]``.
 
-Prints one ``RESULT <case> <JSON object>`` line per case:
-``session`` (init_spark through SPARK_REMOTE), ``run`` (sparktf.run's result
-and its children's lines), ``run_failure``, ``slots`` (too many workers fails
-at once), ``rdd_only`` and ``not_yet`` (the errors of what needs RDDs), and
-``driver_host`` (an address this process cannot listen on).
+Without an address, ``SPARK_REMOTE=local[2]`` starts a local Connect server.
+Prints one ``RESULT <case> <JSON object>`` line per case: ``session``
+(init_spark), ``train`` (from_dataframe with validation, a callback,
+checkpoints, evaluate, predict_dataframe), ``recover`` (from_ndarrays, a
+worker failure relaunched, against an uninterrupted run), ``pipeline`` (a
+``sparktf.ml`` Pipeline fitted, saved and loaded), ``run`` (sparktf.run's
+result and its children's lines), ``run_failure``, ``slots`` (too many
+workers fails at once), ``rdd_only`` and ``not_yet`` (the errors of what
+needs RDDs), and ``driver_host`` (an address this process cannot listen on).
 """
 
 import contextlib
@@ -14,9 +18,13 @@ import os
 import sys
 import time
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 import sparktf
+from sparktf import TFDataset, TFOptimizer, TFPredictor
+from sparktf.triggers import EveryEpoch, MaxEpoch
 
 
 def result(case, **values):
@@ -49,10 +57,120 @@ def doubling_net():
                                        [tf.TensorSpec([None, 2], tf.float32)])
 
 
+class FailOnce(keras.layers.Layer):
+    """Identity; raises in the first training step while ``marker`` does not exist (a class of the client's script)."""
+
+    def __init__(self, marker, **kwargs):
+        super().__init__(**kwargs)
+        self.marker = marker
+
+    def call(self, inputs):
+        def hook(values):
+            if not os.path.exists(self.marker):
+                with open(self.marker, "w") as handle:
+                    handle.write("failed once")
+                raise RuntimeError("injected worker failure")
+            return values
+
+        out = tf.py_function(hook, [inputs], tf.float32)
+        out.set_shape(inputs.shape)
+        return out
+
+    def get_config(self):
+        return {**super().get_config(), "marker": self.marker}
+
+
+class EpochRecorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append([epoch, sorted(logs or {})])
+
+
+def regression_data(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    return x, (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)).astype(np.float32)
+
+
+def frame(spark, x, y):
+    return spark.createDataFrame([(row.tolist(), float(label)) for row, label in zip(x, y)],
+                                 "features array<float>, label float")
+
+
+def linear_model(*layers):
+    model = keras.Sequential([keras.Input((4,)), *layers, keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse", metrics=["mae"])
+    return model
+
+
+def train_case(spark, tmp):
+    x, y = regression_data(256, 0)
+    x_val, y_val = regression_data(64, 1)
+    val_df = frame(spark, x_val, y_val)
+    dataset = TFDataset.from_dataframe(frame(spark, x, y), "features", "label", batch_size=32,
+                                       validation_df=val_df)
+    model = linear_model()
+    recorder = EpochRecorder()
+    model_dir = os.path.join(tmp, "checkpoints")
+    optimizer = TFOptimizer.from_keras(model, dataset, model_dir=model_dir)
+    history = optimizer.optimize(MaxEpoch(3), checkpoint_trigger=EveryEpoch(), callbacks=[recorder], verbose=0)
+    evaluated = optimizer.evaluate(dataset.val_dataset)
+    local = model.evaluate(x_val, y_val, verbose=0, return_dict=True)
+    scored = TFPredictor.from_keras(model, dataset).predict_dataframe(val_df, "features").collect()
+    predicted = np.array([row["prediction"] for row in scored], np.float32).reshape(-1)
+    result("train", loss=[round(v, 5) for v in history["loss"]], iterations=history["iterations"],
+           val_loss=[round(v, 5) for v in history.get("val_loss", [])], epochs=recorder.epochs,
+           checkpoints=len(os.listdir(model_dir)), evaluated=evaluated, local=local,
+           prediction_error=float(np.max(np.abs(predicted - model.predict(x_val, verbose=0).reshape(-1)))),
+           predict_rdd=error_of(lambda: TFPredictor.from_keras(model, dataset).predict())[:2])
+
+
+def recover_case(tmp):
+    x, y = regression_data(128, 2)
+    dataset = TFDataset.from_ndarrays((x, y), batch_size=32, seed=3)
+    marker = os.path.join(tmp, "failed-once")
+    initial = linear_model(FailOnce(marker)).get_weights()
+    weights = []
+    for _ in range(2):  # the first run fails once and is relaunched; the second is uninterrupted
+        model = linear_model(FailOnce(marker))
+        model.set_weights(initial)
+        TFOptimizer.from_keras(model, dataset).optimize(MaxEpoch(2), verbose=0)
+        weights.append(model.get_weights())
+    result("recover", marker=os.path.exists(marker),
+           difference=max(float(np.max(np.abs(a - b))) for a, b in zip(*weights)))
+
+
+def pipeline_case(spark, tmp):
+    from pyspark.ml import Pipeline, PipelineModel
+
+    from sparktf.ml import KerasEstimator
+
+    x, y = regression_data(128, 4)
+    df = frame(spark, x, y)
+    fitted = Pipeline(stages=[KerasEstimator(model=linear_model(), epochs=2, batchSize=32)]).fit(df)
+    path = os.path.join(tmp, "pipeline")
+    fitted.write().overwrite().save(path)
+    before = [row["prediction"] for row in fitted.transform(df).collect()]
+    after = [row["prediction"] for row in PipelineModel.load(path).transform(df).collect()]
+    result("pipeline", epochs=len(fitted.stages[-1].history["loss"]), rows=len(after),
+           difference=float(np.max(np.abs(np.array(before) - np.array(after)))))
+
+
 def main():
-    os.environ["SPARK_REMOTE"] = "local[2]"
-    spark = sparktf.init_spark(conf={"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"})
+    tmp = sys.argv[1]
+    remote = sys.argv[2] if len(sys.argv) > 2 else None
+    if remote is None:
+        os.environ["SPARK_REMOTE"] = "local[2]"
+    local_conf = {"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"}  # a server has its own
+    spark = sparktf.init_spark(remote=remote, conf=None if remote else local_conf)
     result("session", module=type(spark).__module__, again=sparktf.init_spark() is spark)
+
+    train_case(spark, tmp)
+    recover_case(tmp)
+    pipeline_case(spark, tmp)
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -65,7 +183,6 @@ def main():
     name, message, seconds = error_of(lambda: sparktf.run(ranks, num_workers=3))
     result("slots", error=name, message=message, seconds=seconds)
 
-    arrays = (np.zeros((4, 2), np.float32), np.zeros(4, np.float32))
     rdd_only = {
         "from_rdd": error_of(lambda: sparktf.TFDataset.from_rdd(None, ("float32", [2]))),
         "from_string_rdd": error_of(lambda: sparktf.TFDataset.from_string_rdd(None)),
@@ -74,8 +191,8 @@ def main():
     rdd_only["TFNet_local"] = (doubling_net().predict(np.ones((4, 2), np.float32)).tolist(), "")
     result("rdd_only", **{key: value[:2] for key, value in rdd_only.items()})
     not_yet = {
-        "from_ndarrays": error_of(lambda: sparktf.TFDataset.from_ndarrays(arrays, batch_size=2)),
-        "from_dataframe": error_of(lambda: sparktf.TFDataset.from_dataframe(spark.range(4), "id", batch_size=2)),
+        "from_tfrecord_file": error_of(lambda: sparktf.TFDataset.from_tfrecord_file(os.path.join(tmp, "*.tfrecord"),
+                                                                                    lambda record: record)),
     }
     result("not_yet", **{key: value[:2] for key, value in not_yet.items()})
 
