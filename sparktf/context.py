@@ -19,20 +19,12 @@ from pyspark.sql import SparkSession
 from sparktf.spark.session_kind import SessionKind
 from sparktf.spark.sessions import is_connect, session_kind
 
-__all__ = ["init_spark", "ship_package", "warm_up_workers", "current_session", "spark_context", "reject_connect",
-           "CONNECT_NOT_YET"]
+__all__ = ["init_spark", "ship_package", "warm_up_workers", "current_session", "spark_context", "reject_connect"]
 
 _SHIPPED_ATTR = "_sparktf_shipped_zip"
 WARM_UP_CONF = "spark.sparktf.warmUpWorkers"
 WARM_UP_SECONDS = 120.0
 _LOG = logging.getLogger("sparktf")
-
-#: What entry points that do not run in a Spark Connect session yet tell its users to do.
-CONNECT_NOT_YET = (
-    "sparktf does not run this in a Spark Connect session yet; what does is listed in "
-    "docs/guides/connect.md. Run it in a classic session instead: sparktf.init_spark(master=...) in a "
-    "Python process with pyspark's JVM (a spark-submit job, a classic notebook)."
-)
 
 
 def init_spark(
@@ -122,8 +114,7 @@ def current_session(session: Optional[SparkSession] = None) -> SessionKind:
     return session_kind(session or init_spark())
 
 
-def spark_context(what: str, alternative: str = CONNECT_NOT_YET, session: Optional[SparkSession] = None
-                  ) -> SparkContext:
+def spark_context(what: str, alternative: str, session: Optional[SparkSession] = None) -> SparkContext:
     """The SparkContext of ``session`` (default: sparktf's session, ``init_spark()``), for ``what``, which needs RDDs.
 
     Raises

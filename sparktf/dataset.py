@@ -20,14 +20,15 @@ from pyspark.sql import DataFrame
 from sparktf.data import arrow_io, specs, tfrecord_files, tfrecord_io
 from sparktf.data.block_dataset import UNSET as _UNSET
 from sparktf.data.block_dataset import BlockDataset
-from sparktf.data.block_sets import BlockSet, RddBlockSet
+from sparktf.data.block_sets import BlockSet
 from sparktf.data.columnar import RecordFormat
 from sparktf.data.tfrecord_stream import TFRecordStream
-from sparktf.context import CONNECT_NOT_YET, current_session, reject_connect
+from sparktf.context import current_session, reject_connect
 from sparktf.data.sources import (
     check_is_rdd,
     column_names,
     dataframe_blocks,
+    item_partitions,
     ndarray_blocks,
     one_or_list,
     rdd_blocks,
@@ -315,13 +316,12 @@ class TFDataset(BlockDataset):
         TFDataset
         """
         session = current_session()
-        sc = session.spark_context("TFDataset.from_tfrecord_file", CONNECT_NOT_YET)
         feature_spec, label_spec = tfrecord_io.trace_parse_fn(parse_fn)
         record_format = RecordFormat.from_specs(feature_spec, label_spec)
         reader = tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(session.conf))
 
-        def file_blocks(files: List[str], name: str) -> RddBlockSet:
-            return RddBlockSet(session, tfrecord_io.file_blocks(sc, files, reader, name, cache))
+        def file_blocks(files: List[str], name: str) -> BlockSet:
+            return item_partitions(session, files).map_partitions(reader, f"{name} TFRecords", cache)
 
         files = tfrecord_files.expand_paths(paths)
         val_blocks = None

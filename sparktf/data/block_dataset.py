@@ -184,7 +184,7 @@ class BlockDataset:
         if self._partition_counts is None:
             with reraise_remote():
                 if self._file_stream is not None:  # count the files' records without parsing them
-                    self._partition_counts = self._file_stream.count_records(self._blocks.rdd.context)
+                    self._partition_counts = self._file_stream.count_records(self._blocks.kind)
                 else:
                     self._partition_counts = self._blocks.count_records()
         return self._partition_counts

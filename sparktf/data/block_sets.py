@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from operator import itemgetter
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable, Iterable, Iterator, List
 
 from pyspark import RDD
 
@@ -23,10 +23,12 @@ from sparktf.data.columnar import Block, BlockRouter, count_records, keyed_block
 from sparktf.spark.jobs import fully_cached, unpersist
 from sparktf.spark.resources import with_profile
 
-__all__ = ["BlockSet", "RddBlockSet", "PartitionFunction"]
+__all__ = ["BlockSet", "RddBlockSet", "PartitionFunction", "BlockMaker"]
 
 #: What :meth:`BlockSet.collect` runs in a partition: its Blocks in, picklable values out.
 PartitionFunction = Callable[[Iterator[Block]], Iterator[Any]]
+#: What :meth:`BlockSet.map_partitions` runs: ``maker(partition index, elements) -> Blocks``.
+BlockMaker = Callable[[int, Iterable[Any]], Iterator[Block]]
 
 
 class BlockSet(ABC):
@@ -91,6 +93,14 @@ class BlockSet(ABC):
         counts : list of int
             Records per partition of these Blocks.
         num_workers : int
+        """
+
+    @abstractmethod
+    def map_partitions(self, maker: BlockMaker, name: str, cache: bool) -> "BlockSet":
+        """The Blocks ``maker`` makes of each partition's elements (e.g. file paths -> parsed records).
+
+        ``cache``: computed once and persisted (``name`` names the cache),
+        else computed by every job that reads them.
         """
 
     @abstractmethod
@@ -159,6 +169,16 @@ class RddBlockSet(BlockSet):
                   .partitionBy(num_workers, itemgetter(0))
                   .map(keyed_block, preservesPartitioning=True))
         return RddBlockSet(self.kind, block_rdd(routed), keyed=True)
+
+    @classmethod
+    def of_items(cls, kind: Any, items: List[Any]) -> "RddBlockSet":
+        """``items`` from the driver, one per partition (e.g. file paths, for :meth:`map_partitions`)."""
+        sc = kind.spark_context("a job over files", "")
+        return cls(kind, sc.parallelize(items, len(items)))
+
+    def map_partitions(self, maker: BlockMaker, name: str, cache: bool) -> "RddBlockSet":
+        blocks = block_rdd(self._rdd.mapPartitionsWithIndex(maker))
+        return RddBlockSet(self.kind, cached(blocks, name) if cache else blocks.setName(f"sparktf {name} (not cached)"))
 
     def placeholder(self, num_partitions: int) -> "RddBlockSet":
         return RddBlockSet(self.kind, self._rdd.context.parallelize(range(num_partitions), num_partitions))

@@ -57,6 +57,37 @@ def _placeholders(partition: int, batches: Iterable[pa.RecordBatch]) -> Iterator
         yield from batch.column(0).to_pylist()
 
 
+def _items(partition: int, batches: Iterable[pa.RecordBatch]) -> Iterator[Any]:
+    """The :data:`BlockReader` of :meth:`FrameBlockSet.of_items`: the partition's unpickled items."""
+    for batch in batches:
+        for value in batch.column(batch.schema.get_field_index("block")).to_pylist():
+            yield pickle.loads(value)
+
+
+class _Made:
+    """A :data:`BlockReader` applying a maker to what another reader yields."""
+
+    def __init__(self, reader: BlockReader, maker: Callable[[int, Iterable[Any]], Iterator[Block]]):
+        self.reader = reader
+        self.maker = maker
+
+    def __call__(self, partition: int, batches: Iterable[pa.RecordBatch]) -> Iterator[Block]:
+        return self.maker(partition, self.reader(partition, batches))
+
+
+class _EncodeTask:
+    """``mapInArrow`` function: a partition's Blocks, read by ``reader``, as rows of encoded Blocks."""
+
+    def __init__(self, reader: BlockReader):
+        self.reader = reader
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        partition = _partition_id()
+        for seq, block in enumerate(self.reader(partition, batches)):
+            yield pa.RecordBatch.from_pydict({"key": [partition], "seq": [seq], "block": [encode_block(block)]},
+                                             schema=_ARROW_BLOCKS)
+
+
 def _partition_id() -> int:
     from pyspark import TaskContext
 
@@ -110,14 +141,16 @@ def partition_keys(session: Any, partitions: int) -> List[int]:
     return [keys[p] for p in range(partitions)]
 
 
-def encoded_frame(session: Any, partitions: Sequence[Sequence[Block]]) -> Any:
-    """A DataFrame whose partition ``p`` holds the encoded Blocks ``partitions[p]``, in order.
+def encoded_frame(session: Any, partitions: Sequence[Sequence[Any]], encode: Callable[[Any], bytes] = encode_block
+                  ) -> Any:
+    """A DataFrame whose partition ``p`` holds the encoded elements ``partitions[p]`` (Blocks), in order.
 
     The bytes travel to the server as the Arrow table of one
     ``createDataFrame`` (large ones as a cached local relation).
     """
     keys = partition_keys(session, len(partitions))
-    rows = [(keys[p], seq, encode_block(block)) for p, blocks in enumerate(partitions) for seq, block in enumerate(blocks)]
+    rows = [(keys[p], seq, encode(element)) for p, elements in enumerate(partitions)
+            for seq, element in enumerate(elements)]
     table = pa.Table.from_arrays([pa.array(column, type) for column, type in
                                   zip(zip(*rows), (pa.int64(), pa.int64(), pa.binary()))], schema=_ARROW_BLOCKS)
     return session.createDataFrame(table).repartition(len(partitions), "key").sortWithinPartitions("seq")
@@ -192,6 +225,22 @@ class FrameBlockSet(BlockSet):
         routed = self.frame.mapInArrow(_RouteTask(self.reader, counts, num_workers, keys), BLOCK_SCHEMA)
         return FrameBlockSet(self.kind, routed.repartition(num_workers, "key"), EncodedBlocks(), keyed=True,
                              num_partitions=num_workers)
+
+    @classmethod
+    def of_items(cls, kind: Any, items: List[Any]) -> "FrameBlockSet":
+        """``items`` from the driver (pickled), one per partition (e.g. file paths, for :meth:`map_partitions`)."""
+        frame = encoded_frame(kind.session, [[item] for item in items], pickle.dumps)
+        return cls(kind, frame, _items, num_partitions=len(items))
+
+    def map_partitions(self, maker: Callable[[int, Iterable[Any]], Iterator[Block]], name: str,
+                       cache: bool) -> "FrameBlockSet":
+        made = _Made(self.reader, maker)
+        if not cache:
+            return FrameBlockSet(self.kind, self.frame, made, num_partitions=self._num_partitions)
+        frame = self.frame.mapInArrow(_EncodeTask(made), BLOCK_SCHEMA)
+        blocks = FrameBlockSet(self.kind, frame, EncodedBlocks(), num_partitions=self._num_partitions)
+        blocks.persist(name)
+        return blocks
 
     def placeholder(self, num_partitions: int) -> "FrameBlockSet":
         frame = self.kind.session.range(0, num_partitions, 1, num_partitions)

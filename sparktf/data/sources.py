@@ -33,6 +33,7 @@ __all__ = [
     "column_names",
     "one_or_list",
     "dataframe_blocks",
+    "item_partitions",
 ]
 
 
@@ -124,3 +125,10 @@ def dataframe_blocks(session: Any, df: DataFrame, columns: List[str], record_for
     blocks = FrameBlockSet(session, ready, decoder.blocks)
     blocks.persist(name)
     return blocks
+
+
+def item_partitions(session: Any, items: List[Any]) -> BlockSet:
+    """``items`` of the driver (e.g. file paths), one per partition, for :meth:`BlockSet.map_partitions`."""
+    if session.has_rdds:
+        return RddBlockSet.of_items(session, items)
+    return FrameBlockSet.of_items(session, items)

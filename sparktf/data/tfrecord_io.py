@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 import cloudpickle
 import tensorflow as tf
 
 from sparktf.data import specs
-from sparktf.data.block_serializer import block_rdd, cached
 from sparktf.data.columnar import Block, RecordFormat, records_per_block, to_leaf_column
 from sparktf.data.tfrecord_files import record_dataset, reads_natively
 from sparktf.errors import DataError
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
 
-__all__ = ["trace_parse_fn", "TFRecordReader", "file_blocks"]
+__all__ = ["trace_parse_fn", "TFRecordReader"]
 
 #: Most records per block read from TFRecords: tf.data's ``batch`` slows down
 #: sharply with huge batch sizes (about 2 s for 2M, even on a 5-record file).
@@ -58,7 +57,7 @@ def trace_parse_fn(parse_fn: Callable) -> Tuple[object, Optional[object]]:
 
 
 class TFRecordReader:
-    """``mapPartitionsWithIndex`` function: TFRecord file paths -> Blocks of parsed records.
+    """TFRecord file paths -> Blocks of parsed records (a ``BlockSet.map_partitions`` maker).
 
     Parameters
     ----------
@@ -98,8 +97,3 @@ class TFRecordReader:
                     f"record {first}: {' '.join(exc.message.split())[:400]}"
                 ) from None
 
-
-def file_blocks(sc: Any, files: List[str], reader: "TFRecordReader", kind: str, cache: bool = True) -> Any:
-    """The Blocks of ``files`` read by ``reader``, one partition per file; cached by Spark when ``cache``."""
-    blocks = block_rdd(sc.parallelize(files, len(files)).mapPartitionsWithIndex(reader))
-    return cached(blocks, kind) if cache else blocks.setName(f"sparktf {kind} TFRecords (not cached)")

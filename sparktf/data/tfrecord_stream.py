@@ -27,6 +27,7 @@ import tensorflow as tf
 from sparktf.data import specs
 from sparktf.data.block_feed import FeedStream
 from sparktf.data.columnar import RecordFormat
+from sparktf.data.sources import item_partitions
 from sparktf.data.tfrecord_files import file_size, record_dataset, reads_natively
 from sparktf.errors import DataError
 from sparktf.spark.task_devices import GpuPlan, gpu_plan, prepare_tensorflow_task
@@ -80,9 +81,9 @@ class TFRecordStream:
         self.parse_fn_bytes = pickle_by_value({"parse_fn": parse_fn})
         self.record_format = record_format
 
-    def count_records(self, sc: Any) -> List[int]:
-        """Records per file, counted on the executors without parsing them."""
-        return sc.parallelize(self.files, len(self.files)).map(partial(_count_file, gpu_plan(sc.getConf()))).collect()
+    def count_records(self, session: Any) -> List[int]:
+        """Records per file, counted on the executors without parsing them (``session``: the SessionKind)."""
+        return item_partitions(session, self.files).collect(partial(_count_files, gpu_plan(session.conf)))
 
     def training_input(self, blocks: Any, counts: Sequence[int], num_workers: int, shuffle: bool, seed: int,
                        memory_budget: int) -> Tuple[Any, "TFRecordFeed"]:
@@ -240,10 +241,12 @@ def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> DataErro
     )
 
 
-def _count_file(gpus: GpuPlan, path: str) -> int:
+def _count_files(gpus: GpuPlan, paths: Iterable[str]) -> Iterator[int]:
     prepare_tensorflow_task(gpus)
-    try:
-        return int(record_dataset(path, reads_natively([path])).reduce(np.int64(0), lambda count, _: count + 1))
-    except tf.errors.OpError as exc:
-        raise DataError(f"TFRecord file {path} could not be counted: {' '.join(exc.message.split())[:400]}") from None
+    for path in paths:
+        try:
+            yield int(record_dataset(path, reads_natively([path])).reduce(np.int64(0), lambda count, _: count + 1))
+        except tf.errors.OpError as exc:
+            message = " ".join(exc.message.split())[:400]
+            raise DataError(f"TFRecord file {path} could not be counted: {message}") from None
 

@@ -4,11 +4,12 @@ Without an address, ``SPARK_REMOTE=local[2]`` starts a local Connect server.
 Prints one ``RESULT <case> <JSON object>`` line per case: ``session``
 (init_spark), ``train`` (from_dataframe with validation, a callback,
 checkpoints, evaluate, predict_dataframe), ``recover`` (from_ndarrays, a
-worker failure relaunched, against an uninterrupted run), ``pipeline`` (a
-``sparktf.ml`` Pipeline fitted, saved and loaded), ``run`` (sparktf.run's
+worker failure relaunched, against an uninterrupted run), ``tfrecord``
+(from_tfrecord_file in both cache modes), ``pipeline`` (a ``sparktf.ml``
+Pipeline fitted, saved and loaded; CrossValidator), ``run`` (sparktf.run's
 result and its children's lines), ``run_failure``, ``slots`` (too many
-workers fails at once), ``rdd_only`` and ``not_yet`` (the errors of what
-needs RDDs), and ``driver_host`` (an address this process cannot listen on).
+workers fails at once), ``rdd_only`` (the errors of what needs RDDs), and
+``driver_host`` (an address this process cannot listen on).
 """
 
 import contextlib
@@ -143,20 +144,60 @@ def recover_case(tmp):
            difference=max(float(np.max(np.abs(a - b))) for a, b in zip(*weights)))
 
 
+def write_records(path, x, y):
+    with tf.io.TFRecordWriter(path) as writer:
+        for row, label in zip(x, y):
+            feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                       "y": tf.train.Feature(float_list=tf.train.FloatList(value=[label]))}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def parse_record(serialized):
+    parsed = tf.io.parse_single_example(serialized, {"x": tf.io.FixedLenFeature([4], tf.float32),
+                                                     "y": tf.io.FixedLenFeature([], tf.float32)})
+    return parsed["x"], parsed["y"]
+
+
+def tfrecord_case(tmp):
+    x, y = regression_data(120, 5)
+    folder = os.path.join(tmp, "records")
+    os.makedirs(folder)
+    for part in range(3):
+        write_records(os.path.join(folder, f"part-{part}.tfrecord"), x[part::3], y[part::3])
+    losses = {}
+    for cache in (True, False):
+        dataset = TFDataset.from_tfrecord_file(os.path.join(folder, "*.tfrecord"), parse_record, batch_size=20,
+                                               cache=cache)
+        model = linear_model()
+        history = TFOptimizer.from_keras(model, dataset).optimize(MaxEpoch(2), verbose=0)
+        evaluated = TFOptimizer.from_keras(model, dataset).evaluate()["loss"]
+        local = model.evaluate(x, y, verbose=0, return_dict=True)["loss"]
+        losses[str(cache)] = [dataset.num_records, history["iterations"], evaluated, local]
+    result("tfrecord", **losses)
+
+
 def pipeline_case(spark, tmp):
     from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.evaluation import RegressionEvaluator
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
     from sparktf.ml import KerasEstimator
 
     x, y = regression_data(128, 4)
     df = frame(spark, x, y)
-    fitted = Pipeline(stages=[KerasEstimator(model=linear_model(), epochs=2, batchSize=32)]).fit(df)
+    estimator = KerasEstimator(model=linear_model(), epochs=2, batchSize=32)
+    fitted = Pipeline(stages=[estimator]).fit(df)
     path = os.path.join(tmp, "pipeline")
     fitted.write().overwrite().save(path)
     before = [row["prediction"] for row in fitted.transform(df).collect()]
     after = [row["prediction"] for row in PipelineModel.load(path).transform(df).collect()]
+    grid = ParamGridBuilder().addGrid(estimator.epochs, [1, 3]).build()
+    tuned = CrossValidator(estimator=estimator, estimatorParamMaps=grid, numFolds=2,
+                           evaluator=RegressionEvaluator(metricName="rmse")).fit(df)
     result("pipeline", epochs=len(fitted.stages[-1].history["loss"]), rows=len(after),
-           difference=float(np.max(np.abs(np.array(before) - np.array(after)))))
+           difference=float(np.max(np.abs(np.array(before) - np.array(after)))),
+           cv_metrics=[round(value, 4) for value in tuned.avgMetrics],
+           best_epochs=len(tuned.bestModel.history["loss"]))
 
 
 def main():
@@ -170,6 +211,7 @@ def main():
 
     train_case(spark, tmp)
     recover_case(tmp)
+    tfrecord_case(tmp)
     pipeline_case(spark, tmp)
 
     printed = io.StringIO()
@@ -190,11 +232,6 @@ def main():
     }
     rdd_only["TFNet_local"] = (doubling_net().predict(np.ones((4, 2), np.float32)).tolist(), "")
     result("rdd_only", **{key: value[:2] for key, value in rdd_only.items()})
-    not_yet = {
-        "from_tfrecord_file": error_of(lambda: sparktf.TFDataset.from_tfrecord_file(os.path.join(tmp, "*.tfrecord"),
-                                                                                    lambda record: record)),
-    }
-    result("not_yet", **{key: value[:2] for key, value in not_yet.items()})
 
     spark.conf.set("spark.sparktf.driverHost", "192.0.2.1")  # TEST-NET-1: never an address of this machine
     name, message, seconds = error_of(lambda: sparktf.run(ranks, num_workers=1))
