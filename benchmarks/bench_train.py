@@ -37,7 +37,14 @@ first as ``ratio_2w_batch64``. The last line is
 ``RESULT train_ratio_2w=<(c) records/s / (a) records/s>`` over both workloads
 at the main batches (total records / total seconds).
 
-Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_train.py [--quick]``.
+``--connect`` compares sessions instead: the CNN job on 2 workers
+(``from_ndarrays``, ``TFOptimizer.optimize``, after one short warm job) in a
+classic session and in a Spark Connect session, each in a process of its
+own (a Connect client cannot share a process with a classic session), both
+on ``local[2]``, alternating, best of the rounds; it prints
+``RESULT connect_ratio=<Connect images/s / classic images/s>`` last.
+
+Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_train.py [--quick] [--connect]``.
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ QUICK_ITERATIONS = {"cnn": 20, "mlp": 60}
 OLD_BATCH = 64
 OLD_FULL_ITERATIONS = {"cnn": 200, "mlp": 600}
 OLD_QUICK_ITERATIONS = {"cnn": 40, "mlp": 120}
+CONNECT_ITERATIONS = {"full": 400, "quick": 40}
+CONNECT_ROUNDS = {"full": 3, "quick": 1}
 
 
 def build_model(kind: str):
@@ -181,12 +190,21 @@ def format_timings(timings: Dict[str, float], iterations: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (< 2 minutes)")
+    parser.add_argument("--connect", action="store_true", help="Spark Connect against a classic session")
     parser.add_argument("--single", nargs=3, metavar=("KIND", "BATCH", "ITERATIONS"), help=argparse.SUPPRESS)
+    parser.add_argument("--session-run", nargs=3, metavar=("SESSION", "ITERATIONS", "ROUNDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.single:
         kind, batch, iterations = args.single[0], int(args.single[1]), int(args.single[2])
         print(json.dumps({"seconds": single_process(kind, batch, iterations)}))
+        return
+    if args.session_run:
+        print(json.dumps({"seconds": session_run(args.session_run[0], int(args.session_run[1]),
+                                                 int(args.session_run[2]))}))
+        return
+    if args.connect:
+        compare_sessions("quick" if args.quick else "full")
         return
 
     import sparktf
@@ -224,6 +242,38 @@ def main() -> None:
     print(f"RESULT verbose1_ratio={progress_ratio(cnn_iterations):.3f}")
     print(f"RESULT train_ratio_1w={rates['sparktf_1w'] / rates['single_process']:.3f}")
     print(f"RESULT train_ratio_2w={rates['sparktf_2w'] / rates['single_process']:.3f}")
+
+
+def session_run(session: str, iterations: int, rounds: int) -> list:
+    """Seconds of each round's timed CNN job on 2 workers in a ``classic`` or ``connect`` session on local[2]."""
+    import sparktf
+
+    conf = {"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"}
+    if session == "connect":
+        spark = sparktf.init_spark(remote="local[2]", conf=conf)
+    else:
+        spark = sparktf.init_spark("local[2]", conf={**conf, "spark.driver.bindAddress": "127.0.0.1"})
+    run_sparktf("cnn", GLOBAL_BATCH["cnn"], 5, 2)  # Python workers, TensorFlow and the model loaded
+    seconds = [run_sparktf("cnn", GLOBAL_BATCH["cnn"], iterations, 2)[0] for _ in range(rounds)]
+    spark.stop()
+    return seconds
+
+
+def compare_sessions(mode: str) -> None:
+    """Classic against Spark Connect, each session in a subprocess, alternating; prints RESULT connect_ratio."""
+    iterations, rounds = CONNECT_ITERATIONS[mode], CONNECT_ROUNDS[mode]
+    images = iterations * GLOBAL_BATCH["cnn"]
+    best = {}
+    for session in ("classic", "connect", "classic", "connect"):
+        out = subprocess.run([sys.executable, __file__, "--session-run", session, str(iterations), str(rounds)],
+                             check=True, capture_output=True, text=True, timeout=1200).stdout
+        seconds = json.loads(out.strip().splitlines()[-1])["seconds"]
+        print(f"{session:8s} CNN 2 workers {iterations} iterations: " + ", ".join(f"{s:.2f}s" for s in seconds)
+              + f" ({images / min(seconds):.0f} images/s best)")
+        best[session] = min(best.get(session, float("inf")), *seconds)
+    for session, value in best.items():
+        print(f"{session:8s} best {images / value:.0f} images/s")
+    print(f"RESULT connect_ratio={best['classic'] / best['connect']:.3f}")
 
 
 def wait_for_warm_up() -> float:
