@@ -9,20 +9,37 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import tempfile
+import threading
 import uuid
+from functools import partial
 from typing import Any, Iterable, Iterator, List, Optional
 
 from sparktf.errors import SparkTFError
 from sparktf.spark.cluster import TaskSlots
 from sparktf.spark.resources import describe_profile
-from sparktf.spark.session_kind import SessionKind, Shared, TaskFunction
+from sparktf.spark.session_kind import DRIVER_HOST_CONF, SessionKind, Shared, TaskFunction
 
 __all__ = ["ConnectSession"]
 
 _LOCAL_THREADS = re.compile(r"^local\[(\d+|\*)(?:,\s*\d+)?\]$")
 _PARALLELISM_ATTR = "_sparktf_default_parallelism"
+_REACHED_ATTR = "_sparktf_reached_hosts"
 _RESULT_SCHEMA = "result binary"
+#: Seconds a probe task tries to connect to this process; its job is cancelled after REACH_JOB_SECONDS.
+REACH_SECONDS = 10.0
+REACH_JOB_SECONDS = 120.0
+
+
+def _reach(host: str, port: int, numbers: Iterable[int]) -> Iterator[bytes]:
+    """A probe task: connect to ``host:port`` (this client) and close; b"" on success, else the error."""
+    for _ in numbers:
+        try:
+            with socket.create_connection((host, port), timeout=REACH_SECONDS):
+                yield b""
+        except OSError as error:
+            yield (str(error) or type(error).__name__).encode()
 
 
 class _ArrowTasks:
@@ -109,7 +126,43 @@ class ConnectSession(SessionKind):
                 "model state from sparktf's job channel in this process. Unset it, and set "
                 "spark.sparktf.driverHost to an address of this machine that the executors reach"
             )
-        return self.driver_host()
+        host = self.driver_host()
+        self._check_reachable(host)
+        return host
+
+    def _check_reachable(self, host: str) -> None:
+        """Once per session and address: one task connects to a listener here, so a blocked client fails in seconds.
+
+        Raises
+        ------
+        SparkTFError
+            The task could not connect within :data:`REACH_SECONDS`, naming
+            ``spark.sparktf.driverHost``.
+        """
+        reached = getattr(self.session, _REACHED_ATTR, set())
+        if host in reached:
+            return
+        tag = f"sparktf-reach-{uuid.uuid4().hex[:12]}"
+        timer = threading.Timer(REACH_JOB_SECONDS, self.cancel_tag, (tag,))
+        timer.daemon = True
+        with socket.create_server((host, 0)) as listener:
+            port = listener.getsockname()[1]
+            timer.start()
+            try:
+                (error,) = self.run_tasks(1, partial(_reach, host, port), tag)
+            except Exception as failure:
+                raise SparkTFError(f"checking that the executors reach this process at {host}:{port} failed "
+                                   f"(within {REACH_JOB_SECONDS:g} s): {failure}") from failure
+            finally:
+                timer.cancel()
+        if error:
+            raise SparkTFError(
+                f"the executors cannot reach this process at {host}:{port} ({error.decode()}): sparktf's tasks "
+                f"connect to it for the model state and their progress. Set {DRIVER_HOST_CONF} to an address "
+                "of this machine that the executors can reach, and let them connect to it (docs/guides/connect.md)"
+            )
+        reached.add(host)
+        setattr(self.session, _REACHED_ATTR, reached)
 
     def register_profile(self, profile: Any) -> Any:
         """``profile``, registered on the server (asking its ``id`` does)."""

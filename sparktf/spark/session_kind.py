@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 from sparktf.errors import SparkTFError
+from sparktf.spark.jobs import jvm_gone
 
 __all__ = ["SessionKind", "TaskFunction", "Shared", "DRIVER_HOST_CONF", "RENDEZVOUS_CONF"]
 
@@ -183,12 +184,24 @@ class SessionKind(ABC):
 
     @contextlib.contextmanager
     def tagged(self, tag: str) -> Iterator[None]:
-        """This thread's jobs carry ``tag`` inside the ``with`` block."""
+        """This thread's jobs carry ``tag`` inside the ``with`` block; Ctrl-C there cancels them.
+
+        A ``KeyboardInterrupt`` (Ctrl-C in a script or a notebook's interrupt)
+        cancels the running jobs tagged ``tag`` before it goes on up.
+        """
         self.add_tag(tag)
         try:
             yield
+        except KeyboardInterrupt:
+            with contextlib.suppress(Exception):  # the session may be gone; the interrupt goes on
+                self.cancel_tag(tag)
+            raise
         finally:
-            self.remove_tag(tag)
+            try:
+                self.remove_tag(tag)
+            except Exception as error:
+                if not jvm_gone(error):  # a dead JVM's error is already on its way
+                    raise
 
     @abstractmethod
     def run_tasks(self, num_tasks: int, function: TaskFunction, tag: str, barrier: bool = False,

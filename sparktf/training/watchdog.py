@@ -87,22 +87,17 @@ class JobWatchdog:
         """
         started = time.monotonic()
         watcher = threading.Thread(target=self._watch, args=(started, what), name="sparktf-watchdog", daemon=True)
-        self._session.add_tag(self._tag)
-        watcher.start()
-        try:
-            return run_job(action, what=what)
-        except Exception as error:
-            if self.reason is not None:
-                raise TrainingError(f"{what} was cancelled by sparktf's watchdog: {self.reason}") from error
-            raise
-        finally:
-            self._done.set()
-            watcher.join()
+        with self._session.tagged(self._tag):  # Ctrl-C cancels the job too
+            watcher.start()
             try:
-                self._session.remove_tag(self._tag)
+                return run_job(action, what=what)
             except Exception as error:
-                if not jvm_gone(error):  # a dead JVM's error is already on its way
-                    raise
+                if self.reason is not None:
+                    raise TrainingError(f"{what} was cancelled by sparktf's watchdog: {self.reason}") from error
+                raise
+            finally:
+                self._done.set()
+                watcher.join()
 
     def _watch(self, started: float, what: str) -> None:
         while not self._done.wait(_CHECK_SECONDS):

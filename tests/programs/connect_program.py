@@ -6,7 +6,9 @@ Prints one ``RESULT <case> <JSON object>`` line per case: ``session``
 checkpoints, evaluate, predict_dataframe), ``recover`` (from_ndarrays, a
 worker failure relaunched, against an uninterrupted run), ``tfrecord``
 (from_tfrecord_file in both cache modes), ``pipeline`` (a ``sparktf.ml``
-Pipeline fitted, saved and loaded; CrossValidator), ``run`` (sparktf.run's
+Pipeline fitted, saved and loaded; CrossValidator), ``interrupt`` (Ctrl-C
+while training cancels its job), ``cluster`` (a server over a cluster
+only: ``resource_profile`` and ``min_workers``), ``run`` (sparktf.run's
 result and its children's lines), ``run_failure``, ``slots`` (too many
 workers fails at once), ``rdd_only`` (the errors of what needs RDDs), and
 ``driver_host`` (an address this process cannot listen on).
@@ -16,7 +18,9 @@ import contextlib
 import io
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 import keras
@@ -58,27 +62,50 @@ def doubling_net():
                                        [tf.TensorSpec([None, 2], tf.float32)])
 
 
-class FailOnce(keras.layers.Layer):
-    """Identity; raises in the first training step while ``marker`` does not exist (a class of the client's script)."""
+class PathHook(keras.layers.Layer):
+    """Identity that runs ``hook()`` in Python on the executor at every step; ``where`` is a file or folder of the test.
 
-    def __init__(self, marker, **kwargs):
+    Its subclasses are classes of the client's script: they reach the executors by value.
+    """
+
+    def __init__(self, where, **kwargs):
         super().__init__(**kwargs)
-        self.marker = marker
+        self.where = where
+
+    def hook(self):
+        raise NotImplementedError
 
     def call(self, inputs):
-        def hook(values):
-            if not os.path.exists(self.marker):
-                with open(self.marker, "w") as handle:
-                    handle.write("failed once")
-                raise RuntimeError("injected worker failure")
+        def run(values):
+            self.hook()
             return values
 
-        out = tf.py_function(hook, [inputs], tf.float32)
+        out = tf.py_function(run, [inputs], tf.float32)
         out.set_shape(inputs.shape)
         return out
 
     def get_config(self):
-        return {**super().get_config(), "marker": self.marker}
+        return {**super().get_config(), "where": self.where}
+
+
+class FailOnce(PathHook):
+    """Raises in the first training step while the file ``where`` does not exist (then writes it)."""
+
+    def hook(self):
+        if not os.path.exists(self.where):
+            with open(self.where, "w") as handle:
+                handle.write("failed once")
+            raise RuntimeError("injected worker failure")
+
+
+class BlockUntil(PathHook):
+    """A step writes ``where/started`` then blocks (60 s at most) while ``where/release`` does not exist."""
+
+    def hook(self):
+        open(os.path.join(self.where, "started"), "a").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(self.where, "release")) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 class EpochRecorder(keras.callbacks.Callback):
@@ -142,6 +169,43 @@ def recover_case(tmp):
         weights.append(model.get_weights())
     result("recover", marker=os.path.exists(marker),
            difference=max(float(np.max(np.abs(a - b))) for a, b in zip(*weights)))
+
+
+def interrupt_case(tmp):
+    """Ctrl-C (SIGINT) while a step blocks on the executors: raised at once, the job cancelled, the next one runs."""
+    folder = os.path.join(tmp, "interrupt")
+    os.makedirs(folder)
+    x, y = regression_data(64, 6)
+    dataset = TFDataset.from_ndarrays((x, y), batch_size=16)
+    signalled = []
+
+    def interrupt_when_started():
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(folder, "started")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        signalled.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    try:
+        TFOptimizer.from_keras(linear_model(BlockUntil(folder)), dataset).optimize(MaxEpoch(1), verbose=0)
+        raised = None
+    except KeyboardInterrupt:
+        raised = round(time.monotonic() - signalled[0], 1)
+    started = time.monotonic()
+    TFOptimizer.from_keras(linear_model(), dataset).optimize(MaxEpoch(1), verbose=0)
+    result("interrupt", raised_after=raised, next_job=round(time.monotonic() - started, 1))
+
+
+def cluster_case(spark):
+    """On a cluster (not local mode): a resource profile for sparktf's stages, and elastic settings."""
+    x, y = regression_data(64, 7)
+    dataset = TFDataset.from_dataframe(frame(spark, x, y), "features", "label", batch_size=16)
+    model = linear_model()
+    optimizer = TFOptimizer.from_keras(model, dataset, min_workers=1, resource_profile={"cpus": 1})
+    history = optimizer.optimize(MaxEpoch(1), verbose=0)
+    result("cluster", iterations=history["iterations"], evaluated=optimizer.evaluate()["loss"],
+           local=model.evaluate(x, y, verbose=0, return_dict=True)["loss"])
 
 
 def write_records(path, x, y):
@@ -213,6 +277,9 @@ def main():
     recover_case(tmp)
     tfrecord_case(tmp)
     pipeline_case(spark, tmp)
+    interrupt_case(tmp)
+    if remote:
+        cluster_case(spark)
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
