@@ -91,13 +91,14 @@ def test_init_spark_returns_a_connect_session(results):
     assert results["session"] == {"module": "pyspark.sql.connect.session", "again": True}
 
 
-def test_training_with_validation_callbacks_and_checkpoints_then_evaluate_and_predict(results):
+def test_training_with_validation_callbacks_progress_checkpoints_summaries_then_evaluate_and_predict(results):
     train = results["train"]
     assert train["iterations"] == 24 and len(train["loss"]) == 24 and train["loss"][-1] < train["loss"][0] / 10
     assert len(train["val_loss"]) == 3
     assert [epoch for epoch, _ in train["epochs"]] == [0, 1, 2]
     assert all({"loss", "val_loss", "val_mae"} <= set(logs) for _, logs in train["epochs"])
-    assert train["checkpoints"] == 3
+    assert train["checkpoints"] == 3 and train["summary_rows"] == 24
+    assert train["progress"] == ["Epoch 1/3", "Epoch 2/3", "Epoch 3/3"]
     for name in ("loss", "mae"):
         assert train["evaluated"][name] == pytest.approx(train["local"][name], rel=1e-4, abs=1e-5)
     assert train["prediction_error"] < 1e-4

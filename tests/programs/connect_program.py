@@ -2,8 +2,8 @@
 
 Without an address, ``SPARK_REMOTE=local[2]`` starts a local Connect server.
 Prints one ``RESULT <case> <JSON object>`` line per case: ``session``
-(init_spark), ``train`` (from_dataframe with validation, a callback,
-checkpoints, evaluate, predict_dataframe), ``recover`` (from_ndarrays, a
+(init_spark), ``train`` (from_dataframe with validation, a callback, live
+progress, checkpoints, a TrainSummary, evaluate, predict_dataframe), ``recover`` (from_ndarrays, a
 worker failure relaunched, against an uninterrupted run), ``tfrecord``
 (from_tfrecord_file in both cache modes), ``pipeline`` (a ``sparktf.ml``
 Pipeline fitted, saved and loaded; CrossValidator), ``interrupt`` (Ctrl-C
@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 import sparktf
-from sparktf import TFDataset, TFOptimizer, TFPredictor
+from sparktf import TFDataset, TFOptimizer, TFPredictor, TrainSummary
 from sparktf.triggers import EveryEpoch, MaxEpoch
 
 
@@ -144,14 +144,20 @@ def train_case(spark, tmp):
     recorder = EpochRecorder()
     model_dir = os.path.join(tmp, "checkpoints")
     optimizer = TFOptimizer.from_keras(model, dataset, model_dir=model_dir)
-    history = optimizer.optimize(MaxEpoch(3), checkpoint_trigger=EveryEpoch(), callbacks=[recorder], verbose=0)
+    summary = TrainSummary(os.path.join(tmp, "logs"), "connect")
+    optimizer.set_train_summary(summary)
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):  # the live progress display
+        history = optimizer.optimize(MaxEpoch(3), checkpoint_trigger=EveryEpoch(), callbacks=[recorder], verbose=1)
+    progress = [line.strip() for line in shown.getvalue().splitlines() if line.strip().startswith("Epoch")]
     evaluated = optimizer.evaluate(dataset.val_dataset)
     local = model.evaluate(x_val, y_val, verbose=0, return_dict=True)
     scored = TFPredictor.from_keras(model, dataset).predict_dataframe(val_df, "features").collect()
     predicted = np.array([row["prediction"] for row in scored], np.float32).reshape(-1)
     result("train", loss=[round(v, 5) for v in history["loss"]], iterations=history["iterations"],
            val_loss=[round(v, 5) for v in history.get("val_loss", [])], epochs=recorder.epochs,
-           checkpoints=len(os.listdir(model_dir)), evaluated=evaluated, local=local,
+           checkpoints=len(os.listdir(model_dir)), evaluated=evaluated, local=local, progress=progress,
+           summary_rows=len(summary.read_scalar("Loss")),
            prediction_error=float(np.max(np.abs(predicted - model.predict(x_val, verbose=0).reshape(-1)))),
            predict_rdd=error_of(lambda: TFPredictor.from_keras(model, dataset).predict())[:2])
 
