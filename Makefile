@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: demo test docs bench check-java clean
+.PHONY: demo test test-spark35 docs bench check-java clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,20 @@ demo: check-java $(STAMP)
 test: check-java $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
+# The oldest supported Spark (3.5), in an environment of its own: training, evaluate, both predict
+# paths, the ML stage and sparktf.run (.ci/run runs it after `make test`).
+SPARK35_VENV  := .venv-spark35
+SPARK35_TESTS := tests/test_readme.py \
+  tests/test_ml_pipeline.py::test_pipeline_fits_scores_evaluates_and_round_trips \
+  tests/test_launch_run.py::test_chief_result_ctx_and_both_roles_logs_reach_the_driver \
+  tests/test_predictor.py::test_a_resource_profile_on_a_dataframe_stage_is_passed_under_spark4_and_refused_naming_it_under_35
+
+test-spark35: check-java
+	test -x $(SPARK35_VENV)/bin/python || $(PYTHON) -m venv $(SPARK35_VENV)
+	$(SPARK35_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SPARK35_VENV)/bin/python -m pip install --quiet -e . "pyspark>=3.5,<3.6" "pytest>=7" "pytest-timeout>=2"
+	$(SPARK35_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SPARK35_TESTS)
+
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
 	@echo "open site/index.html"
@@ -45,4 +59,4 @@ bench: check-java $(STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) build site *.egg-info
+	rm -rf $(VENV) $(SPARK35_VENV) build site *.egg-info

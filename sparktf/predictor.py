@@ -35,7 +35,7 @@ from sparktf.inference.runners import ModelHandle, records, run_batches
 from sparktf.models.payload import ModelPayload
 from sparktf.models.saved_model_archive import SavedModelArchive, load_saved_model
 from sparktf.spark.raising_rdd import raising_sparktf_errors
-from sparktf.spark.resources import ResourceProfileLike, stage_profile, with_profile
+from sparktf.spark.resources import ResourceProfileLike, map_in_arrow, stage_profile, with_profile
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.storage import local_copy
 
@@ -330,7 +330,7 @@ def dataframe_with_predictions(
     handle = dataclasses.replace(source.handle, gpus=gpu_plan(current_session(df.sparkSession).conf, profile))
     function = DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type)
     schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
-    return selected.mapInArrow(function, schema, profile=profile)
+    return map_in_arrow(selected, function, schema, profile=profile)
 
 
 def _arrow_features(df: DataFrame, columns: Sequence[str]) -> Tuple[DataFrame, List[str]]:

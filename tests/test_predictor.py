@@ -319,3 +319,22 @@ def test_keras_runner_traces_once_for_full_and_short_batches():
     np.testing.assert_allclose(runner(x), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(runner(x[:3]), model.predict(x[:3], verbose=0), rtol=1e-5, atol=1e-6)  # a short last batch
     assert len(runner._calls) == 1
+
+
+def test_a_resource_profile_on_a_dataframe_stage_is_passed_under_spark4_and_refused_naming_it_under_35(spark):
+    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+    from sparktf.errors import SparkTFError
+    from sparktf.spark.resources import PYSPARK_MAJOR, map_in_arrow
+
+    def same(batches):
+        return batches
+
+    profile = ResourceProfileBuilder().require(TaskResourceRequests().cpus(1)).build
+    df = spark.range(2)
+    if PYSPARK_MAJOR >= 4:  # lazy: the plan carries the profile, no job runs
+        assert map_in_arrow(df, same, df.schema, profile=profile).columns == ["id"]
+    else:
+        with pytest.raises(SparkTFError, match="needs Spark 4"):
+            map_in_arrow(df, same, df.schema, profile=profile)
+    assert map_in_arrow(df, same, df.schema).count() == 2  # no profile: every pyspark

@@ -30,6 +30,7 @@ import pyarrow as pa
 from sparktf.data.block_serializer import decode_block, encode_block
 from sparktf.data.block_sets import BlockSet, PartitionFunction
 from sparktf.data.columnar import Block, BlockRouter, keyed_block
+from sparktf.spark.resources import map_in_arrow
 
 __all__ = ["FrameBlockSet", "EncodedBlocks", "encoded_frame", "partition_keys", "BLOCK_SCHEMA"]
 
@@ -248,5 +249,5 @@ class FrameBlockSet(BlockSet):
 
     def collect(self, function: PartitionFunction, barrier: bool = False, profile: Any = None) -> List[Any]:
         task = _PartitionTask(self.reader, function)
-        rows = self.frame.mapInArrow(task, "result binary", barrier=barrier, profile=profile).collect()
+        rows = map_in_arrow(self.frame, task, "result binary", barrier=barrier, profile=profile).collect()
         return [pickle.loads(row[0]) for row in rows]

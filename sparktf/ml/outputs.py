@@ -96,7 +96,8 @@ def with_prediction_columns(
     raw = F.col(raw_col)
     if task == CLASSIFICATION:
         probabilities = _class_probabilities(raw, output, from_logits)
-        best = F.array_position(probabilities, F.array_max(probabilities)) - 1
+        # the SQL function itself: Spark 3.5's F.array_position takes only a literal to look for
+        best = F.call_function("array_position", probabilities, F.array_max(probabilities)) - 1
         from pyspark.ml.functions import array_to_vector
 
         return scored.select(

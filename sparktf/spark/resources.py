@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Union
 
+import pyspark
 from pyspark.resource import ResourceProfile, ResourceProfileBuilder, TaskResourceRequests
 
 from sparktf.errors import SparkTFError
+
+#: The installed pyspark's major version (3 or 4): Spark 4's arguments are passed only under 4.
+PYSPARK_MAJOR = int(pyspark.__version__.split(".")[0])
 
 __all__ = ["ResourceProfileLike", "stage_profile", "describe_profile", "with_profile"]
 
@@ -95,6 +99,29 @@ def stage_profile(
             f"{parameter}: Spark refused the resource profile: {reason}. A profile of task resources only "
             "needs spark.dynamicAllocation.enabled=false; one with executor resources needs it true"
         ) from None
+
+
+def map_in_arrow(frame: Any, function: Any, schema: Any, barrier: bool = False,
+                 profile: Optional[ResourceProfile] = None) -> Any:
+    """``frame.mapInArrow(function, schema, barrier=barrier, profile=profile)``, ``profile`` passed only when set.
+
+    Spark 3.5's ``mapInArrow`` has no ``profile`` argument: there a profile
+    on a DataFrame stage is an error naming Spark 4.
+
+    Raises
+    ------
+    SparkTFError
+        A ``profile`` with pyspark older than 4.0.
+    """
+    if profile is None:
+        return frame.mapInArrow(function, schema, barrier=barrier)
+    if PYSPARK_MAJOR < 4:
+        raise SparkTFError(
+            f"resource_profile on a DataFrame stage (predict_dataframe, KerasModel.transform, Spark Connect jobs) "
+            f"needs Spark 4 (pyspark >= 4.0; this is pyspark {pyspark.__version__}); drop it here, or set "
+            "spark.task.cpus / spark.task.resource.gpu.amount for the whole application"
+        )
+    return frame.mapInArrow(function, schema, barrier=barrier, profile=profile)
 
 
 def with_profile(rdd: Any, profile: Optional[ResourceProfile]) -> Any:
