@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from sparktf.collective.channel_client import NoHeartbeat
+from sparktf.training.metric_state import build_metrics, load_metric_totals, metric_variables
 from sparktf.training.state_source import StateSource
 from sparktf.training.watchdog import DONE
 
@@ -110,10 +111,7 @@ def evaluate_blocks(
         raise DataError("cannot evaluate: the dataset has no records")
     totals = [np.sum(values, axis=0) for values in zip(*per_partition)]
     _build_metrics(model, element_structure)
-    variables = _metric_variables(model)
-    for variable, total in zip(variables, totals):
-        variable.assign(total.astype(np.dtype(variable.dtype)))
-    return {name: float(np.asarray(value)) for name, value in model.get_metrics_result().items()}
+    return load_metric_totals(model, totals)
 
 
 def _evaluate_partition(
@@ -154,7 +152,7 @@ def _evaluate_partition(
             with warnings.catch_warnings():  # a generator's end is how Keras learns the number of batches
                 warnings.filterwarnings("ignore", message="Your input ran out of data")
                 model.evaluate(elements, verbose=0, callbacks=[count_batches])
-            totals = [np.array(v) for v in _metric_variables(model)]
+            totals = [np.array(v) for v in metric_variables(model.metrics)]
     except BaseException:
         heartbeat.stop()
         raise
@@ -163,12 +161,8 @@ def _evaluate_partition(
         yield totals
 
 
-def _metric_variables(model: Any) -> list:
-    return [variable for metric in model.metrics for variable in metric.variables]
-
-
 def _build_metrics(model: Any, element_structure: tuple) -> None:
-    """Create the driver model's metric variables by evaluating one all-zero record."""
+    """Create the driver model's metric variables from one all-zero record."""
     from sparktf.data.specs import flatten, pack
 
     leaves = [
@@ -178,7 +172,7 @@ def _build_metrics(model: Any, element_structure: tuple) -> None:
         for spec in flatten(element_structure)
     ]
     element = pack(element_structure, _keras_arrays(leaves))
-    model.test_on_batch(element[0], element[1] if len(element) == 2 else None)
+    build_metrics(model, element[0], element[1] if len(element) == 2 else None)
 
 
 def _keras_arrays(leaves: List[np.ndarray]) -> list:
