@@ -17,7 +17,7 @@ import pytest
 
 from sparktf.collective import JobChannel
 from sparktf.collective.auth import HandshakeError, client_handshake
-from sparktf.collective.channel_client import ChannelClient, Heartbeat, directory_peers
+from sparktf.collective.channel_client import MAX_REPORTED_BATCHES, ChannelClient, Heartbeat, directory_peers
 from sparktf.collective.channel_wire import send_message
 from sparktf.collective.rendezvous import parse_peer
 from sparktf.errors import CollectiveError
@@ -198,6 +198,28 @@ def test_reports_record_when_progress_last_changed():
         first = channel.reports()[1]
         assert first.phase == "train" and 0 not in channel.reports()
         heartbeat.stop()
+
+
+def test_reports_carry_every_iteration_in_order_and_the_channel_hands_each_over_once():
+    count = 3 * MAX_REPORTED_BATCHES + 5  # more than one report carries: a full backlog goes at once
+    with JobChannel(2, SECRET, "127.0.0.1") as channel:
+        heartbeat = Heartbeat(ChannelClient(channel.address, 0, 2, SECRET, WAIT), exit_when_orphaned=False)
+        heartbeat.set_batch_names(["loss", "accuracy"])
+        heartbeat.phase = "train"
+        for iteration in range(1, count + 1):
+            heartbeat.iteration = iteration
+            heartbeat.add_batch(iteration, (1.0 / iteration, iteration / 1000))
+        received, deadline = [], time.monotonic() + WAIT
+        while len(received) < count:
+            assert time.monotonic() < deadline, f"{len(received)} of {count} iterations arrived"
+            report = channel.reports(take_batches=True).get(0)
+            if report is not None and report.batches:
+                assert report.batch_names == ("loss", "accuracy")
+                received.extend(report.batches)
+            time.sleep(0.05)
+        heartbeat.stop()
+        assert received == [(i, (1.0 / i, i / 1000)) for i in range(1, count + 1)]  # exact, in order
+        assert channel.reports(take_batches=True)[0].batches == () and channel.reports()[0].iteration == count
 
 
 def test_a_silent_connection_does_not_block_the_ranks():

@@ -10,7 +10,9 @@ Every rank of a training segment talks to the driver through it:
   back, as raw arrays (:mod:`sparktf.collective.channel_wire`), never through
   the JVM;
 * **reports** (``report``): each rank's heartbeat with its phase and
-  iteration, which the driver's watchdog reads.
+  iteration, which the driver's watchdog reads, and rank 0's values (loss,
+  metrics) of every iteration since its previous report, which the channel
+  keeps until the driver takes them (live per-iteration callbacks).
 
 Every connection is handled on a thread of its own, so a silent or slow
 client costs the others nothing: it must authenticate (the ring's HMAC
@@ -24,12 +26,14 @@ every connection, which tells the workers the job is over.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -51,6 +55,13 @@ logger = logging.getLogger(__name__)
 
 _MAX_PEER_CHARS = 1024
 _MAX_PHASE_CHARS = 4200  # a phase, or a deterministic failure's class and message (training.failures)
+_MAX_BATCH_NAMES = 256  # the values of one iteration: the loss and the metrics
+_MAX_NAME_CHARS = 256
+_MAX_BATCHES_PER_REPORT = 4096  # a heartbeat sends far fewer (channel_client.MAX_REPORTED_BATCHES)
+MAX_KEPT_BATCHES = 8192  # per rank, until the driver takes them; older ones are dropped beyond that
+
+#: One iteration's values: ``(iteration, (loss, metric, ...))``.
+BatchValues = Tuple[int, Tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -67,12 +78,19 @@ class RankReport:
         ``time.monotonic()`` when ``(phase, iteration)`` last changed.
     loss : float, optional
         The training loss of ``iteration`` (the same on every rank).
+    batch_names : tuple of str
+        The names of the values in ``batches`` (``"loss"``, then the metrics).
+    batches : tuple
+        ``(iteration, values)`` of consecutive iterations in order, handed
+        over once (see :meth:`JobChannel.reports`); empty otherwise.
     """
 
     phase: str
     iteration: int
     changed_at: float
     loss: Optional[float] = None
+    batch_names: Tuple[str, ...] = ()
+    batches: Tuple[BatchValues, ...] = ()
 
 
 class JobChannel:
@@ -104,6 +122,8 @@ class JobChannel:
         self._state_bytes = 0
         self._uploaded: Optional[Tuple[Dict[str, Any], List[np.ndarray]]] = None
         self._reports: Dict[int, RankReport] = {}
+        self._batches: Dict[int, Deque[BatchValues]] = {}
+        self._batch_names: Dict[int, Tuple[str, ...]] = {}
         self._connections: set = set()
         self._authenticating = threading.BoundedSemaphore(MAX_AUTHENTICATING)
         self._closing = threading.Event()
@@ -125,10 +145,23 @@ class JobChannel:
             uploaded, self._uploaded = self._uploaded, None
             return uploaded
 
-    def reports(self) -> Dict[int, RankReport]:
-        """The last report of every rank that reported, by rank."""
+    def reports(self, take_batches: bool = False) -> Dict[int, RankReport]:
+        """The last report of every rank that reported, by rank.
+
+        With ``take_batches``, each report also carries the per-iteration
+        values the rank sent since the last such call (each handed over
+        once; at most ``MAX_KEPT_BATCHES`` of the newest are kept between
+        calls).
+        """
         with self._lock:
-            return dict(self._reports)
+            if not take_batches:
+                return dict(self._reports)
+            reports = {}
+            for rank, report in self._reports.items():
+                kept = self._batches.pop(rank, ())
+                reports[rank] = report if not kept else dataclasses.replace(
+                    report, batch_names=self._batch_names[rank], batches=tuple(kept))
+            return reports
 
     def close(self) -> None:
         """Stop serving and shut every connection (the workers see the job is over)."""
@@ -220,6 +253,8 @@ class JobChannel:
             loss = header.get("loss")
             self._record_report(rank, str(header["phase"])[:_MAX_PHASE_CHARS], int(header["iteration"]),
                                 None if loss is None else float(loss))
+            if header.get("batches") is not None:
+                self._record_batches(rank, *_batches(header["batches"]))
         elif op == "register":
             self._register(sock, rank, str(header["peer"]))
         elif op == "get_state":
@@ -242,6 +277,14 @@ class JobChannel:
             if last is None or (last.phase, last.iteration) != (phase, iteration):
                 self._reports[rank] = RankReport(phase, iteration, time.monotonic(), loss)
 
+    def _record_batches(self, rank: int, names: Tuple[str, ...], batches: List[BatchValues]) -> None:
+        with self._lock:
+            kept = self._batches.get(rank)
+            if kept is None or self._batch_names.get(rank) != names:
+                kept = self._batches[rank] = deque(maxlen=MAX_KEPT_BATCHES)
+                self._batch_names[rank] = names
+            kept.extend(batches)
+
     def _register(self, sock: socket.socket, rank: int, peer: str) -> None:
         if len(peer) > _MAX_PEER_CHARS:
             raise ValueError(f"a peer address of {len(peer)} characters")
@@ -260,6 +303,27 @@ class JobChannel:
                 send_message(waiting, {"peers": peers})
             except OSError as exc:  # that rank is gone: it fails on its own, the others find out in the ring
                 logger.warning("the job channel could not answer a rank: %s", exc)
+
+
+def _batches(message: Any) -> Tuple[Tuple[str, ...], List[BatchValues]]:
+    """``(names, [(iteration, values), ...])`` of a report's ``batches``: consecutive iterations from ``first``.
+
+    Raises
+    ------
+    ValueError, TypeError, KeyError
+        The message is malformed or over the limits (the connection is dropped).
+    """
+    names = tuple(str(name)[:_MAX_NAME_CHARS] for name in message["names"])
+    rows = message["values"]
+    if not 0 < len(names) <= _MAX_BATCH_NAMES or len(rows) > _MAX_BATCHES_PER_REPORT:
+        raise ValueError(f"a report of {len(rows)} iterations of {len(names)} values each")
+    first = int(message["first"])
+    batches = []
+    for offset, row in enumerate(rows):
+        if len(row) != len(names):
+            raise ValueError(f"an iteration of {len(row)} values for {len(names)} names")
+        batches.append((first + offset, tuple(float(value) for value in row)))
+    return names, batches
 
 
 def _shut(sock: socket.socket) -> None:

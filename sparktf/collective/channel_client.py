@@ -17,7 +17,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,9 +28,12 @@ from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, connect_before, par
 from sparktf.errors import CollectiveError
 
 __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "start_heartbeat", "HEARTBEAT_SECONDS",
-           "GUARD_GRACE_SECONDS"]
+           "GUARD_GRACE_SECONDS", "MAX_REPORTED_BATCHES"]
 
 HEARTBEAT_SECONDS = 1.0
+MAX_REPORTED_BATCHES = 256  # iterations one report carries at most; a full backlog is sent at once
+_REPORT_BATCH_CHARS = 32 << 10  # their share of a report's header (channel_wire.MAX_HEADER_BYTES: 64 KiB)
+_MAX_QUEUED_BATCHES = 8192  # not sent yet (a stalled connection): the oldest are dropped beyond that
 GUARD_GRACE_SECONDS = 3.0  # a task still running then is stuck: a failed job's others raise at their next collective
 
 
@@ -118,6 +122,12 @@ def directory_peers(directory: str, rank: int, world_size: int, peer: str, secre
 class Heartbeat:
     """Reports this rank's phase and iteration to the driver every ``HEARTBEAT_SECONDS``, and guards the task.
 
+    A report also carries the values (loss, metrics) of the iterations
+    queued with :meth:`add_batch` since the previous report, at most
+    ``MAX_REPORTED_BATCHES`` (fewer for many values per iteration, to keep
+    the header small); a queue of that many is sent at once, without
+    waiting for the next beat.
+
     Parameters
     ----------
     client : ChannelClient
@@ -133,10 +143,36 @@ class Heartbeat:
         self.phase = "start"
         self.iteration = 0
         self.loss: Optional[float] = None
+        self._batch_names: Tuple[str, ...] = ()
+        self._batches: Deque[Tuple[int, List[float]]] = deque(maxlen=_MAX_QUEUED_BATCHES)
+        self._per_report = MAX_REPORTED_BATCHES
         self._stopped = threading.Event()
         self._wake, self._waker = socket.socketpair()  # stop() wakes the thread from its wait at once
         self._thread = threading.Thread(target=self._run, name="sparktf-heartbeat", daemon=True)
         self._thread.start()
+
+    def set_batch_names(self, names: Sequence[str]) -> None:
+        """Name the values :meth:`add_batch` takes, e.g. ``("loss", "accuracy")``.
+
+        Names too long to travel in every report turn the per-iteration
+        values off (the driver then gets them with the segment's result).
+        """
+        names = tuple(str(name) for name in names)
+        fits = 0 < len(names) and sum(len(name) + 4 for name in names) <= _REPORT_BATCH_CHARS // 4
+        self._batch_names = names if fits else ()
+        self._per_report = max(1, min(MAX_REPORTED_BATCHES, _REPORT_BATCH_CHARS // (26 * len(names) + 4)))
+
+    def add_batch(self, iteration: int, values: Sequence[float]) -> None:
+        """Queue one iteration's values (in :meth:`set_batch_names` order) for the next report.
+
+        Iterations are queued in order, one after the other; a full report's
+        worth wakes the heartbeat to send it at once.
+        """
+        if not self._batch_names:
+            return
+        self._batches.append((int(iteration), [float(value) for value in values]))
+        if len(self._batches) == self._per_report and not self._stopped.is_set():
+            self._waker.send(b".")
 
     def stop(self, final_phase: Optional[str] = None) -> None:
         """The task is done with the channel: stop reporting and close the connection.
@@ -160,8 +196,12 @@ class Heartbeat:
         self._waker.close()
 
     def _report(self) -> None:
-        send_message(self._client.sock, {"op": "report", "phase": self.phase, "iteration": int(self.iteration),
-                                         "loss": self.loss})
+        header = {"op": "report", "phase": self.phase, "iteration": int(self.iteration), "loss": self.loss}
+        rows = [self._batches.popleft() for _ in range(min(self._per_report, len(self._batches)))]
+        if rows:
+            header["batches"] = {"first": rows[0][0], "names": list(self._batch_names),
+                                 "values": [values for _, values in rows]}
+        send_message(self._client.sock, header)
 
     def _run(self) -> None:
         sock = self._client.sock
@@ -169,7 +209,11 @@ class Heartbeat:
         while not self._stopped.is_set():
             try:
                 self._report()
+                if len(self._batches) >= self._per_report:  # more than one report's worth queued
+                    continue
                 readable, _, _ = select.select([sock, self._wake], [], [], HEARTBEAT_SECONDS)
+                if self._wake in readable:  # add_batch's wake-up, or stop()
+                    self._wake.recv(64)
                 if sock in readable and not sock.recv(1):  # the driver sends nothing here: readable means closed
                     raise ChannelClosed("the driver closed the job channel")
             except (OSError, ValueError):
@@ -194,6 +238,12 @@ class NoHeartbeat:
     phase = "start"
     iteration = 0
     loss = None
+
+    def set_batch_names(self, names: Sequence[str]) -> None:
+        pass
+
+    def add_batch(self, iteration: int, values: Sequence[float]) -> None:
+        pass
 
     def stop(self, final_phase: Optional[str] = None) -> None:
         pass
