@@ -29,6 +29,7 @@ from sparktf.training.callbacks import DriverCallbacks, default_verbose
 from sparktf.training.inputs import WorkerInputs
 from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.membership import Membership
+from sparktf.training.metric_state import epoch_ends
 from sparktf.training.segment_job import SegmentRunner
 from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr, check_trigger, uses_score
 
@@ -113,6 +114,7 @@ class TFOptimizer:
         self.last_loss: Optional[float] = None
         self.last_score: Optional[float] = None
         self.last_timings: Dict[str, float] = {}
+        self._metric_state: Any = None  # the compiled metrics' states over the epoch so far (workers' sums)
         self._payload = None
         self.history: Any = None
         if not model.optimizer.built:
@@ -284,9 +286,11 @@ class TFOptimizer:
         Returns
         -------
         dict
-            ``{"loss": [one value per iteration of this call], "val_<metric>":
-            [one value per validation], "iterations": n, "epochs": e}`` with
-            the absolute counters at the end.
+            ``{"loss": [one value per iteration of this call], "<metric>": [one
+            value per epoch completed in this call], "val_<metric>": [one value
+            per validation], "iterations": n, "epochs": e}`` with the absolute
+            counters at the end; a training metric is the compiled metric over
+            the epoch's records, as ``fit`` reports it.
 
         Raises
         ------
@@ -340,8 +344,8 @@ class TFOptimizer:
                 epoch_end = bool(callbacks) and progress.epoch_finished
                 if validation is not None and (validation_trigger(progress) or epoch_end):
                     progress, results = self._validate(validation, progress, history)
-                if driver is not None and driver.segment_ends(first, result.losses, result.step_seconds,
-                                                              progress, results, result.workers):
+                if driver is not None and driver.segment_ends(first, result.losses, result.step_seconds, progress,
+                                                              results, result.workers, result.metrics):
                     break
             if driver is not None:
                 driver.train_end()
@@ -372,24 +376,28 @@ class TFOptimizer:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
         spec = SegmentSpec(self._payload_broadcast(), self.dataset.element_structure, progress, stop, self.clipping,
                            self.collective_timeout, gradient_compression=self.gradient_compression,
-                           gpus=gpu_plan(self.session.conf, self.resource_profile))
+                           gpus=gpu_plan(self.session.conf, self.resource_profile), metric_state=self._metric_state)
         on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
         return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report,
                           on_launch)
 
     def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
-        """Take the segment's state into the driver's model; log its iterations."""
+        """Take the segment's state into the driver's model; log its iterations and the epochs it ended."""
         result.state.apply_to(self.model)
-        first = self.iteration + 1
+        first, per_epoch = self.iteration + 1, self.dataset.iterations_per_epoch(self.num_workers)
         self.iteration = result.iteration
         self.last_timings = result.timings
+        self._metric_state = result.metric_state
         history["loss"].extend(float(loss) for loss in result.losses)
+        for _, metrics in epoch_ends(first, per_epoch, result.metrics):
+            for name, value in metrics.items():
+                history.setdefault(name, []).append(value)
         if len(result.losses):
             self.last_loss = float(result.losses[-1])
         if self.train_summary is not None:
             columns = (result.losses, result.learning_rates, result.wall_times, result.step_seconds)
-            self.train_summary.add_iterations(first, self.dataset.iterations_per_epoch(self.num_workers),
-                                              self.dataset.batch_size, self.last_score, columns, result.workers)
+            self.train_summary.add_iterations(first, per_epoch, self.dataset.batch_size, self.last_score, columns,
+                                              result.workers, result.metrics)
         if result.non_finite_iteration is not None:
             raise TrainingError(
                 f"the training loss or gradient is not finite at iteration {result.non_finite_iteration}: "
@@ -473,7 +481,7 @@ class TFOptimizer:
         state = load_checkpoint(path)
         state.apply_to(self.model)
         self.iteration = state.iteration
-        self.last_loss = self.last_score = None
+        self.last_loss = self.last_score = self._metric_state = None
 
     def _payload_broadcast(self) -> Any:
         """The model's architecture and compile config, no weights (a few KB), shipped once per TFOptimizer.

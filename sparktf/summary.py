@@ -21,7 +21,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -193,7 +193,9 @@ class TrainSummary(Summary):
     Written to ``log_dir/app_name/train``; attach with
     ``TFOptimizer.set_train_summary``. ``Workers`` is the number of workers
     that ran the iteration (fewer than ``num_workers`` while elastic training
-    goes on without lost executors).
+    goes on without lost executors). Each compiled metric (e.g. ``accuracy``)
+    is written once per epoch, at the epoch's last iteration: its value over
+    the epoch's records.
     """
 
     kind = "train"
@@ -206,12 +208,15 @@ class TrainSummary(Summary):
         score: Optional[float],
         columns: Sequence[Sequence[float]],
         workers: Optional[int] = None,
+        metrics: Optional[Mapping[str, Sequence[float]]] = None,
     ) -> None:
         """Write the scalars of consecutive iterations from ``first`` on and flush.
 
         ``columns`` are the per-iteration losses, learning rates, wall times
         and step seconds, in that order; ``workers``, when given, is written
-        as ``Workers`` for each of them.
+        as ``Workers`` for each of them. ``metrics`` holds each compiled
+        metric's value over the epoch up to each iteration: written at the
+        iterations that end an epoch.
         """
         for offset, (loss, rate, wall_time, seconds) in enumerate(zip(*columns)):
             progress = TrainingProgress(first + offset, iterations_per_epoch, float(loss), score)
@@ -220,6 +225,9 @@ class TrainSummary(Summary):
             self.add_scalar("LearningRate", rate, progress, wall_time)
             if workers is not None:
                 self.add_scalar("Workers", workers, progress, wall_time)
+            if progress.epoch_finished:
+                for name, values in (metrics or {}).items():
+                    self.add_scalar(name, values[offset], progress, wall_time)
         self.flush()
 
 

@@ -2,10 +2,13 @@
 
 import csv
 import logging
+import os
 import re
+import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from sparktf import MaxEpoch, TFDataset, TFOptimizer, TrainSummary
 from sparktf.collective.channel import RankReport
@@ -63,7 +66,7 @@ def test_callbacks_see_every_epoch_and_the_history_matches(sc, tmp_path):
     assert recorder.hooks == ["train_begin"] + [
         hook for i in range(3) for hook in (f"epoch_begin {i}", *every_batch, f"epoch_end {i}")] + ["train_end"]
     assert [logs["loss"] for logs in recorder.batches] == history["loss"]
-    assert [sorted(logs) for logs in recorder.logs] == [["loss", "val_loss", "val_mae"]] * 3
+    assert [sorted(logs) for logs in recorder.logs] == [["loss", "mae", "val_loss", "val_mae"]] * 3
     assert optimizer.history.history["loss"] == [logs["loss"] for logs in recorder.logs]
     assert optimizer.history.history["val_mae"] == [logs["val_mae"] for logs in recorder.logs]
     assert recorder.logs[-1]["loss"] < recorder.logs[0]["loss"]
@@ -138,20 +141,33 @@ def test_epochs_drawn_after_the_fact_show_their_measured_step_time(capsys):
     assert len(shown) == 2 and all(240 <= ms <= 300 for ms in shown), lines  # 0.25 s steps, not ~0 us
 
 
+def live(iteration, *batches):
+    """Rank 0's report at ``iteration`` carrying ``(iteration, loss, mae)`` of the iterations since its last one."""
+    return {0: RankReport("train", iteration, 0.0, 1.0, ("loss", "mae"),
+                          tuple((i, (loss, mae)) for i, loss, mae in batches))}
+
+
 def test_every_iteration_reaches_on_train_batch_end_once_in_order_live_or_from_the_records():
     recorder = RecordEpochs()
     display = DriverCallbacks([recorder], linear_model(), 0, 4, 16, 3, keras.callbacks.History())
     display.train_begin()
     display.segment_begins(TrainingProgress(0, 4))
-    display.report({0: RankReport("train", 1, 0.0, 9.0)})  # the next iteration due: delivered live
-    display.report({0: RankReport("train", 6, 0.0, 8.0)})  # skips 2-5: those come with the records first
-    display.segment_ends(1, [9.0, 2.0, 3.0, 4.0, 5.0, 6.0], [0.01] * 6, TrainingProgress(6, 4, 6.0), None)
+    display.report(live(2, (1, 9.0, 0.5), (2, 2.0, 0.4)))  # delivered live, in order
+    assert [hook for hook in recorder.hooks if hook.startswith("batch")] == ["batch 0", "batch 1"]
+    display.report(live(6, (5, 5.0, 0.3)))  # after a gap (3-4 were lost): comes with the records, in order
+    display.report(live(6))  # a report without new iterations
+    records = {"mae": [0.5, 0.4, 0.35, 0.3, 0.2, 0.25]}
+    display.segment_ends(1, [9.0, 2.0, 3.0, 4.0, 5.0, 6.0], [0.01] * 6, TrainingProgress(6, 4, 6.0), None,
+                         metrics=records)
     display.segment_begins(TrainingProgress(6, 4, 6.0))  # a second segment, without validation
+    display.report(live(8, (7, 7.0, 0.1), (8, 8.0, 0.15)))
     display.segment_ends(7, [7.0, 8.0, 1.0, 1.0, 1.0, 1.0], [0.01] * 6, TrainingProgress(12, 4, 1.0), None)
     display.train_end()
     batches = [hook for hook in recorder.hooks if hook.startswith("batch")]
     assert batches == [f"batch {i % 4}" for i in range(12)]
     assert [logs["loss"] for logs in recorder.batches][:8] == [9.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert [logs["mae"] for logs in recorder.batches[:8]] == [0.5, 0.4, 0.35, 0.3, 0.2, 0.25, 0.1, 0.15]
+    assert recorder.logs[0] == {"loss": 4.5, "mae": 0.3}  # the metric at the epoch's last iteration
     assert recorder.hooks.index("epoch_end 0") == recorder.hooks.index("epoch_begin 1") - 1
     assert recorder.hooks[recorder.hooks.index("epoch_end 0") - 1] == "batch 3"
 
@@ -197,3 +213,78 @@ def test_a_call_that_is_not_elastic_logs_no_workers(capsys):
     display.segment_ends(1, [1.0] * 8, [0.01] * 8, TrainingProgress(8, 4, 1.0), None, workers=2)
     display.train_end()
     assert "workers" not in history.history and "continuing" not in capsys.readouterr().out
+
+
+class WaitForALiveCall(keras.layers.Layer):
+    """Drops the last feature, a marker: a training batch holding a marked record waits for ``flag``.
+
+    The driver's ``on_train_batch_end`` creates ``flag``, so the epoch of the marked batch cannot end
+    before a call came live. The wait gives up after ``limit`` seconds and says so in ``flag + ".late"``.
+    """
+
+    def __init__(self, flag, limit=30.0, **kwargs):
+        super().__init__(**kwargs)
+        self.flag, self.limit = flag, limit
+
+    def call(self, inputs, training=None):
+        if not training:
+            return inputs[:, :-1]
+
+        def wait(values):
+            if values.numpy()[:, -1].max() > 0:
+                deadline = time.monotonic() + self.limit
+                while not os.path.exists(self.flag):
+                    if time.monotonic() > deadline:
+                        open(self.flag + ".late", "w").close()
+                        break
+                    time.sleep(0.01)  # polls the condition; the assertions never rely on timing
+                if not os.path.exists(self.flag + ".released"):  # the first epoch's
+                    open(self.flag + ".released", "w").write(repr(time.time()))
+            return values
+
+        waited = tf.py_function(wait, [inputs], tf.float32)
+        waited.set_shape(inputs.shape)
+        return waited[:, :-1]
+
+    def get_config(self):
+        return {**super().get_config(), "flag": self.flag, "limit": self.limit}
+
+
+class TimeBatches(RecordEpochs):
+    """Records the wall time of every call and creates ``flag`` at the first ``on_train_batch_end``."""
+
+    def __init__(self, flag):
+        super().__init__()
+        self.flag, self.batch_times, self.epoch_times = flag, [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        self.batch_times.append(time.time())
+        open(self.flag, "a").close()
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        self.epoch_times.append(time.time())
+
+
+def test_on_train_batch_end_arrives_live_while_the_epoch_runs_once_and_in_order(sc, tmp_path):
+    flag = str(tmp_path / "first-batch-call")
+    x, y = data(128)
+    marked = np.c_[x, np.zeros(len(x), np.float32)]
+    marked[-1, -1] = 1.0  # rank 1's last record: the epoch's last iteration waits for a live call
+    dataset = TFDataset.from_ndarrays((marked, y), batch_size=16, shuffle=False, sequential_order=True,
+                                      num_partitions=1)
+    model = keras.Sequential([keras.Input((4,)), WaitForALiveCall(flag), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    recorder = TimeBatches(flag)
+    history = TFOptimizer.from_keras(model, dataset, num_workers=2).optimize(MaxEpoch(2), callbacks=[recorder],
+                                                                             verbose=0)
+    assert not os.path.exists(flag + ".late")  # the marked batch was released by a live call
+    released = float(open(flag + ".released").read())
+    first, epoch_end = recorder.batch_times[0], recorder.epoch_times[0]
+    assert first < released < epoch_end  # the first call came while epoch 1's last iteration waited
+    every_batch = [f"batch {b}" for b in range(8)]
+    assert recorder.hooks == ["train_begin"] + [
+        hook for i in range(2) for hook in (f"epoch_begin {i}", *every_batch, f"epoch_end {i}")] + ["train_end"]
+    assert [logs["loss"] for logs in recorder.batches] == history["loss"]  # live values are the records' own
+    assert [logs["mae"] for logs in recorder.batches[7::8]] == [logs["mae"] for logs in recorder.logs]

@@ -5,17 +5,19 @@ subclasses) on the driver with Keras' own hook names and ``logs``:
 
 * ``on_train_begin`` / ``on_train_end`` around ``optimize``;
 * ``on_epoch_begin`` / ``on_epoch_end`` (``loss``: the epoch's mean training
-  loss, and ``val_*`` when there is validation data): with callbacks,
-  segments end at epoch boundaries, so every callback's ``model`` is the
-  driver's model holding the weights of that epoch end (without callbacks,
-  a segment may span epochs: the progress display and the ``History`` still
-  get every epoch);
+  loss, each compiled metric over the epoch's records, and ``val_*`` when
+  there is validation data): with callbacks, segments end at epoch
+  boundaries, so every callback's ``model`` is the driver's model holding
+  the weights of that epoch end (without callbacks, a segment may span
+  epochs: the progress display and the ``History`` still get every epoch);
 * ``on_train_batch_end`` for every iteration exactly once, in order, with
-  ``logs={"loss": <that iteration's loss>}``: live while a segment runs when
-  rank 0's report (about once a second: calling back into the driver per
-  iteration would stall the ring) is the next iteration due, and otherwise
-  as soon as the segment's per-iteration records reach the driver, before
-  that epoch's ``on_epoch_end``.
+  ``logs={"loss": <that iteration's loss>, <metric>: <its value over the
+  epoch so far>, ...}``: live while a segment runs, as rank 0's reports
+  (about once a second: calling back into the driver per iteration would
+  stall the ring) bring the values of every iteration since its previous
+  one, and otherwise (a report's values lost, or the last second of a
+  segment) as soon as the segment's per-iteration records reach the
+  driver, before that epoch's ``on_epoch_end``.
 
 In an elastic call (``min_workers < num_workers``) every epoch's ``logs``
 also hold ``workers``, the fewest workers that trained in the epoch, and
@@ -37,7 +39,7 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -137,6 +139,7 @@ class DriverCallbacks:
         self._num_workers = num_workers
         self._workers: Optional[int] = None  # of the last launch
         self._epoch_workers: Optional[int] = None  # the fewest in the open epoch
+        self._metric_names: set = set()  # running epoch values: shown as they are, not averaged again
 
     # ------------------------------------------------------------------ optimize's hooks
 
@@ -162,9 +165,23 @@ class DriverCallbacks:
         self._workers = workers
 
     def report(self, reports: Dict[int, Any]) -> None:
-        """Rank 0's newest report, while a segment runs (called from the watchdog's thread)."""
+        """Rank 0's newest report, while a segment runs (called from the watchdog's thread).
+
+        Its ``batches`` (the values of the iterations since its previous
+        report) go to ``on_train_batch_end`` in order; the progress display
+        shows where it is.
+        """
         latest = reports.get(0)
-        if latest is None or latest.phase != "train" or latest.iteration <= self._reported or latest.loss is None:
+        if latest is None:
+            return
+        shown: Dict[str, float] = {}
+        with self._lock:
+            for iteration, values in latest.batches:
+                shown = dict(zip(latest.batch_names, values))
+                if iteration == self._delivered + 1:  # in order: after a gap, the rest come with the records
+                    self._delivered = iteration
+                    self._list.on_train_batch_end((iteration - 1) % self._per_epoch, dict(shown))
+        if latest.phase != "train" or latest.iteration <= self._reported or latest.loss is None:
             return
         self._reported = latest.iteration
         iteration, mark = self._rate_mark
@@ -178,33 +195,36 @@ class DriverCallbacks:
                 self._progbar.update(self._per_epoch, finalize=True)
                 done = self._per_epoch if self._shown_epoch + 1 < epoch else in_epoch + 1
                 self._show_epoch(self._shown_epoch + 1, 0, seconds_ago=done * step_seconds)
-            self._progbar.update(in_epoch + 1, [("loss", latest.loss), ("records/s", rate)])
-        with self._lock:
-            if latest.iteration == self._delivered + 1:  # in order: earlier ones come with the records
-                self._delivered = latest.iteration
-                self._list.on_train_batch_end(in_epoch, {"loss": latest.loss})
+            metrics = [(name, value) for name, value in shown.items() if name != "loss"]
+            self._metric_names.update(name for name, _ in metrics)
+            self._progbar.stateful_metrics.update(self._metric_names)
+            self._progbar.update(in_epoch + 1, [("loss", latest.loss), *metrics, ("records/s", rate)])
 
     def segment_ends(self, first_iteration: int, losses: Sequence[float], step_seconds: Sequence[float],
                      progress: TrainingProgress, validation: Optional[Dict[str, float]],
-                     workers: Optional[int] = None) -> bool:
+                     workers: Optional[int] = None, metrics: Optional[Mapping[str, Sequence[float]]] = None) -> bool:
         """After a segment (and the validation that followed it): ends the epochs it completed.
 
         ``losses`` and ``step_seconds`` are the segment's per iteration,
-        ``workers`` the workers it ran on. Returns True when a callback set
-        ``model.stop_training``.
+        ``workers`` the workers it ran on, ``metrics`` each compiled metric's
+        value over the epoch up to each iteration. Returns True when a
+        callback set ``model.stop_training``.
         """
+        metrics = metrics or {}
+        self._metric_names.update(metrics)
         for offset, (loss, seconds) in enumerate(zip(losses, step_seconds)):
             if workers is not None:
                 self._epoch_workers = min(workers, self._epoch_workers or workers)
             self._epoch_losses.append(float(loss))
             self._epoch_seconds += float(seconds)
             iteration = first_iteration + offset
+            values = {name: float(column[offset]) for name, column in metrics.items()}
             with self._lock:
                 if iteration > self._delivered:
                     self._delivered = iteration
-                    self._list.on_train_batch_end((iteration - 1) % self._per_epoch, {"loss": float(loss)})
+                    self._list.on_train_batch_end((iteration - 1) % self._per_epoch, {"loss": float(loss), **values})
             if iteration % self._per_epoch == 0:
-                self._end_epoch(validation if iteration == progress.iteration else None)
+                self._end_epoch(values, validation if iteration == progress.iteration else None)
                 if iteration < progress.iteration:
                     self._open_epoch(iteration // self._per_epoch, 0)
         return bool(getattr(self._model, "stop_training", False))
@@ -245,13 +265,13 @@ class DriverCallbacks:
         import keras
 
         progbar = keras.utils.Progbar(self._per_epoch, verbose=self._verbose,
-                                      stateful_metrics=["records/s", "workers"])
+                                      stateful_metrics=["records/s", "workers", *self._metric_names])
         if seconds_ago > 0:
             progbar._start = progbar._time_at_epoch_start = time.time() - seconds_ago
         return progbar
 
-    def _end_epoch(self, validation: Optional[Dict[str, float]]) -> None:
-        logs = {"loss": float(np.mean(self._epoch_losses))}
+    def _end_epoch(self, metrics: Dict[str, float], validation: Optional[Dict[str, float]]) -> None:
+        logs = {"loss": float(np.mean(self._epoch_losses)), **metrics}
         logs.update({f"val_{name}": value for name, value in (validation or {}).items()})
         if self._num_workers is not None and self._epoch_workers is not None:
             logs["workers"] = self._epoch_workers

@@ -17,11 +17,14 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
    optimizer variables), streamed from the driver's job channel (or, without
    one, read from a broadcast);
 5. loops, one graph call per iteration (``TrainStep.run``): local batch ->
-   fused gradients + loss, weighted by the rank's share of the global batch
-   -> all-reduce (sum: the record-weighted mean, called from the graph; the
-   gradients travel as bfloat16 or float16 with ``gradient_compression``) ->
-   global-gradient clipping and ``optimizer.apply``, until the segment's stop
-   trigger fires on the (identical) progress every worker sees;
+   fused gradients + loss, weighted by the rank's share of the global batch,
+   and the compiled metrics' states of the batch -> all-reduce (sum: the
+   record-weighted mean, called from the graph; the gradients travel as
+   bfloat16 or float16 with ``gradient_compression``) -> global-gradient
+   clipping and ``optimizer.apply``, and the metrics over the epoch so far
+   (their states restart at every epoch's first iteration; a segment that
+   starts mid-epoch continues from ``spec.metric_state``), until the
+   segment's stop trigger fires on the (identical) progress every worker sees;
 6. averages the non-trainable float variables (BatchNorm statistics) across
    workers; rank 0 uploads the state to the job channel and returns the
    per-iteration records and where the time went.
@@ -29,6 +32,8 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
 Throughout, a heartbeat reports the rank's phase and iteration to the
 driver's watchdog, and ends this worker process if the driver gives up on the
 job while the task is stuck (see ``collective.channel_client.Heartbeat``).
+Rank 0's reports also carry the loss and metrics of every iteration since
+its previous one: the driver's live ``on_train_batch_end`` calls.
 
 This module runs on executors: it never imports driver-only modules.
 """
@@ -98,6 +103,10 @@ class SegmentSpec:
         ``BarrierTaskContext.allGather`` and take the state from ``state``.
     gpus : GpuPlan
         How the tasks get their GPUs (see :mod:`sparktf.spark.task_devices`).
+    metric_state : numpy.ndarray, optional
+        The compiled metrics' states summed over the epoch before ``start``
+        (a previous :class:`SegmentResult`'s), for a segment that starts
+        mid-epoch; None starts them from nothing.
     """
 
     payload: Any
@@ -113,6 +122,7 @@ class SegmentSpec:
     secret: bytes = b""
     directory: Optional[str] = None
     gpus: GpuPlan = GpuPlan()
+    metric_state: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -139,6 +149,11 @@ class SegmentResult:
         ``state_upload``) on rank 0.
     workers : int
         The workers the segment ran on (set by the driver).
+    metrics : dict
+        Compiled metric name -> one value per iteration run: the metric over
+        the epoch up to that iteration, so an epoch's last is the epoch's.
+    metric_state : numpy.ndarray, optional
+        The metrics' states summed over the epoch after ``iteration``.
     """
 
     iteration: int
@@ -150,6 +165,8 @@ class SegmentResult:
     step_seconds: np.ndarray
     timings: Dict[str, float] = field(default_factory=dict)
     workers: int = 0
+    metrics: Dict[str, np.ndarray] = field(default_factory=dict)
+    metric_state: Optional[np.ndarray] = None
 
 
 class _Stopwatch:
@@ -250,17 +267,23 @@ def _train(
     watch: _Stopwatch,
     heartbeat: Any,
 ) -> SegmentResult:
-    losses, learning_rates, wall_times, step_seconds = [], [], [], []
+    losses, learning_rates, wall_times, step_seconds, metrics = [], [], [], [], []
     progress = spec.start
     non_finite_iteration = None
-    allreduce = _timed_allreduce(communicator, watch, spec.gradient_compression)
+    allreduce = _timed_allreduce(communicator, watch, spec.gradient_compression, step.gradient_size)
     weight = spec.local_batches[rank] / sum(spec.local_batches)  # this rank's share of the global batch
+    per_epoch = progress.iterations_per_epoch
+    step.set_metric_state(spec.metric_state if progress.iteration % per_epoch else None)
+    if rank == 0:
+        heartbeat.set_batch_names(["loss", *step.metric_names])
     while True:
         started = time.perf_counter()
         features, labels = _features_labels(spec, next(batches))
         watch.lap("batches")
         iteration = progress.iteration + 1
         heartbeat.iteration = iteration
+        if (iteration - 1) % per_epoch == 0:  # an epoch's first iteration
+            step.set_metric_state(None)
         with classified_failures(rank, iteration, warm_up=False):
             outcome = step.run(features, labels, allreduce, weight)
         ended = watch.lap("apply")
@@ -269,7 +292,10 @@ def _train(
             break
         learning_rates.append(outcome.learning_rate)
         losses.append(outcome.loss)
+        metrics.append(outcome.metrics)
         heartbeat.loss = float(outcome.loss)
+        if rank == 0:
+            heartbeat.add_batch(iteration, (outcome.loss, *outcome.metrics))
         wall_times.append(time.time())
         step_seconds.append(ended - started)
         progress = TrainingProgress(
@@ -285,16 +311,21 @@ def _train(
         learning_rates=np.array(learning_rates, np.float64),
         wall_times=np.array(wall_times, np.float64),
         step_seconds=np.array(step_seconds, np.float64),
+        metrics={name: np.array([row[i] for row in metrics], np.float64)
+                 for i, name in enumerate(step.metric_names)},
+        metric_state=step.metric_state(),
     )
 
 
-def _timed_allreduce(communicator: Any, watch: _Stopwatch,
-                     compression: Optional[str]) -> Callable[[np.ndarray], None]:
+def _timed_allreduce(communicator: Any, watch: _Stopwatch, compression: Optional[str],
+                     gradient_size: int) -> Callable[[np.ndarray], None]:
     """The in-place sum all-reduce of weighted buffers the step calls, timing ``compute`` before it and itself.
 
-    With ``compression`` the gradients travel in that wire dtype, and the loss
-    (the buffer's last element, see ``TrainStep``) in a second, exact call: a
-    float16 loss would turn inf above 65504, a bfloat16 one show 3 digits.
+    With ``compression`` the gradients (the buffer's first ``gradient_size``
+    elements, see ``TrainStep``) travel in that wire dtype, and the loss and
+    metric states after them in a second, exact call: a float16 loss would
+    turn inf above 65504, a bfloat16 one show 3 digits, and counts would
+    stop adding up.
     """
 
     def allreduce(buffer: np.ndarray) -> None:
@@ -302,8 +333,8 @@ def _timed_allreduce(communicator: Any, watch: _Stopwatch,
         if compression is None:
             communicator.allreduce(buffer, op="sum")
         else:
-            communicator.allreduce(buffer[:-1], op="sum", compression=compression)
-            communicator.allreduce(buffer[-1:], op="sum")
+            communicator.allreduce(buffer[:gradient_size], op="sum", compression=compression)
+            communicator.allreduce(buffer[gradient_size:], op="sum")
         watch.lap("allreduce")
 
     return allreduce
