@@ -11,9 +11,9 @@ the driver and from every Spark Python worker.
 after it (by ``keras``, sparktf or user code, on the driver or in a Python
 worker) runs with file descriptor 2 read by a thread that drops exactly those
 lines and passes every other line on unchanged, lists the devices during that
-time (in a Spark task: later, once :func:`list_devices_quietly` is called,
-after the task's GPUs are chosen, since TensorFlow reads
-``CUDA_VISIBLE_DEVICES`` when it lists them), and leaves
+time (in a Spark task: later, inside :func:`quietly`, once the task's
+GPUs are chosen, since TensorFlow reads ``CUDA_VISIBLE_DEVICES`` when it
+lists them), and leaves
 ``TF_CPP_MIN_LOG_LEVEL`` at ``1`` (no C++ INFO lines such as
 "XLA service ... initialized") unless it is set already. The cuInit error is
 dropped only where the machine has no NVIDIA driver. Set
@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Iterator, List, Tuple
 
-__all__ = ["install", "list_devices_quietly", "StartupLineFilter"]
+__all__ = ["install", "list_devices", "quietly", "StartupLineFilter"]
 
 SHOW_ENV = "SPARKTF_SHOW_TF_STARTUP"
 
@@ -142,18 +142,27 @@ def _list_devices(tensorflow) -> None:
         pass
 
 
-def list_devices_quietly() -> None:
-    """Have TensorFlow list its devices now, with its start-up lines filtered as in :func:`install`.
-
-    Spark tasks call it once their ``CUDA_VISIBLE_DEVICES`` is set.
-    """
+def list_devices() -> None:
+    """Have TensorFlow list its devices now (call it inside :func:`quietly`)."""
     import tensorflow
 
+    _list_devices(tensorflow)
+
+
+@contextlib.contextmanager
+def quietly() -> Iterator[None]:
+    """TensorFlow's start-up lines filtered out of standard error inside the block, as in :func:`install`.
+
+    Spark tasks start TensorFlow's runtime in it once their ``CUDA_VISIBLE_DEVICES``
+    is set: setting its threads can already start the CUDA platform (the
+    cuInit error), listing the devices does. Nothing is filtered when
+    ``SPARKTF_SHOW_TF_STARTUP`` asks for everything.
+    """
     if _showing_everything():
-        _list_devices(tensorflow)
+        yield
         return
     with _filtered_stderr():
-        _list_devices(tensorflow)
+        yield
 
 
 @contextlib.contextmanager

@@ -75,6 +75,7 @@ def run_program(tmp_path, *remote):
             _, case, values = line.split(" ", 2)
             found[case] = json.loads(values)
     assert proc.returncode == 0 and "driver_host" in found, (proc.stdout[-3000:], proc.stderr[-6000:])
+    found["stderr"] = proc.stderr  # the client's, and with a local server its Python workers'
     return found
 
 
@@ -136,6 +137,15 @@ def test_a_resource_profile_and_min_workers_on_a_cluster(request, results):
     cluster = results["cluster"]
     assert cluster["iterations"] == 4
     assert cluster["evaluated"] == pytest.approx(cluster["local"], rel=1e-4, abs=1e-5)
+
+
+def test_the_python_workers_print_no_tensorflow_start_up_lines_but_real_errors(request, results):
+    if "local" not in request.node.callspec.id:
+        pytest.skip("the executors of a server over local-cluster write to its work folder")
+    # warm-up, training, evaluation, prediction and TFRecord reading all ran in these workers
+    assert "failed call to cuInit" not in results["stderr"]
+    assert "Could not find cuda drivers" not in results["stderr"]
+    assert "ValueError: planned failure in rank" in results["stderr"]  # sparktf.run's failing child, as it was
 
 
 def test_run_starts_its_children_and_streams_their_lines_to_the_client(results):

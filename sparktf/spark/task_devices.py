@@ -37,7 +37,7 @@ from typing import Any, Optional, Sequence
 from sparktf.errors import SparkTFError
 from sparktf.spark.cluster import use_task_threads
 from sparktf.spark.worker_reuse import end_worker_after_task
-from sparktf.tf_startup import list_devices_quietly
+from sparktf.tf_startup import list_devices, quietly
 
 __all__ = [
     "GpuPlan",
@@ -207,7 +207,7 @@ def bind_task_gpus(plan: GpuPlan) -> Optional[str]:
 def prepare_tensorflow_task(plan: Optional[GpuPlan]) -> None:
     """Before a Spark task runs TensorFlow: its GPUs (:func:`bind_task_gpus`) and ``spark.task.cpus`` threads.
 
-    TensorFlow then lists its devices (with its start-up lines filtered).
+    TensorFlow then lists its devices; both with its start-up lines filtered.
     Nothing happens outside a Spark task.
     """
     from pyspark import TaskContext
@@ -215,6 +215,7 @@ def prepare_tensorflow_task(plan: Optional[GpuPlan]) -> None:
     if TaskContext.get() is None:
         return
     bind_task_gpus(plan or GpuPlan())
-    use_task_threads()
-    if not _tensorflow_found_devices():
-        list_devices_quietly()
+    with quietly():  # TensorFlow's runtime starts here: its start-up lines stay out of the worker's output
+        use_task_threads()
+        if not _tensorflow_found_devices():
+            list_devices()

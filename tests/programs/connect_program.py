@@ -23,11 +23,11 @@ import sys
 import threading
 import time
 
+import sparktf  # first: TensorFlow's start-up lines stay out of this process's output too
+
 import keras
 import numpy as np
 import tensorflow as tf
-
-import sparktf
 from sparktf import TFDataset, TFOptimizer, TFPredictor, TrainSummary
 from sparktf.triggers import EveryEpoch, MaxEpoch
 
