@@ -111,9 +111,16 @@ def test_a_worker_failure_is_relaunched_and_ends_like_an_uninterrupted_run(resul
     assert results["recover"]["marker"] and results["recover"]["difference"] < 1e-5
 
 
+def local_only(results, case):
+    """``results[case]``; a server over local-cluster skips the cases whose code paths the local session ran."""
+    if case not in results:
+        pytest.skip(f"{case}: the same code path as in the local Connect session, run there")
+    return results[case]
+
+
 def test_tfrecord_files_train_and_evaluate_in_both_cache_modes(results):
     for cache in ("True", "False"):
-        records, iterations, evaluated, local = results["tfrecord"][cache]
+        records, iterations, evaluated, local = local_only(results, "tfrecord")[cache]
         assert records == 120 and iterations == 12
         assert evaluated == pytest.approx(local, rel=1e-4, abs=1e-5)
 
@@ -121,12 +128,14 @@ def test_tfrecord_files_train_and_evaluate_in_both_cache_modes(results):
 def test_an_ml_pipeline_fits_saves_and_loads_and_cross_validates(results):
     pipeline = results["pipeline"]
     assert pipeline["epochs"] == 2 and pipeline["rows"] == 128 and pipeline["difference"] < 1e-5
+    if "cv_metrics" not in pipeline:
+        pytest.skip("CrossValidator: the same code path as in the local Connect session, run there")
     assert len(pipeline["cv_metrics"]) == 2 and pipeline["cv_metrics"][1] < pipeline["cv_metrics"][0]
     assert pipeline["best_epochs"] == 3
 
 
 def test_ctrl_c_in_the_client_cancels_the_training_job(results):
-    interrupt = results["interrupt"]
+    interrupt = local_only(results, "interrupt")
     assert interrupt["raised_after"] is not None and interrupt["raised_after"] < 5
     assert interrupt["next_job"] < 30  # the blocked step holds its slot for 60 s unless the job was cancelled
 

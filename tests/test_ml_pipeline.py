@@ -69,6 +69,7 @@ def test_pipeline_fits_scores_evaluates_and_round_trips(spark, flowers, tmp_path
     assert isinstance(stage, KerasModel) and stage.keras_model is not model
     assert stage.keras_model.optimizer.learning_rate.numpy() == pytest.approx(0.1)
     assert len(stage.history["loss"]) == 2 and len(stage.history["val_accuracy"]) == 2
+    assert len(stage.history["accuracy"]) == 2  # the compiled metric per epoch, as fit's History
 
     scored = fitted.transform(flowers).cache()
     assert scored.columns == flowers.columns + ["features", "label", "prediction", "probability"]

@@ -1,12 +1,12 @@
 """TFOptimizer's checks and failure handling: bad setup, too many workers, non-finite loss, recovery."""
 
 import os
+import sys
 import time
 
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from sparktf import (
     DataError,
@@ -19,6 +19,9 @@ from sparktf import (
     TrainingError,
 )
 from sparktf.spark.cluster import WATCHDOG_SLACK_CONF
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs"))
+from hook_layers import PythonHook  # noqa: E402  (beside the test programs, which use it too)
 
 
 def data(n=32, seed=0):
@@ -66,22 +69,6 @@ def test_non_finite_loss_raises_naming_the_iteration(sc):
     assert optimizer.iteration == failed_at - 1  # the last finite update is kept
     assert all(np.isfinite(w).all() for w in optimizer.model.get_weights())
     assert f"keeps the weights of iteration {failed_at - 1}" in str(raised.value)
-
-
-class PythonHook(keras.layers.Layer):
-    """Identity layer that runs ``hook`` in Python on the executor at every step (to inject faults)."""
-
-    def hook(self):
-        raise NotImplementedError
-
-    def call(self, inputs):
-        def run(values):
-            self.hook()
-            return values
-
-        out = tf.py_function(run, [inputs], tf.float32)
-        out.set_shape(inputs.shape)
-        return out
 
 
 class FailOnce(PythonHook):

@@ -229,10 +229,12 @@ def _with_learning_rate(optimizer: Any, learning_rate: Optional[float]) -> Any:
 
 
 def epoch_logs(result: Dict[str, Any], iterations_per_epoch: int) -> Dict[str, List[float]]:
-    """Per-epoch logs from ``optimize``'s result: the mean training loss per epoch and the ``val_*`` values."""
+    """Per-epoch logs from ``optimize``'s result: the mean training loss per epoch, the compiled metrics and
+    the ``val_*`` values (both already one per epoch)."""
     losses = [float(loss) for loss in result["loss"]]
     logs = {"loss": [sum(chunk) / len(chunk) for chunk in _chunks(losses, iterations_per_epoch)]}
-    logs.update({name: [float(v) for v in values] for name, values in result.items() if name.startswith("val_")})
+    logs.update({name: [float(v) for v in values] for name, values in result.items()
+                 if name not in ("loss", "iterations", "epochs")})
     return logs
 
 

@@ -25,11 +25,21 @@ def pickle_by_value(objects: Dict[str, Any]) -> bytes:
 
     Classes and functions defined in ``__main__``, a notebook or a module the
     executors cannot import (a test module, a script beside the driver) travel
-    as code, so executors need not have them installed.
+    as code, so executors need not have them installed; so do the classes
+    they derive from in such modules.
     """
-    modules = {sys.modules[obj.__module__] for obj in objects.values() if obj.__module__ in sys.modules}
+    modules = {module for obj in objects.values() for module in _defining_modules(obj)}
     with _registered_by_value(m for m in modules if _ships_by_value(m)):
         return cloudpickle.dumps(objects)
+
+
+def _defining_modules(obj: Any) -> Iterator[types.ModuleType]:
+    """The modules defining ``obj`` and, for a class, every class it derives from (a user's base layer
+    in a helper module beside the notebook travels too)."""
+    for item in obj.__mro__ if isinstance(obj, type) else (obj,):
+        name = getattr(item, "__module__", None)
+        if name in sys.modules:
+            yield sys.modules[name]
 
 
 @contextlib.contextmanager

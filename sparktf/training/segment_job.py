@@ -201,8 +201,7 @@ def run_segment_job(
         else:
             channel.serve_state(*state.to_wire())
             job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
-            watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout,
-                                   on_reports and partial(_with_batches, channel, on_reports))
+            watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout, on_reports)
             try:
                 result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
             except (DataError, ModelError):
@@ -216,11 +215,6 @@ def run_segment_job(
     worker_seconds = sum(result.timings.values())
     result.timings["launch"] = time.perf_counter() - started - worker_seconds
     return result
-
-
-def _with_batches(channel: JobChannel, on_reports: Callable[[dict], None], _reports: dict) -> None:
-    """``on_reports`` of the reports with the iterations' values received since the last call."""
-    on_reports(channel.reports(take_batches=True))
 
 
 def _uploaded_state(channel: JobChannel, what: str) -> ModelState:

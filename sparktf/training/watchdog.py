@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from sparktf.errors import TrainingError
 from sparktf.spark.cluster import watchdog_slack
-from sparktf.spark.jobs import jvm_gone, run_job
+from sparktf.spark.jobs import run_job
 
 __all__ = ["JobWatchdog", "DONE"]
 
@@ -55,8 +55,9 @@ class JobWatchdog:
         The tasks' own timeout (``collective_timeout``); a task may go
         without progress for that long plus the watchdog's slack.
     on_reports : callable, optional
-        Called with the tasks' reports at every check (about once a second):
-        the driver's live progress.
+        Called with the tasks' reports at every check (about once a second),
+        with the per-iteration values rank 0 sent since the last check: the
+        driver's live progress and batch callbacks.
     barrier : bool
         Whether every task runs at once (a barrier job of ranks) or tasks
         may wait for slots (an ordinary job of partitions).
@@ -103,7 +104,7 @@ class JobWatchdog:
         while not self._done.wait(_CHECK_SECONDS):
             if self._on_reports is not None:
                 try:
-                    self._on_reports(self._channel.reports())
+                    self._on_reports(self._channel.reports(take_batches=True))
                 except Exception:  # a progress display or user callback must not stop the watch
                     _LOG.exception("showing the training progress failed")
             reason = self._stall(time.monotonic(), started)
