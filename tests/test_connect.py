@@ -74,7 +74,8 @@ def run_program(tmp_path, *remote):
         if line.startswith("RESULT "):
             _, case, values = line.split(" ", 2)
             found[case] = json.loads(values)
-    assert proc.returncode == 0 and "driver_host" in found, (proc.stdout[-3000:], proc.stderr[-6000:])
+    python_lines = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith(("\tat ", "  at ")))
+    assert proc.returncode == 0 and "driver_host" in found, (proc.stdout[-3000:], python_lines[-8000:])
     found["stderr"] = proc.stderr  # the client's, and with a local server its Python workers'
     return found
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 import cloudpickle
@@ -14,7 +15,7 @@ from sparktf.errors import DataError
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
 
-__all__ = ["trace_parse_fn", "TFRecordReader"]
+__all__ = ["trace_parse_fn", "TFRecordReader", "load_parse_fn"]
 
 #: Most records per block read from TFRecords: tf.data's ``batch`` slows down
 #: sharply with huge batch sizes (about 2 s for 2M, even on a 5-record file).
@@ -56,6 +57,22 @@ def trace_parse_fn(parse_fn: Callable) -> Tuple[object, Optional[object]]:
     return specs.parse_spec(element, "features"), None
 
 
+def load_parse_fn(parse_fn_bytes: bytes) -> Callable:
+    """The ``parse_fn`` of :func:`~sparktf.spark.user_code.pickle_by_value`'s bytes, on an executor.
+
+    A function that travelled by value has no source file there, so AutoGraph
+    cannot convert it: it runs as it is, and TensorFlow would warn about it in
+    every task. Such a function is marked ``do_not_convert`` (the same
+    behaviour, without the warning); one whose source is there is left to AutoGraph.
+    """
+    parse_fn = cloudpickle.loads(parse_fn_bytes)["parse_fn"]
+    try:
+        inspect.getsource(parse_fn)
+    except (OSError, TypeError):
+        return tf.autograph.experimental.do_not_convert(parse_fn)
+    return parse_fn
+
+
 class TFRecordReader:
     """TFRecord file paths -> Blocks of parsed records (a ``BlockSet.map_partitions`` maker).
 
@@ -78,7 +95,7 @@ class TFRecordReader:
 
     def __call__(self, partition: int, paths: Iterable[str]) -> Iterator[Block]:
         prepare_tensorflow_task(self.gpus)
-        parse_fn = cloudpickle.loads(self.parse_fn_bytes)["parse_fn"]
+        parse_fn = load_parse_fn(self.parse_fn_bytes)
         leaves = self.record_format.leaves
         batch = min(records_per_block(leaves), MAX_RECORDS_PER_BLOCK)
         for path in paths:

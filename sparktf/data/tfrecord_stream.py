@@ -20,7 +20,6 @@ import threading
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-import cloudpickle
 import numpy as np
 import tensorflow as tf
 
@@ -28,6 +27,7 @@ from sparktf.data import specs
 from sparktf.data.block_feed import FeedStream
 from sparktf.data.columnar import RecordFormat
 from sparktf.data.sources import item_partitions
+from sparktf.data.tfrecord_io import load_parse_fn
 from sparktf.data.tfrecord_files import file_size, record_dataset, reads_natively
 from sparktf.errors import DataError
 from sparktf.spark.task_devices import GpuPlan, gpu_plan, prepare_tensorflow_task
@@ -155,7 +155,7 @@ class TFRecordFeed:
                           start_batch=start_batch)
 
     def _dataset(self, rank: int, first_pass: int, skip: int, local_batch: int) -> tf.data.Dataset:
-        parse_fn = cloudpickle.loads(self.parse_fn_bytes)["parse_fn"]
+        parse_fn = load_parse_fn(self.parse_fn_bytes)
         files = tf.constant(self.files[rank])
         cycle = min(len(self.files[rank]), 4)
         seed, shuffle, buffer = self.seed, self.shuffle, self.shuffle_buffer
