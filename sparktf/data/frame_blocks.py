@@ -150,10 +150,9 @@ def encoded_frame(session: Any, partitions: Sequence[Sequence[Any]], encode: Cal
     ``createDataFrame`` (large ones as a cached local relation).
     """
     keys = partition_keys(session, len(partitions))
-    rows = [(keys[p], seq, encode(element)) for p, elements in enumerate(partitions)
-            for seq, element in enumerate(elements)]
-    table = pa.Table.from_arrays([pa.array(column, type) for column, type in
-                                  zip(zip(*rows), (pa.int64(), pa.int64(), pa.binary()))], schema=_ARROW_BLOCKS)
+    placed = [(keys[p], seq, element) for p, elements in enumerate(partitions) for seq, element in enumerate(elements)]
+    table = pa.Table.from_pydict({"key": [key for key, _, _ in placed], "seq": [seq for _, seq, _ in placed],
+                                  "block": [encode(element) for _, _, element in placed]}, schema=_ARROW_BLOCKS)
     return session.createDataFrame(table).repartition(len(partitions), "key").sortWithinPartitions("seq")
 
 
