@@ -42,10 +42,10 @@ from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_me
 from sparktf.collective.rendezvous import (
     HANDSHAKE_SECONDS,
     MAX_AUTHENTICATING,
-    POLL_SECONDS,
     bind_listener,
     format_peer,
     parse_peer,
+    serve_accepts,
 )
 
 __all__ = ["JobChannel", "RankReport"]
@@ -128,6 +128,7 @@ class JobChannel:
         self._authenticating = threading.BoundedSemaphore(MAX_AUTHENTICATING)
         self._closing = threading.Event()
         self._threads: List[threading.Thread] = []
+        self._wake, self._waker = socket.socketpair()  # close() wakes the accept loop at once
         self._thread = threading.Thread(target=self._accept_loop, name="sparktf-job-channel", daemon=True)
         self._thread.start()
 
@@ -164,10 +165,15 @@ class JobChannel:
             return reports
 
     def close(self) -> None:
-        """Stop serving and shut every connection (the workers see the job is over)."""
+        """Stop serving and shut every connection (the workers see the job is over); once."""
+        if self._closing.is_set():
+            return
         self._closing.set()
+        self._waker.send(b"x")
         self._thread.join()
         self._listener.close()
+        self._wake.close()
+        self._waker.close()
         with self._lock:
             connections = list(self._connections)
             self._registered.clear()
@@ -186,25 +192,22 @@ class JobChannel:
     # ------------------------------------------------------------------ serving
 
     def _accept_loop(self) -> None:
-        self._listener.settimeout(POLL_SECONDS)
-        while not self._closing.is_set():
-            try:
-                sock, address = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:  # the listener was closed under us
-                return
-            if not self._authenticating.acquire(blocking=False):
-                logger.warning("the job channel refused a connection from %s: %d others are still "
-                               "authenticating", address, MAX_AUTHENTICATING)
-                sock.close()
-                continue
-            with self._lock:
-                self._connections.add(sock)
-            thread = threading.Thread(target=self._handle, args=(sock, address), daemon=True,
-                                      name="sparktf-job-channel-connection")
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-            thread.start()
+        serve_accepts(self._listener, self._wake, self._accepted)
+
+    def _accepted(self, sock: socket.socket, address: Any) -> None:
+        """Start the connection's thread (or refuse it when too many are authenticating)."""
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small messages, answered at once
+        if not self._authenticating.acquire(blocking=False):
+            logger.warning("the job channel refused a connection from %s: %d others are still "
+                           "authenticating", address, MAX_AUTHENTICATING)
+            sock.close()
+            return
+        with self._lock:
+            self._connections.add(sock)
+        thread = threading.Thread(target=self._handle, args=(sock, address), daemon=True,
+                                  name="sparktf-job-channel-connection")
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
 
     def _handle(self, sock: socket.socket, address: Any) -> None:
         try:

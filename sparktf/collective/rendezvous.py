@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
+import selectors
 import socket
 import threading
 import time
+from typing import Any, Callable
 
 from sparktf.collective.auth import HandshakeError, client_handshake, server_handshake
 from sparktf.collective.transport import configure_socket
@@ -23,7 +25,7 @@ from sparktf.errors import CollectiveError
 
 __all__ = [
     "HANDSHAKE_SECONDS",
-    "POLL_SECONDS",
+    "serve_accepts",
     "barrier_task_peers",
     "bind_listener",
     "connect_before",
@@ -35,7 +37,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 HANDSHAKE_SECONDS = 10.0  # the most one accepted connection may take to authenticate
-POLL_SECONDS = 0.2
 MAX_AUTHENTICATING = 16  # connections a listener lets authenticate at once
 _RETRY_SECONDS = 0.05
 
@@ -167,8 +168,8 @@ class _LeftAcceptor:
         self._listener = listener
         self._secret = secret
         self._deadline = deadline
-        self._cancelled = threading.Event()
-        self._found = threading.Event()
+        self._wake, self._waker = socket.socketpair()  # wakes the accept loop: found, or cancelled
+        self._stopped = False  # no longer accepting (the pair is closed)
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_AUTHENTICATING)
         self._left: socket.socket | None = None
@@ -178,35 +179,39 @@ class _LeftAcceptor:
         self._thread.start()
 
     def cancel(self) -> None:
-        self._cancelled.set()
-        self._thread.join()
+        self._stop_accepting()
         with self._lock:
             left, self._left = self._left, None
         if left is not None:
             left.close()
 
     def result(self) -> socket.socket | None:
-        self._thread.join()
+        self._thread.join()  # ends when the left neighbour authenticated (woken at once) or at the deadline
+        self._stop_accepting()
         with self._lock:
             return self._left
 
-    def _run(self) -> None:
-        while not self._cancelled.is_set() and not self._found.is_set():
-            remaining = self._deadline - time.monotonic()
-            if remaining <= 0:
+    def _stop_accepting(self) -> None:
+        with self._lock:
+            if self._stopped:
                 return
-            self._listener.settimeout(min(remaining, POLL_SECONDS))
-            try:
-                sock, address = self._listener.accept()
-            except TimeoutError:
-                continue
-            if not self._slots.acquire(blocking=False):
-                logger.warning("rank %d refused a connection from %s: %d others are still authenticating",
-                               self._rank, address, MAX_AUTHENTICATING)
-                sock.close()
-                continue
-            threading.Thread(target=self._authenticate, args=(sock, address, remaining), daemon=True,
-                             name=f"sparktf-collective-handshake-rank{self._rank}").start()
+            self._stopped = True
+            self._waker.send(b"x")
+        self._thread.join()
+        self._wake.close()
+        self._waker.close()
+
+    def _run(self) -> None:
+        serve_accepts(self._listener, self._wake, self._accepted, self._deadline)
+
+    def _accepted(self, sock: socket.socket, address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            logger.warning("rank %d refused a connection from %s: %d others are still authenticating",
+                           self._rank, address, MAX_AUTHENTICATING)
+            sock.close()
+            return
+        threading.Thread(target=self._authenticate, args=(sock, address, self._deadline - time.monotonic()),
+                         daemon=True, name=f"sparktf-collective-handshake-rank{self._rank}").start()
 
     def _authenticate(self, sock: socket.socket, address, remaining: float) -> None:
         try:
@@ -220,8 +225,36 @@ class _LeftAcceptor:
         finally:
             self._slots.release()
         with self._lock:
-            if self._left is None and not self._cancelled.is_set():
+            if self._left is None and not self._stopped:
                 self._left = sock
-                self._found.set()
+                self._waker.send(b"x")  # stop accepting: the left neighbour is here
                 return
         sock.close()
+
+
+def serve_accepts(listener: socket.socket, wake: socket.socket, accepted: Callable[[socket.socket, Any], None],
+                  deadline: float | None = None) -> None:
+    """Hand every connection to ``listener`` to ``accepted(sock, address)`` until ``wake`` turns readable.
+
+    Also returns at ``deadline`` (``time.monotonic()``), if given. The
+    listener is put in non-blocking mode; accepted sockets are blocking.
+    """
+    listener.setblocking(False)
+    with selectors.DefaultSelector() as selector:
+        selector.register(listener, selectors.EVENT_READ)
+        selector.register(wake, selectors.EVENT_READ)
+        while True:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                return
+            ready = selector.select(timeout)
+            if any(key.fileobj is wake for key, _ in ready):
+                return
+            if not ready:
+                continue
+            try:
+                sock, address = listener.accept()
+            except (BlockingIOError, InterruptedError):  # the client went away between select and accept
+                continue
+            sock.setblocking(True)
+            accepted(sock, address)

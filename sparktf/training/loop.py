@@ -4,19 +4,18 @@ The driver runs training as a sequence of *segments*, one Spark barrier job
 each (see ``docs/design/training.md``). In a segment every barrier task:
 
 1. sets TensorFlow's thread counts to ``spark.task.cpus``;
-2. starts connecting to its peers (``collective.Communicator``) in a thread,
-   and meanwhile:
-3. opens its endless stream of local batches (``spec.feed``: its partition
+2. starts, each in a thread, connecting to its peers (``collective.Communicator``)
+   and opening its endless stream of local batches (``spec.feed``: its partition
    spilled to local disk and read in memory or through a bounded shuffle
    window, or its TFRecord files read with ``tf.data``), starting at the
-   segment's first iteration;
-4. gets the model from the per-process cache (built once per Python worker
+   segment's first iteration, and meanwhile:
+3. gets the model from the per-process cache (built once per Python worker
    from the broadcast ``ModelPayload``), the first time traces and
    compiles its step by running it once without all-reduce
    (``TrainStep.warm_up``), and assigns the segment's start state (weights,
    optimizer variables), streamed from the driver's job channel (or, without
    one, read from a broadcast);
-5. loops, one graph call per iteration (``TrainStep.run``): local batch ->
+4. loops, one graph call per iteration (``TrainStep.run``): local batch ->
    fused gradients + loss, weighted by the rank's share of the global batch,
    and the compiled metrics' states of the batch -> all-reduce (sum: the
    record-weighted mean, called from the graph; the gradients travel as
@@ -25,7 +24,7 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
    (their states restart at every epoch's first iteration; a segment that
    starts mid-epoch continues from ``spec.metric_state``), until the
    segment's stop trigger fires on the (identical) progress every worker sees;
-6. averages the non-trainable float variables (BatchNorm statistics) across
+5. averages the non-trainable float variables (BatchNorm statistics) across
    workers; rank 0 uploads the state to the job channel and returns the
    per-iteration records and where the time went.
 
@@ -207,7 +206,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     try:
         prepare_tensorflow_task(spec.gpus)
         watch.lap("threads")
-        with ThreadPoolExecutor(1) as pool:  # connect while the model loads and compiles
+        with ThreadPoolExecutor(2) as pool:  # connect and open the input while the model loads and compiles
             connecting = pool.submit(
                 Communicator.from_barrier_context,
                 context,
@@ -215,18 +214,15 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
                 spec.collective_timeout,
                 spec.directory,
             )
-            stream = None
+            opening = pool.submit(_open_input, spec, rank, blocks)
             try:
+                step = _prepared_step(spec, opening, watch, heartbeat, rank, world_size)
                 heartbeat.phase = "data_cache"
-                stream = spec.feed.open(rank, blocks, spec.local_batches[rank], spec.start.iteration)
-                first_batch = next(stream)
+                stream, first_batch = opening.result()
                 watch.lap("data_cache")
-                with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
-                    step = _prepared_step(spec, first_batch, watch, heartbeat, rank, world_size)
                 heartbeat.phase = "connect"
             except BaseException:
-                if stream is not None:
-                    stream.close(wait=False, timeout=0)
+                _close_when_opened(opening)
                 _close_when_connected(connecting)
                 raise
             communicator = connecting.result()
@@ -342,19 +338,28 @@ def _timed_allreduce(communicator: Any, watch: _Stopwatch, compression: Optional
 
 def _prepared_step(
     spec: SegmentSpec,
-    batch: List[np.ndarray],
+    opening: Future,
     watch: _Stopwatch,
     heartbeat: Any,
     rank: int,
     world_size: int,
 ) -> TrainStep:
-    """The process's TrainStep, traced and compiled, holding the segment's start state."""
+    """The process's TrainStep, traced and compiled (on the input's first batch), holding the segment's start state.
+
+    What loading the model or its warm-up step raises is classified (a model
+    that cannot run is not relaunched); the input's errors are its own.
+    """
     heartbeat.phase = "model_load"
-    step = _cached_step(spec.payload, spec.clipping)
+    with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
+        step = _cached_step(spec.payload, spec.clipping)
     watch.lap("model_load")
     if not step.warmed_up:
+        heartbeat.phase = "data_cache"
+        _, batch = opening.result()
+        watch.lap("data_cache")
         heartbeat.phase = "warm_up"
-        step.warm_up(*_features_labels(spec, batch))
+        with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
+            step.warm_up(*_features_labels(spec, batch))
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
@@ -392,6 +397,22 @@ def _features_labels(spec: SegmentSpec, arrays: List[np.ndarray]) -> tuple:
 def state_checksums(arrays: List[np.ndarray]) -> List[float]:
     """One float64 sum per array: the driver checks the state it received against rank 0's."""
     return [float(np.sum(a, dtype=np.float64)) for a in arrays]
+
+
+def _open_input(spec: SegmentSpec, rank: int, blocks: Iterable[tuple]) -> tuple:
+    """``(stream, first batch)``: the rank's batches from the segment's first iteration on."""
+    stream = spec.feed.open(rank, blocks, spec.local_batches[rank], spec.start.iteration)
+    try:
+        return stream, next(stream)
+    except BaseException:
+        stream.close(wait=False, timeout=0)
+        raise
+
+
+def _close_when_opened(opening: Future) -> None:
+    """Close the input a failed task opened (without waiting for its reads)."""
+    if opening.exception() is None:
+        opening.result()[0].close(wait=False, timeout=0)
 
 
 def _close_when_connected(connecting: Future) -> None:
