@@ -226,6 +226,7 @@ def test_a_stalled_evaluation_task_is_cancelled_by_the_watchdog_and_its_worker_e
         optimizer.evaluate()
     assert time.monotonic() - started < 2 + watchdog_slack_8s + 30
     assert_process_ends(int(open(marker).read()))
+    sc.setLocalProperty(WATCHDOG_SLACK_CONF, None)  # fresh Python workers may take more than 10 s under load
     assert set(optimizer.evaluate()) == {"loss"}  # the slot is free again (and the layer sleeps only once)
 
 

@@ -256,5 +256,9 @@ def serve_accepts(listener: socket.socket, wake: socket.socket, accepted: Callab
                 sock, address = listener.accept()
             except (BlockingIOError, InterruptedError):  # the client went away between select and accept
                 continue
-            sock.setblocking(True)
-            accepted(sock, address)
+            try:
+                sock.setblocking(True)
+                accepted(sock, address)
+            except OSError as error:  # e.g. reset before its options were set: that one connection is lost
+                logger.warning("dropped a connection from %s as it was accepted: %s", address, error)
+                sock.close()

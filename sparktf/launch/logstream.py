@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
+from sparktf.collective.rendezvous import serve_accepts
+
 __all__ = ["LogServer", "LogClient"]
 
 _LOG = logging.getLogger(__name__)
@@ -52,26 +54,22 @@ class LogServer:
         self.secret = secrets.token_bytes(32)
         self._sink = sink
         self._listener = socket.create_server((host, 0))
-        self._listener.settimeout(0.2)
         self.address: Tuple[str, int] = (host, self._listener.getsockname()[1])
         self._closing = threading.Event()
+        self._wake, self._waker = socket.socketpair()  # close() stops the accept loop at once
         self._lock = threading.Lock()
         self._connections: List[Tuple[socket.socket, threading.Thread]] = []
         self._accepter = threading.Thread(target=self._accept_loop, name="sparktf-run-log-accept", daemon=True)
         self._accepter.start()
 
     def _accept_loop(self) -> None:
-        while not self._closing.is_set():
-            try:
-                connection, _ = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            thread = threading.Thread(target=self._serve, args=(connection,), name="sparktf-run-log", daemon=True)
-            with self._lock:
-                self._connections.append((connection, thread))
-            thread.start()
+        serve_accepts(self._listener, self._wake, self._accepted)
+
+    def _accepted(self, connection: socket.socket, address: object) -> None:
+        thread = threading.Thread(target=self._serve, args=(connection,), name="sparktf-run-log", daemon=True)
+        with self._lock:
+            self._connections.append((connection, thread))
+        thread.start()
 
     def _serve(self, connection: socket.socket) -> None:
         try:
@@ -91,10 +89,15 @@ class LogServer:
             connection.close()
 
     def close(self, drain_timeout: float = 10.0) -> None:
-        """Stop accepting, give open connections ``drain_timeout`` seconds to end, then cut them."""
+        """Stop accepting, give open connections ``drain_timeout`` seconds to end, then cut them (once)."""
+        if self._closing.is_set():
+            return
         self._closing.set()
+        self._waker.send(b"x")
         self._accepter.join(timeout=5.0)
         self._listener.close()
+        self._wake.close()
+        self._waker.close()
         deadline = time.monotonic() + drain_timeout
         with self._lock:
             connections = list(self._connections)

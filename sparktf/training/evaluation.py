@@ -130,10 +130,10 @@ def _evaluate_partition(
     from sparktf.models.cache import load_cached
     from sparktf.spark.task_devices import prepare_tensorflow_task
 
-    prepare_tensorflow_task(gpus)
     partition = TaskContext.get().partitionId()
     heartbeat = state.heartbeat(partition) if state is not None else NoHeartbeat()
     try:
+        prepare_tensorflow_task(gpus)  # reported: starting TensorFlow's devices may take seconds
         heartbeat.phase = "data"
         batches = inference_batches(blocks, batch_size)  # one batch in memory at a time
         first = next(batches, None)
