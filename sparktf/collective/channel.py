@@ -42,10 +42,10 @@ from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_me
 from sparktf.collective.rendezvous import (
     HANDSHAKE_SECONDS,
     MAX_AUTHENTICATING,
+    AcceptLoop,
     bind_listener,
     format_peer,
     parse_peer,
-    serve_accepts,
 )
 
 __all__ = ["JobChannel", "RankReport"]
@@ -128,9 +128,7 @@ class JobChannel:
         self._authenticating = threading.BoundedSemaphore(MAX_AUTHENTICATING)
         self._closing = threading.Event()
         self._threads: List[threading.Thread] = []
-        self._wake, self._waker = socket.socketpair()  # close() wakes the accept loop at once
-        self._thread = threading.Thread(target=self._accept_loop, name="sparktf-job-channel", daemon=True)
-        self._thread.start()
+        self._accepting = AcceptLoop(self._listener, self._accepted, "sparktf-job-channel").start()
 
     # ------------------------------------------------------------------ driver API
 
@@ -169,11 +167,8 @@ class JobChannel:
         if self._closing.is_set():
             return
         self._closing.set()
-        self._waker.send(b"x")
-        self._thread.join()
+        self._accepting.stop()
         self._listener.close()
-        self._wake.close()
-        self._waker.close()
         with self._lock:
             connections = list(self._connections)
             self._registered.clear()
@@ -190,9 +185,6 @@ class JobChannel:
         self.close()
 
     # ------------------------------------------------------------------ serving
-
-    def _accept_loop(self) -> None:
-        serve_accepts(self._listener, self._wake, self._accepted)
 
     def _accepted(self, sock: socket.socket, address: Any) -> None:
         """Start the connection's thread (or refuse it when too many are authenticating)."""

@@ -25,7 +25,7 @@ from sparktf.errors import CollectiveError
 
 __all__ = [
     "HANDSHAKE_SECONDS",
-    "serve_accepts",
+    "AcceptLoop",
     "barrier_task_peers",
     "bind_listener",
     "connect_before",
@@ -168,41 +168,26 @@ class _LeftAcceptor:
         self._listener = listener
         self._secret = secret
         self._deadline = deadline
-        self._wake, self._waker = socket.socketpair()  # wakes the accept loop: found, or cancelled
-        self._stopped = False  # no longer accepting (the pair is closed)
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_AUTHENTICATING)
         self._left: socket.socket | None = None
-        self._thread = threading.Thread(target=self._run, name=f"sparktf-collective-accept-rank{rank}", daemon=True)
+        self._loop = AcceptLoop(listener, self._accepted, f"sparktf-collective-accept-rank{rank}", deadline)
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def cancel(self) -> None:
-        self._stop_accepting()
+        self._loop.stop()
         with self._lock:
             left, self._left = self._left, None
         if left is not None:
             left.close()
 
     def result(self) -> socket.socket | None:
-        self._thread.join()  # ends when the left neighbour authenticated (woken at once) or at the deadline
-        self._stop_accepting()
+        self._loop.join()  # returns when the left neighbour authenticated (woken at once) or at the deadline
+        self._loop.stop()
         with self._lock:
             return self._left
-
-    def _stop_accepting(self) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-            self._waker.send(b"x")
-        self._thread.join()
-        self._wake.close()
-        self._waker.close()
-
-    def _run(self) -> None:
-        serve_accepts(self._listener, self._wake, self._accepted, self._deadline)
 
     def _accepted(self, sock: socket.socket, address: Any) -> None:
         if not self._slots.acquire(blocking=False):
@@ -225,40 +210,83 @@ class _LeftAcceptor:
         finally:
             self._slots.release()
         with self._lock:
-            if self._left is None and not self._stopped:
+            if self._left is None and not self._loop.woken:
                 self._left = sock
-                self._waker.send(b"x")  # stop accepting: the left neighbour is here
+                self._loop.wake()  # stop accepting: the left neighbour is here
                 return
         sock.close()
 
 
-def serve_accepts(listener: socket.socket, wake: socket.socket, accepted: Callable[[socket.socket, Any], None],
-                  deadline: float | None = None) -> None:
-    """Hand every connection to ``listener`` to ``accepted(sock, address)`` until ``wake`` turns readable.
+class AcceptLoop:
+    """A thread handing every connection to ``listener`` to ``accepted(sock, address)`` until woken.
 
-    Also returns at ``deadline`` (``time.monotonic()``), if given. The
-    listener is put in non-blocking mode; accepted sockets are blocking.
+    :meth:`wake` (from any thread, any number of times) ends it at once; it
+    also ends at ``deadline`` (``time.monotonic()``), if given. The listener
+    is put in non-blocking mode; accepted sockets are blocking. A connection
+    that fails while it is being accepted is dropped, not the loop.
     """
-    listener.setblocking(False)
-    with selectors.DefaultSelector() as selector:
-        selector.register(listener, selectors.EVENT_READ)
-        selector.register(wake, selectors.EVENT_READ)
-        while True:
-            timeout = None if deadline is None else deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
+
+    def __init__(self, listener: socket.socket, accepted: Callable[[socket.socket, Any], None], name: str,
+                 deadline: float | None = None):
+        self._listener = listener
+        self._accepted = accepted
+        self._deadline = deadline
+        self._wake, self._waker = socket.socketpair()
+        self._lock = threading.Lock()
+        self.woken = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> "AcceptLoop":
+        """Start accepting; returns ``self``."""
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        """Make the loop return (it stops accepting); nothing once it is stopped."""
+        with self._lock:
+            if not self._closed and not self.woken:
+                self.woken = True
+                self._waker.send(b"x")
+
+    def join(self) -> None:
+        """Wait for the loop to return: woken, or at its deadline."""
+        self._thread.join()
+
+    def stop(self) -> None:
+        """Wake the loop, wait for it and release its socket pair (once)."""
+        self.wake()
+        self._thread.join()
+        with self._lock:
+            if self._closed:
                 return
-            ready = selector.select(timeout)
-            if any(key.fileobj is wake for key, _ in ready):
-                return
-            if not ready:
-                continue
-            try:
-                sock, address = listener.accept()
-            except (BlockingIOError, InterruptedError):  # the client went away between select and accept
-                continue
-            try:
-                sock.setblocking(True)
-                accepted(sock, address)
-            except OSError as error:  # e.g. reset before its options were set: that one connection is lost
-                logger.warning("dropped a connection from %s as it was accepted: %s", address, error)
-                sock.close()
+            self._closed = True
+        self._wake.close()
+        self._waker.close()
+
+    def _run(self) -> None:
+        self._listener.setblocking(False)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._listener, selectors.EVENT_READ)
+            selector.register(self._wake, selectors.EVENT_READ)
+            while True:
+                timeout = None if self._deadline is None else self._deadline - time.monotonic()
+                if timeout is not None and timeout <= 0:
+                    return
+                ready = selector.select(timeout)
+                if any(key.fileobj is self._wake for key, _ in ready):
+                    return
+                if ready:
+                    self._accept_one()
+
+    def _accept_one(self) -> None:
+        try:
+            sock, address = self._listener.accept()
+        except (BlockingIOError, InterruptedError):  # the client went away between select and accept
+            return
+        try:
+            sock.setblocking(True)
+            self._accepted(sock, address)
+        except OSError as error:  # e.g. reset before its options were set: that one connection is lost
+            logger.warning("dropped a connection from %s as it was accepted: %s", address, error)
+            sock.close()

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
-from sparktf.collective.rendezvous import serve_accepts
+from sparktf.collective.rendezvous import AcceptLoop
 
 __all__ = ["LogServer", "LogClient"]
 
@@ -55,15 +55,9 @@ class LogServer:
         self._sink = sink
         self._listener = socket.create_server((host, 0))
         self.address: Tuple[str, int] = (host, self._listener.getsockname()[1])
-        self._closing = threading.Event()
-        self._wake, self._waker = socket.socketpair()  # close() stops the accept loop at once
         self._lock = threading.Lock()
         self._connections: List[Tuple[socket.socket, threading.Thread]] = []
-        self._accepter = threading.Thread(target=self._accept_loop, name="sparktf-run-log-accept", daemon=True)
-        self._accepter.start()
-
-    def _accept_loop(self) -> None:
-        serve_accepts(self._listener, self._wake, self._accepted)
+        self._accepting = AcceptLoop(self._listener, self._accepted, "sparktf-run-log-accept").start()
 
     def _accepted(self, connection: socket.socket, address: object) -> None:
         thread = threading.Thread(target=self._serve, args=(connection,), name="sparktf-run-log", daemon=True)
@@ -90,14 +84,10 @@ class LogServer:
 
     def close(self, drain_timeout: float = 10.0) -> None:
         """Stop accepting, give open connections ``drain_timeout`` seconds to end, then cut them (once)."""
-        if self._closing.is_set():
+        if self._accepting.woken:
             return
-        self._closing.set()
-        self._waker.send(b"x")
-        self._accepter.join(timeout=5.0)
+        self._accepting.stop()
         self._listener.close()
-        self._wake.close()
-        self._waker.close()
         deadline = time.monotonic() + drain_timeout
         with self._lock:
             connections = list(self._connections)
