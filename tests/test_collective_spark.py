@@ -17,11 +17,11 @@ def test_allreduce_inside_spark_barrier_tasks(sc, rendezvous):
         if rendezvous == "directory":
             directory = stack.enter_context(JobChannel(2, secret, "127.0.0.1")).address
         results = sorted(run_barrier_allreduce(sc, secret, directory))
-    assert results == [(0, 2, True, 21, [0, 1]), (1, 2, True, 21, [0, 1])]
+    assert results == [(0, 2, True, 21, [0, 1], [1, None]), (1, 2, True, 21, [0, 1], [1, None])]
 
 
 def run_barrier_allreduce(sc, secret, directory):
-    """Two barrier tasks connect (through ``directory`` or allGather) and run every collective."""
+    """Two barrier tasks connect (through ``directory`` or allGather; rank 0 claims 1) and run every collective."""
 
     def train_partition(_):
         from pyspark import BarrierTaskContext
@@ -29,13 +29,14 @@ def run_barrier_allreduce(sc, secret, directory):
         from sparktf.collective import Communicator
 
         ctx = BarrierTaskContext.get()
-        with Communicator.from_barrier_context(ctx, secret, timeout=60, directory=directory) as comm:
+        claim = 1 if ctx.partitionId() == 0 else None
+        with Communicator.from_barrier_context(ctx, secret, timeout=60, directory=directory, claim=claim) as comm:
             gradient = np.arange(1000003, dtype=np.float32) * (comm.rank + 1)
             comm.allreduce(gradient, op="mean")
             counts = comm.allreduce(np.array([comm.rank + 10], dtype=np.int64), op="sum")
             ranks = comm.allgather_object(comm.rank)
             comm.barrier()
             expected = np.arange(1000003, dtype=np.float32) * 1.5
-            yield (comm.rank, comm.world_size, bool(np.allclose(gradient, expected)), int(counts[0]), ranks)
+            yield (comm.rank, comm.world_size, bool(np.allclose(gradient, expected)), int(counts[0]), ranks, comm.claims)
 
     return sc.parallelize(range(2), 2).barrier().mapPartitions(train_partition).collect()

@@ -26,15 +26,16 @@ SECRET = secrets.token_bytes(32)
 WAIT = 30.0
 
 
-def register_all(directory: JobChannel, world_size: int, secret: bytes = SECRET) -> list:
-    """Every rank registers ``127.0.0.1:<1000 + rank>`` at once; their answers, by rank."""
+def register_all(directory: JobChannel, world_size: int, secret: bytes = SECRET, claims=None) -> list:
+    """Every rank registers ``127.0.0.1:<1000 + rank>`` (and ``claims[rank]``) at once; their peer lists, by rank
+    (``(peers, claims)`` with ``claims``)."""
     with ThreadPoolExecutor(world_size) as pool:
         answers = [
             pool.submit(directory_peers, directory.address, rank, world_size, f"127.0.0.1:{1000 + rank}",
-                        secret, WAIT, WAIT)
+                        secret, WAIT, WAIT, None if claims is None else claims[rank])
             for rank in range(world_size)
         ]
-        return [answer.result() for answer in answers]
+        return [answer.result() if claims is not None else answer.result()[0] for answer in answers]
 
 
 def answer_of(sock: socket.socket) -> bytes:
@@ -49,11 +50,12 @@ def directory_threads() -> list:
     return [t for t in threading.enumerate() if t.name.startswith("sparktf-job-channel") and t.is_alive()]
 
 
-def test_every_rank_gets_every_address_in_rank_order():
+def test_every_rank_gets_every_address_and_claim_in_rank_order():
     expected = [f"127.0.0.1:{1000 + rank}" for rank in range(3)]
     with JobChannel(3, SECRET, "127.0.0.1") as directory:
         assert register_all(directory, 3) == [expected] * 3
-        assert register_all(directory, 3) == [expected] * 3  # a second round (a relaunched job)
+        # a second round (a relaunched job), with what each rank's process holds ready
+        assert register_all(directory, 3, claims=[None, 2, 0]) == [(expected, [None, 2, 0])] * 3
     assert directory_threads() == []
 
 
@@ -84,7 +86,7 @@ def test_a_rank_that_registers_again_replaces_its_entry():
             again = pool.submit(directory_peers, directory.address, 0, 2, "127.0.0.1:8", SECRET, WAIT, WAIT)
             assert answer_of(first) == b""
         other = directory_peers(directory.address, 1, 2, "127.0.0.1:9", SECRET, WAIT, WAIT)
-        assert other == again.result() == ["127.0.0.1:8", "127.0.0.1:9"]
+        assert other == again.result() == (["127.0.0.1:8", "127.0.0.1:9"], [None, None])
 
 
 def test_missing_rank_times_out_with_a_clear_error():
@@ -105,7 +107,10 @@ def test_bad_registrations_are_dropped():
     with JobChannel(1, SECRET, "127.0.0.1") as directory:
         with pytest.raises(CollectiveError, match="peer directory"):
             directory_peers(directory.address, 0, 1, "no port here", SECRET, WAIT, WAIT)
-        assert directory_peers(directory.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT) == ["127.0.0.1:5"]
+        for claim in (1, -1, "0", 0.0):  # a claim is None or an index below the world size
+            with pytest.raises(CollectiveError, match="peer directory"):
+                directory_peers(directory.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT, claim)
+        assert directory_peers(directory.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT, 0) == (["127.0.0.1:5"], [0])
 
 
 def test_rendezvous_setting_picks_the_driver_directory_or_allgather(spark):
@@ -249,7 +254,7 @@ def test_unauthenticated_connections_are_capped(caplog):
         deadline = time.monotonic() + WAIT
         while True:  # the slots come back as the silent ones are dropped
             try:
-                assert directory_peers(channel.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT) == ["127.0.0.1:5"]
+                assert directory_peers(channel.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT)[0] == ["127.0.0.1:5"]
                 break
             except CollectiveError:
                 assert time.monotonic() < deadline

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from sparktf import DataError, MaxEpoch, MaxIteration, SeveralIteration, TFDataset, TFOptimizer, TFPredictor
+from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.tfrecord_stream import assign_files
 from sparktf.spark.cluster import TRAIN_DATA_MEMORY_CONF
 
@@ -139,13 +140,24 @@ def counting_parse_fn(calls_dir):
     return parse_fn
 
 
-def parse_counts(calls_dir, n):
+def parse_counts(calls_dir, n, per_process=None):
+    """Parses per record id since the last call (and each process's record ids in ``per_process``)."""
     counts = np.zeros(n, int)
     for name in os.listdir(calls_dir):
         for line in open(os.path.join(calls_dir, name)):
             counts[int(line)] += 1
+            if per_process is not None:
+                per_process.setdefault(name, set()).add(int(line))
         os.remove(os.path.join(calls_dir, name))
     return counts
+
+
+def test_ranks_keep_reading_the_uncached_streams_their_processes_hold_open():
+    # rank r's process claims the shard it parked; a claimed shard goes to its claimant, the rest stay put
+    assert shards_for_claims([1, 0]) == [1, 0]
+    assert shards_for_claims([None, None, 0]) == [2, 1, 0]
+    assert shards_for_claims([None, 1, 1]) == [0, 1, 2]
+    assert shards_for_claims([2, None, None]) == [2, 1, 0]
 
 
 def test_uncached_tfrecords_are_parsed_every_epoch_and_serve_evaluation_and_prediction(sc, tmp_path):
@@ -164,17 +176,33 @@ def test_uncached_tfrecords_are_parsed_every_epoch_and_serve_evaluation_and_pred
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
     model.compile(keras.optimizers.Adam(0.1), "sparse_categorical_crossentropy", metrics=["accuracy"])
     optimizer = TFOptimizer.from_keras(model, dataset)
-    history = optimizer.optimize(MaxEpoch(4), verbose=0)
-    assert history["iterations"] == 20
-    counts = parse_counts(str(calls), 100)
+    epochs = []  # a callback: one segment per epoch
+    history = optimizer.optimize(MaxEpoch(4), verbose=0,
+                                 callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=lambda e, _: epochs.append(e))])
+    assert history["iterations"] == 20 and epochs == [0, 1, 2, 3]
+    per_process = {}
+    counts = parse_counts(str(calls), 100, per_process)
     assert counts.min() >= 4, "every record is parsed in each of the 4 epochs"
     assert counts.sum() <= 5 * 100, f"at most one pass read ahead, got {counts.sum()} calls"
+    # each Python worker read one rank's files in all 4 segments, whichever partition Spark gave it
+    shards = {process: ids < 50 for process, ids in ((p, np.array(sorted(i))) for p, i in per_process.items())}
+    assert all(below.all() or not below.any() for below in shards.values()), per_process
     # the label is x[0] > 0: 20 steps from a random start reach 0.89 to 1.0, and chance is 0.5
     assert optimizer.evaluate()["accuracy"] >= 0.8
     predictions = np.concatenate(TFPredictor.from_keras(model, dataset).predict().collect())
     features = np.concatenate([rows[0] for rows in dataset.block_rdd.collect()])
     np.testing.assert_allclose(predictions.reshape(-1, 2), model.predict(features, verbose=0), atol=1e-5)
     assert parse_counts(str(calls), 100).min() >= 2, "evaluation and prediction read the files again"
+    with dataset.training_input(2) as (_, feed):  # rank 1's stream, parked at batch 3, is offered at batch 3 only
+        stream = feed.open(1, [], 10, 0)
+        [next(stream) for _ in range(3)]
+        stream.close(wait=True, timeout=30)
+        assert [feed.ready_shard([10, 10], 3), feed.ready_shard([10, 10], 2), feed.ready_shard([10, 9], 3)] == [
+            1, None, None]
+        continued, fresh = feed.open(1, [], 10, 3), feed.open(1, [], 10, 3)  # the second builds a new pipeline
+        np.testing.assert_array_equal(next(continued)[0], next(fresh)[0])
+        continued.close(wait=False, timeout=0)
+        fresh.close(wait=False, timeout=0)
 
 
 def test_an_uncached_file_that_disappears_mid_run_is_a_data_error_naming_it(sc, tmp_path, caplog):

@@ -44,6 +44,7 @@ from sparktf.collective.rendezvous import (
     MAX_AUTHENTICATING,
     AcceptLoop,
     bind_listener,
+    checked_claim,
     format_peer,
     parse_peer,
 )
@@ -117,7 +118,7 @@ class JobChannel:
         self._listener = bind_listener(host)
         self.address = format_peer(self._listener)
         self._lock = threading.Lock()
-        self._registered: Dict[int, Tuple[socket.socket, str]] = {}
+        self._registered: Dict[int, Tuple[socket.socket, str, Optional[int]]] = {}  # rank -> (sock, peer, claim)
         self._state: Optional[Tuple[Dict[str, Any], List[np.ndarray]]] = None
         self._state_bytes = 0
         self._uploaded: Optional[Tuple[Dict[str, Any], List[np.ndarray]]] = None
@@ -209,7 +210,7 @@ class JobChannel:
         finally:
             with self._lock:
                 self._connections.discard(sock)
-                for registered_rank, (registered, _) in list(self._registered.items()):
+                for registered_rank, (registered, _, _) in list(self._registered.items()):
                     if registered is sock:
                         del self._registered[registered_rank]
             sock.close()
@@ -251,7 +252,7 @@ class JobChannel:
             if header.get("batches") is not None:
                 self._record_batches(rank, *_batches(header["batches"]))
         elif op == "register":
-            self._register(sock, rank, str(header["peer"]))
+            self._register(sock, rank, str(header["peer"]), checked_claim(header.get("claim"), self._world_size))
         elif op == "get_state":
             with self._lock:
                 state = self._state
@@ -280,7 +281,7 @@ class JobChannel:
                 self._batch_names[rank] = names
             kept.extend(batches)
 
-    def _register(self, sock: socket.socket, rank: int, peer: str) -> None:
+    def _register(self, sock: socket.socket, rank: int, peer: str, claim: Optional[int]) -> None:
         if len(peer) > _MAX_PEER_CHARS:
             raise ValueError(f"a peer address of {len(peer)} characters")
         parse_peer(peer)
@@ -288,14 +289,15 @@ class JobChannel:
             previous = self._registered.pop(rank, None)
             if previous is not None and previous[0] is not sock:
                 _shut(previous[0])
-            self._registered[rank] = (sock, peer)
+            self._registered[rank] = (sock, peer, claim)
             if len(self._registered) < self._world_size:
                 return
             registered, self._registered = self._registered, {}
-        peers = [registered[r][1] for r in range(self._world_size)]
-        for waiting, _ in registered.values():
+        answer = {"peers": [registered[r][1] for r in range(self._world_size)],
+                  "claims": [registered[r][2] for r in range(self._world_size)]}
+        for waiting, _, _ in registered.values():
             try:
-                send_message(waiting, {"peers": peers})
+                send_message(waiting, answer)
             except OSError as exc:  # that rank is gone: it fails on its own, the others find out in the ring
                 logger.warning("the job channel could not answer a rank: %s", exc)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from sparktf.collective.auth import HandshakeError, client_handshake
 from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_message
-from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, connect_before, parse_peer
+from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, checked_claim, connect_before, parse_peer
 from sparktf.errors import CollectiveError
 
 __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "start_heartbeat", "HEARTBEAT_SECONDS",
@@ -94,8 +94,14 @@ class ChannelClient:
 
 
 def directory_peers(directory: str, rank: int, world_size: int, peer: str, secret: bytes,
-                    connect_timeout: float, timeout: float) -> List[str]:
-    """Register ``peer`` (this rank's ring address) with the job channel; return every rank's, by rank.
+                    connect_timeout: float, timeout: float,
+                    claim: Optional[int] = None) -> Tuple[List[str], List[Optional[int]]]:
+    """Register ``peer`` (this rank's ring address) and ``claim`` with the job channel.
+
+    Returns
+    -------
+    (peers, claims)
+        Every rank's address and claim, by rank.
 
     Raises
     ------
@@ -106,7 +112,7 @@ def directory_peers(directory: str, rank: int, world_size: int, peer: str, secre
     with ChannelClient(directory, rank, world_size, secret, connect_timeout) as client:
         client.sock.settimeout(timeout)
         try:
-            send_message(client.sock, {"op": "register", "peer": peer})
+            send_message(client.sock, {"op": "register", "peer": peer, "claim": claim})
             answer, _ = recv_message(client.sock)
         except TimeoutError:
             raise CollectiveError(
@@ -114,10 +120,13 @@ def directory_peers(directory: str, rank: int, world_size: int, peer: str, secre
                 f"within {timeout:g} s; check that every task started") from None
         except (OSError, ValueError) as exc:
             raise CollectiveError(f"rank {rank}: the peer directory at {directory} failed: {exc}") from None
-    peers = answer.get("peers")
-    if not isinstance(peers, list) or len(peers) != world_size:
-        raise CollectiveError(f"rank {rank}: the peer directory at {directory} sent a malformed answer")
-    return [str(entry) for entry in peers]
+    peers, claims = answer.get("peers"), answer.get("claims")
+    try:
+        if not isinstance(peers, list) or not isinstance(claims, list) or not len(peers) == len(claims) == world_size:
+            raise ValueError("not one peer and one claim per rank")
+        return [str(entry) for entry in peers], [checked_claim(claim, world_size) for claim in claims]
+    except ValueError:
+        raise CollectiveError(f"rank {rank}: the peer directory at {directory} sent a malformed answer") from None
 
 
 class Heartbeat:

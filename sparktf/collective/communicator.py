@@ -20,7 +20,8 @@ import numpy as np
 from sparktf.collective.auth import check_secret
 from sparktf.collective.link import RingLink
 from sparktf.collective.channel_client import directory_peers
-from sparktf.collective.rendezvous import barrier_task_peers, bind_listener, connect_ring, format_peer, parse_peer
+from sparktf.collective.rendezvous import (barrier_task_peers, bind_listener, checked_claim, connect_ring, format_peer,
+                                          parse_peer)
 from sparktf.collective.ring import SEGMENT_BYTES, ring_allgather_bytes, ring_allreduce, ring_broadcast
 from sparktf.errors import CollectiveError
 
@@ -58,15 +59,24 @@ class Communicator:
         Number of ranks.
     link : RingLink or None
         The connected ring (None when ``world_size`` is 1); it carries the timeout.
+    claims : list of (int or None), optional
+        What each rank published with its address (see
+        :meth:`from_barrier_context`); None for every rank by default.
+
+    Attributes
+    ----------
+    claims : list of (int or None)
+        Every rank's claim, by rank.
 
     Notes
     -----
     A communicator is used by one thread at a time.
     """
 
-    def __init__(self, rank: int, world_size: int, link: RingLink | None):
+    def __init__(self, rank: int, world_size: int, link: RingLink | None, claims: list[int | None] | None = None):
         self._rank = rank
         self._world_size = world_size
+        self.claims = list(claims) if claims is not None else [None] * world_size
         self._link = link
         self._scratch = np.empty(SEGMENT_BYTES if link is not None else 0, dtype=np.uint8)
         self._wire = np.empty(0, dtype=np.uint8)  # a compressed all-reduce's outgoing values, grown as needed
@@ -118,7 +128,7 @@ class Communicator:
 
     @classmethod
     def from_barrier_context(cls, ctx, secret: bytes, timeout: float = 300.0,
-                             directory: str | None = None) -> "Communicator":
+                             directory: str | None = None, claim: int | None = None) -> "Communicator":
         """Connect the tasks of a Spark barrier stage; rank is the partition id.
 
         Each task listens on its executor's own address (the host Spark lists
@@ -138,6 +148,10 @@ class Communicator:
             As in :meth:`from_peers`.
         directory : str, optional
             ``"host:port"`` of the job's peer directory on the driver.
+        claim : int, optional
+            Published with the address: an index below the number of tasks
+            that the caller gives a meaning (training: the input shard this
+            process holds ready). Every rank's is in :attr:`claims`.
 
         Returns
         -------
@@ -147,30 +161,30 @@ class Communicator:
         rank = ctx.partitionId()
         infos = ctx.getTaskInfos()
         if len(infos) == 1:
-            return cls(0, 1, None)
+            return cls(0, 1, None, [checked_claim(claim, 1)])
         host, _ = parse_peer(infos[rank].address)
         listener = bind_listener(host)
         try:
             if directory is None:
-                peers = barrier_task_peers(ctx, listener)
+                peers, claims = barrier_task_peers(ctx, listener, claim)
             else:
-                peers = directory_peers(directory, rank, len(infos), format_peer(listener), secret,
-                                        min(timeout, _DIRECTORY_CONNECT_SECONDS),
-                                        max(timeout, _REGISTRATION_SECONDS))
+                peers, claims = directory_peers(directory, rank, len(infos), format_peer(listener), secret,
+                                                min(timeout, _DIRECTORY_CONNECT_SECONDS),
+                                                max(timeout, _REGISTRATION_SECONDS), claim)
         except BaseException:
             listener.close()
             raise
-        return cls._join_ring(rank, peers, listener, secret, timeout)
+        return cls._join_ring(rank, peers, listener, secret, timeout, claims)
 
     @classmethod
     def _join_ring(cls, rank: int, peers: list[str], listener: socket.socket, secret: bytes,
-                   timeout: float) -> "Communicator":
+                   timeout: float, claims: list[int | None] | None = None) -> "Communicator":
         """Connect to the ring neighbours through ``listener``, which is closed afterwards."""
         try:
             left, right = connect_ring(rank, peers, listener, secret, timeout)
         finally:
             listener.close()
-        return cls(rank, len(peers), RingLink(rank, len(peers), left, right, timeout))
+        return cls(rank, len(peers), RingLink(rank, len(peers), left, right, timeout), claims)
 
     @property
     def rank(self) -> int:

@@ -28,6 +28,7 @@ __all__ = [
     "AcceptLoop",
     "barrier_task_peers",
     "bind_listener",
+    "checked_claim",
     "connect_before",
     "connect_ring",
     "format_peer",
@@ -76,10 +77,25 @@ def parse_peer(peer: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def barrier_task_peers(ctx, listener: socket.socket) -> list[str]:
-    """Publish this task's listening address through Spark and return every task's, by partition id."""
-    published = ctx.allGather(json.dumps({"peer": format_peer(listener)}))
-    return [json.loads(message)["peer"] for message in published]
+def barrier_task_peers(ctx, listener: socket.socket, claim: int | None = None) -> tuple[list[str], list[int | None]]:
+    """Publish this task's listening address and ``claim`` through Spark; return every task's, by partition id."""
+    published = [json.loads(message) for message in ctx.allGather(json.dumps({"peer": format_peer(listener),
+                                                                               "claim": claim}))]
+    return ([message["peer"] for message in published],
+            [checked_claim(message.get("claim"), len(published)) for message in published])
+
+
+def checked_claim(claim: Any, world_size: int) -> int | None:
+    """``claim`` (what a rank publishes with its address: None or an index below ``world_size``), checked.
+
+    Raises
+    ------
+    ValueError
+        Anything else.
+    """
+    if claim is None or (type(claim) is int and 0 <= claim < world_size):
+        return claim
+    raise ValueError(f"a rank's claim must be None or an integer in [0, {world_size}), got {claim!r:.40}")
 
 
 def connect_ring(rank: int, peers: list[str], listener: socket.socket, secret: bytes,

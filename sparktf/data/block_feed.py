@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import threading
-from typing import Callable, Iterable, Iterator, List, Optional
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -27,7 +27,32 @@ from sparktf.data.shard_files import ShardFiles, spill_directory
 from sparktf.data.train_batches import TrainBatches
 from sparktf.errors import TrainingError
 
-__all__ = ["BlockFeed", "FeedStream"]
+__all__ = ["BlockFeed", "FeedStream", "shards_for_claims"]
+
+
+def shards_for_claims(claims: Sequence[Optional[int]]) -> List[int]:
+    """The input shard each rank of a training job reads, given what each one's process has ready.
+
+    ``claims[r]`` is the shard rank ``r``'s feed offered (``ready_shard``) or
+    None. A claimed shard goes to the lowest rank claiming it; every other
+    rank reads its own shard when that is free, else the lowest free one.
+    Every rank computes the same answer from the same claims.
+    """
+    shards: List[Optional[int]] = [None] * len(claims)
+    taken = set()
+    for rank, claim in enumerate(claims):
+        if claim is not None and claim not in taken:
+            shards[rank] = claim
+            taken.add(claim)
+    for rank, shard in enumerate(shards):
+        if shard is None and rank not in taken:
+            shards[rank] = rank
+            taken.add(rank)
+    free = iter(sorted(set(range(len(claims))) - taken))
+    for rank, shard in enumerate(shards):
+        if shard is None:
+            shards[rank] = next(free)
+    return shards  # type: ignore[return-value]
 
 
 class FeedStream:
@@ -110,6 +135,10 @@ class BlockFeed:
         self.sequential_order = sequential_order
         self.memory_budget = memory_budget
         self.keyed = keyed
+
+    def ready_shard(self, local_batches: Sequence[int], start_batch: int) -> Optional[int]:
+        """None: a task reads the partition Spark gives it (see :meth:`TFRecordFeed.ready_shard`)."""
+        return None
 
     def open(self, rank: int, blocks: Iterable[Block], local_batch: int, start_batch: int) -> FeedStream:
         """The batches of partition ``rank`` from batch ``start_batch`` on.

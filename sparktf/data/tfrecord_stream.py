@@ -136,8 +136,19 @@ class TFRecordFeed:
         self.identity = hashlib.sha256(pickle.dumps(
             (files, counts, parse_fn_bytes, shuffle, seed, shuffle_buffer))).hexdigest()
 
+    def ready_shard(self, local_batches: Sequence[int], start_batch: int) -> Optional[int]:
+        """The rank whose stream this process has parked at ``start_batch`` (a previous segment's), if any.
+
+        Any task may read any rank's files, so a task that finds its
+        process holding rank ``r``'s stream open offers to take ``r``'s
+        place in the data (see :func:`~sparktf.data.block_feed.shards_for_claims`).
+        """
+        return _PARKED.ready(lambda key: key[0] == self.identity and key[1] < len(local_batches)
+                             and key[2] == local_batches[key[1]], start_batch)
+
     def open(self, rank: int, blocks: Iterable[Any], local_batch: int, start_batch: int) -> FeedStream:
-        """Batches of rank ``rank`` from batch ``start_batch`` on (``blocks``, the rank number, is read and dropped)."""
+        """Batches of rank ``rank`` from batch ``start_batch`` on (``blocks``, the task's placeholder, is read and
+        dropped)."""
         for _ in blocks:
             pass
         records = self.counts[rank]
@@ -205,6 +216,12 @@ class _ParkedStream:
         with self._lock:
             self._drop_parked()
             self._parked = (key, next_batch, batches)
+
+    def ready(self, wanted: Callable[[Any], bool], start_batch: int) -> Optional[int]:
+        """The rank of the parked batches when ``wanted(key)`` and they are positioned at ``start_batch``; else None."""
+        with self._lock:
+            parked = self._parked
+            return parked[0][1] if parked is not None and parked[1] == start_batch and wanted(parked[0]) else None
 
     def pop(self, key: Any, start_batch: int) -> Optional[Iterator]:
         """The parked batches when they are ``key``'s, positioned at ``start_batch``; else None."""

@@ -5,10 +5,13 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
 
 1. sets TensorFlow's thread counts to ``spark.task.cpus``;
 2. starts, each in a thread, connecting to its peers (``collective.Communicator``)
-   and opening its endless stream of local batches (``spec.feed``: its partition
-   spilled to local disk and read in memory or through a bounded shuffle
-   window, or its TFRecord files read with ``tf.data``), starting at the
-   segment's first iteration, and meanwhile:
+   and, once connected, opening its endless stream of local batches
+   (``spec.feed``: its partition spilled to local disk and read in memory or
+   through a bounded shuffle window, or its TFRecord files read with
+   ``tf.data``), starting at the segment's first iteration. A rank reads
+   the shard of another when its process holds that shard's stream open from
+   a previous segment (the ranks publish it as they connect, see
+   ``data.block_feed.shards_for_claims``), and meanwhile:
 3. gets the model from the per-process cache (built once per Python worker
    from the broadcast ``ModelPayload``), the first time traces and
    compiles its step by running it once without all-reduce
@@ -48,6 +51,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from sparktf.collective.channel_client import ChannelClient, start_heartbeat
+from sparktf.data.block_feed import shards_for_claims
 from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
@@ -92,8 +96,9 @@ class SegmentSpec:
         Records each rank takes per iteration (they add up to the global
         batch and differ by at most one).
     feed : BlockFeed or TFRecordFeed
-        ``feed.open(rank, partition, local_batch, start_batch)`` gives the
-        worker's batches.
+        ``feed.open(shard, partition, local_batch, start_batch)`` gives the
+        worker's batches; ``feed.ready_shard(local_batches, start_batch)``
+        the shard whose stream the process holds open, if any.
     secret : bytes
         Shared secret authenticating the collective's connections.
     directory : str, optional
@@ -213,12 +218,13 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
                 spec.secret,
                 spec.collective_timeout,
                 spec.directory,
+                spec.feed.ready_shard(spec.local_batches, spec.start.iteration),
             )
-            opening = pool.submit(_open_input, spec, rank, blocks)
+            opening = pool.submit(_open_input, spec, rank, blocks, connecting)
             try:
                 step = _prepared_step(spec, opening, watch, heartbeat, rank, world_size)
                 heartbeat.phase = "data_cache"
-                stream, first_batch = opening.result()
+                stream, first_batch, shard = opening.result()
                 watch.lap("data_cache")
                 heartbeat.phase = "connect"
             except BaseException:
@@ -231,7 +237,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         try:
             heartbeat.phase = "train"
             batches = itertools.chain([first_batch], stream)
-            result = _train(spec, rank, step, batches, communicator, watch, heartbeat)
+            result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
             watch.lap("finish")
@@ -257,6 +263,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
 def _train(
     spec: SegmentSpec,
     rank: int,
+    shard: int,
     step: TrainStep,
     batches: Iterator[List[np.ndarray]],
     communicator: Any,
@@ -267,7 +274,7 @@ def _train(
     progress = spec.start
     non_finite_iteration = None
     allreduce = _timed_allreduce(communicator, watch, spec.gradient_compression, step.gradient_size)
-    weight = spec.local_batches[rank] / sum(spec.local_batches)  # this rank's share of the global batch
+    weight = spec.local_batches[shard] / sum(spec.local_batches)  # this rank's share of the global batch
     per_epoch = progress.iterations_per_epoch
     step.set_metric_state(spec.metric_state if progress.iteration % per_epoch else None)
     if rank == 0:
@@ -355,7 +362,7 @@ def _prepared_step(
     watch.lap("model_load")
     if not step.warmed_up:
         heartbeat.phase = "data_cache"
-        _, batch = opening.result()
+        batch = opening.result()[1]
         watch.lap("data_cache")
         heartbeat.phase = "warm_up"
         with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
@@ -399,11 +406,20 @@ def state_checksums(arrays: List[np.ndarray]) -> List[float]:
     return [float(np.sum(a, dtype=np.float64)) for a in arrays]
 
 
-def _open_input(spec: SegmentSpec, rank: int, blocks: Iterable[tuple]) -> tuple:
-    """``(stream, first batch)``: the rank's batches from the segment's first iteration on."""
-    stream = spec.feed.open(rank, blocks, spec.local_batches[rank], spec.start.iteration)
+def _open_input(spec: SegmentSpec, rank: int, blocks: Iterable[tuple], connecting: Future) -> tuple:
+    """``(stream, first batch, shard)``: the batches of the input shard the rank reads, from the segment's first
+    iteration on.
+
+    The shard is the rank's own unless the ranks' processes hold other
+    shards' streams open (``feed.ready_shard``, published when the ranks
+    connect): then each keeps reading the one it has, which spares
+    rebuilding a ``tf.data`` pipeline when Spark gives the ranks each
+    other's Python workers.
+    """
+    shard = shards_for_claims(connecting.result().claims)[rank]
+    stream = spec.feed.open(shard, blocks, spec.local_batches[shard], spec.start.iteration)
     try:
-        return stream, next(stream)
+        return stream, next(stream), shard
     except BaseException:
         stream.close(wait=False, timeout=0)
         raise
