@@ -19,7 +19,7 @@ $(STAMP): $(PY) setup.cfg pyproject.toml
 	  echo "removing tensorflow-cpu and tensorflow from $(VENV) (two TensorFlows; tensorflow is installed again)"; \
 	  $(PY) -m pip uninstall --quiet --yes tensorflow-cpu tensorflow; \
 	fi
-	$(PY) -m pip install --quiet -e ".[test,examples]"
+	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
 check-java:

@@ -1,6 +1,6 @@
 """A Spark ML Pipeline with a Keras model: tune, evaluate, save, load and score iris flowers.
 
-Uses scikit-learn's bundled iris table (nothing is downloaded):
+Uses Fisher's iris table, shipped in ``examples/data`` (nothing is downloaded):
 
 1. puts it into a DataFrame with four numeric columns and a string ``species``;
 2. builds a ``Pipeline`` of ``VectorAssembler`` -> ``StringIndexer`` ->
@@ -29,8 +29,7 @@ from pyspark.ml.evaluation import MulticlassClassificationEvaluator
 from pyspark.ml.feature import StringIndexer, VectorAssembler
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 from pyspark.sql import DataFrame, SparkSession
-from sklearn.datasets import load_iris
-
+from bundled_data import load_iris
 from example_support import example_parser, start_spark
 from sparktf.ml import KerasEstimator
 
@@ -39,9 +38,7 @@ MEASURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
 
 def iris_dataframe(spark: SparkSession) -> DataFrame:
     """The 150 iris flowers: four measures in cm and the species as text."""
-    iris = load_iris()
-    rows = [(*map(float, x), str(iris.target_names[y])) for x, y in zip(iris.data, iris.target)]
-    return spark.createDataFrame(rows, [*MEASURES, "species"])
+    return spark.createDataFrame(load_iris(), [*MEASURES, "species"])
 
 
 def build_classifier(learning_rate: float) -> keras.Model:

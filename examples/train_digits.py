@@ -1,7 +1,7 @@
 """The main sparktf job: train, evaluate and predict handwritten digits on Spark.
 
-Run with ``make demo`` (or ``python examples/train_digits.py``). It uses
-scikit-learn's bundled 8x8 ``load_digits`` images, so nothing is downloaded:
+Run with ``make demo`` (or ``python examples/train_digits.py``). It uses the
+1,797 8x8 digit images shipped in ``examples/data``, so nothing is downloaded:
 
 1. starts (or reuses) a SparkSession with :func:`sparktf.init_spark`;
 2. puts the images into an RDD of ``(image, label)`` records and wraps it in
@@ -24,7 +24,8 @@ import sparktf  # before TensorFlow: keeps its start-up log lines out of the out
 
 import keras
 import numpy as np
-from sklearn.datasets import load_digits
+
+from bundled_data import load_digits
 
 from sparktf import (
     EveryEpoch,
@@ -77,9 +78,9 @@ def main() -> None:
     sc.setLogLevel("ERROR")
     workers = sc.defaultParallelism
 
-    digits = load_digits()
-    images = digits.images.reshape(-1, 8, 8, 1).astype(np.float32)
-    labels = digits.target.astype(np.int32)
+    digits, digit_labels = load_digits()
+    images = digits.reshape(-1, 8, 8, 1).astype(np.float32)
+    labels = digit_labels.astype(np.int32)
     order = np.random.default_rng(0).permutation(len(images))
     train_idx, test_idx = order[:1500], order[1500:]
     train_rdd = sc.parallelize(list(zip(images[train_idx], labels[train_idx])), workers)

@@ -31,7 +31,9 @@ def test_notebook_trains_evaluates_and_predicts(tmp_path, monkeypatch):
     install_kernelspec(tmp_path / "jupyter")
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("MASTER", "local[2]")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    # the notebook's folder is on a kernel's path when Jupyter is started there (the test runs it in tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.path.join(ROOT, "examples"),
+                                                                   os.environ.get("PYTHONPATH")])))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(notebook, kernel_name=KERNEL_NAME, timeout=240, startup_timeout=60,
                             resources={"metadata": {"path": str(tmp_path)}})
