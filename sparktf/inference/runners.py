@@ -55,7 +55,7 @@ class KerasRunner:
 
         model = self.model
         signature = tf.nest.map_structure(_any_batch_spec, inputs)
-        return tf.function(lambda x: model(x, training=False)).get_concrete_function(signature)
+        return tf.function(lambda x: model(x, training=False), autograph=False).get_concrete_function(signature)
 
 
 def _any_batch_spec(array: np.ndarray) -> Any:

@@ -59,9 +59,9 @@ def _concrete_function(model_or_function: Any, input_signature: Optional[Sequenc
         model = model_or_function
         signature = list(input_signature) if input_signature is not None else _keras_signature(model)
         if len(signature) == 1:
-            function = tf.function(lambda x: model(x, training=False))
+            function = tf.function(lambda x: model(x, training=False), autograph=False)  # as Keras' predict
         else:
-            function = tf.function(lambda *xs: model(list(xs), training=False))
+            function = tf.function(lambda *xs: model(list(xs), training=False), autograph=False)
         return function.get_concrete_function(*signature)
     if not callable(model_or_function):
         raise DataError(

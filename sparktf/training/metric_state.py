@@ -48,7 +48,7 @@ def build_metrics(model: Any, features: Any, labels: Any) -> None:
         model.compute_metrics(features, labels, predictions, sample_weight=None)
         return loss
 
-    tf.function(build)(features, labels)
+    tf.function(build, autograph=False)(features, labels)
     model.reset_metrics()
 
 
