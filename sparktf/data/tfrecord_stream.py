@@ -143,8 +143,11 @@ class TFRecordFeed:
         process holding rank ``r``'s stream open offers to take ``r``'s
         place in the data (see :func:`~sparktf.data.block_feed.shards_for_claims`).
         """
-        return _PARKED.ready(lambda key: key[0] == self.identity and key[1] < len(local_batches)
-                             and key[2] == local_batches[key[1]], start_batch)
+        key = _PARKED.key_at(start_batch)  # (identity, rank, local batch), as open() parks it
+        if key is None or key[0] != self.identity:
+            return None
+        _, rank, local_batch = key
+        return rank if rank < len(local_batches) and local_batches[rank] == local_batch else None
 
     def open(self, rank: int, blocks: Iterable[Any], local_batch: int, start_batch: int) -> FeedStream:
         """Batches of rank ``rank`` from batch ``start_batch`` on (``blocks``, the task's placeholder, is read and
@@ -217,11 +220,11 @@ class _ParkedStream:
             self._drop_parked()
             self._parked = (key, next_batch, batches)
 
-    def ready(self, wanted: Callable[[Any], bool], start_batch: int) -> Optional[int]:
-        """The rank of the parked batches when ``wanted(key)`` and they are positioned at ``start_batch``; else None."""
+    def key_at(self, start_batch: int) -> Optional[Any]:
+        """The key of the parked batches when they are positioned at ``start_batch``; else None."""
         with self._lock:
             parked = self._parked
-            return parked[0][1] if parked is not None and parked[1] == start_batch and wanted(parked[0]) else None
+            return parked[0] if parked is not None and parked[1] == start_batch else None
 
     def pop(self, key: Any, start_batch: int) -> Optional[Iterator]:
         """The parked batches when they are ``key``'s, positioned at ``start_batch``; else None."""
