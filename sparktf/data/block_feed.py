@@ -136,8 +136,11 @@ class BlockFeed:
         self.memory_budget = memory_budget
         self.keyed = keyed
 
+    #: A task reads the partition Spark gives it: its shard never moves to another rank.
+    moves_shards = False
+
     def ready_shard(self, local_batches: Sequence[int], start_batch: int) -> Optional[int]:
-        """None: a task reads the partition Spark gives it (see :meth:`TFRecordFeed.ready_shard`)."""
+        """None: see :attr:`moves_shards` (and :meth:`TFRecordFeed.ready_shard`)."""
         return None
 
     def open(self, rank: int, blocks: Iterable[Block], local_batch: int, start_batch: int) -> FeedStream:

@@ -136,6 +136,9 @@ class TFRecordFeed:
         self.identity = hashlib.sha256(pickle.dumps(
             (files, counts, parse_fn_bytes, shuffle, seed, shuffle_buffer))).hexdigest()
 
+    #: Any task may read any rank's files: a rank takes the shard whose stream its process holds open.
+    moves_shards = True
+
     def ready_shard(self, local_batches: Sequence[int], start_batch: int) -> Optional[int]:
         """The rank whose stream this process has parked at ``start_batch`` (a previous segment's), if any.
 

@@ -5,12 +5,13 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
 
 1. sets TensorFlow's thread counts to ``spark.task.cpus``;
 2. starts, each in a thread, connecting to its peers (``collective.Communicator``)
-   and, once connected, opening its endless stream of local batches
+   and opening its endless stream of local batches
    (``spec.feed``: its partition spilled to local disk and read in memory or
    through a bounded shuffle window, or its TFRecord files read with
-   ``tf.data``), starting at the segment's first iteration. A rank reads
-   the shard of another when its process holds that shard's stream open from
-   a previous segment (the ranks publish it as they connect, see
+   ``tf.data``), starting at the segment's first iteration. With TFRecord
+   files a rank reads the shard of another when its process holds that
+   shard's stream open from a previous segment (the ranks publish it as they
+   connect, and the input opens once they have, see
    ``data.block_feed.shards_for_claims``), and meanwhile:
 3. gets the model from the per-process cache (built once per Python worker
    from the broadcast ``ModelPayload``), the first time traces and
@@ -97,8 +98,9 @@ class SegmentSpec:
         batch and differ by at most one).
     feed : BlockFeed or TFRecordFeed
         ``feed.open(shard, partition, local_batch, start_batch)`` gives the
-        worker's batches; ``feed.ready_shard(local_batches, start_batch)``
-        the shard whose stream the process holds open, if any.
+        worker's batches; where ``feed.moves_shards``,
+        ``feed.ready_shard(local_batches, start_batch)`` the shard whose
+        stream the process holds open, if any.
     secret : bytes
         Shared secret authenticating the collective's connections.
     directory : str, optional
@@ -410,13 +412,14 @@ def _open_input(spec: SegmentSpec, rank: int, blocks: Iterable[tuple], connectin
     """``(stream, first batch, shard)``: the batches of the input shard the rank reads, from the segment's first
     iteration on.
 
-    The shard is the rank's own unless the ranks' processes hold other
-    shards' streams open (``feed.ready_shard``, published when the ranks
-    connect): then each keeps reading the one it has, which spares
-    rebuilding a ``tf.data`` pipeline when Spark gives the ranks each
-    other's Python workers.
+    The shard is the rank's own unless the feed's shards move
+    (``feed.moves_shards``) and the ranks' processes hold other shards'
+    streams open (``feed.ready_shard``, published when the ranks connect):
+    then each keeps reading the one it has, which spares rebuilding a
+    ``tf.data`` pipeline when Spark gives the ranks each other's Python
+    workers. Only then does opening wait for the ranks to connect.
     """
-    shard = shards_for_claims(connecting.result().claims)[rank]
+    shard = shards_for_claims(connecting.result().claims)[rank] if spec.feed.moves_shards else rank
     stream = spec.feed.open(shard, blocks, spec.local_batches[shard], spec.start.iteration)
     try:
         return stream, next(stream), shard
