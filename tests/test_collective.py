@@ -446,3 +446,38 @@ def dropped_without_close(rank, peers, listener, secret):
 def test_dropped_communicator_ends_its_thread():
     for running in run_ranks(2, dropped_without_close):  # run_ranks checks no thread is left
         assert len(running) == 1 and running[0].startswith("sparktf-collective-sender")
+
+
+def test_small_frames_leave_from_the_posting_thread_and_large_ones_from_the_sender():
+    from sparktf.collective.sender import INLINE_FRAME_BYTES, FrameSender
+    from sparktf.collective.transport import DATA, HEADER, FrameHeader, PeerFailure
+
+    ours, theirs = socket.socketpair()
+    ours.settimeout(5)
+    theirs.settimeout(5)
+    sender = FrameSender(ours, 1, on_error=lambda: None, name="sparktf-collective-sender-test")
+    try:
+        small, large = b"s" * INLINE_FRAME_BYTES, b"L" * (INLINE_FRAME_BYTES + 1)
+        for payload in (small, large, small):  # the second small one queues behind the large one: order kept
+            sender.post(FrameHeader(DATA, 7, 1, len(payload)), memoryview(payload))
+        assert sender._posted == 2  # only the first small frame skipped the queue
+        for payload in (small, large, small):
+            header = FrameHeader.unpack(_recv_all(theirs, HEADER.size))
+            assert (header.length, _recv_all(theirs, header.length)) == (len(payload), payload)
+        sender.flush(5)
+        theirs.close()
+        with pytest.raises(PeerFailure, match="rank 1"):  # a send to a closed peer fails the post itself
+            for _ in range(100):
+                sender.post(FrameHeader(DATA, 7, 2, len(small)), memoryview(small))
+    finally:
+        sender.stop(1)
+        ours.close()
+
+
+def _recv_all(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "the connection closed early"
+        data += chunk
+    return bytes(data)

@@ -4,6 +4,15 @@ Sending runs on its own thread so that a rank can push segment ``k`` to its
 right neighbour while it receives and reduces segment ``k + 1`` from its left
 neighbour: both directions of every link are busy at once.  Frames are sent
 in the order they are posted.
+
+A small frame posted while nothing is queued is sent at once from the posting
+thread instead, which spares the hand-off to the sender thread and back (a
+2-rank all-reduce of 4-64 KiB on loopback: 180-195 us -> 54-75 us, the raw
+socket's time).  That cannot deadlock: the ring algorithms post a frame only
+after receiving one (each rank's first frames aside), so the whole ring holds
+at most about one unread frame per rank, while a blocked send needs a full
+TCP receive buffer (64 KiB or more; Linux's default 128 KiB) on every link of
+a cycle.
 """
 
 from __future__ import annotations
@@ -18,6 +27,9 @@ from sparktf.collective.transport import FrameHeader, PeerFailure, send_frame
 __all__ = ["FrameSender"]
 
 _STOP = object()
+
+#: Frames of at most this many payload bytes go out from the posting thread when nothing is queued.
+INLINE_FRAME_BYTES = 32 * 1024
 
 
 class FrameSender:
@@ -41,7 +53,14 @@ class FrameSender:
         self._thread.start()
 
     def post(self, header: FrameHeader, payload: memoryview) -> None:
-        """Queue one frame; ``payload`` must not change until ``flush`` returns."""
+        """Send one frame: a small one at once if nothing is queued, else queue it (``payload`` must then not
+        change until ``flush`` returns); raise the sending error if any."""
+        if payload.nbytes <= INLINE_FRAME_BYTES and self._sent == self._posted:
+            if self.error is None:
+                self._send(header, payload)
+            if self.error is not None:
+                raise self.error
+            return
         self._posted += 1
         self._queue.put((header, payload))
 
