@@ -450,7 +450,7 @@ def test_dropped_communicator_ends_its_thread():
 
 def test_small_frames_leave_from_the_posting_thread_and_large_ones_from_the_sender():
     from sparktf.collective.sender import INLINE_FRAME_BYTES, FrameSender
-    from sparktf.collective.transport import DATA, HEADER, FrameHeader, PeerFailure
+    from sparktf.collective.transport import DATA, HEADER, FrameHeader, PeerFailure, recv_exact
 
     ours, theirs = socket.socketpair()
     ours.settimeout(5)
@@ -462,8 +462,10 @@ def test_small_frames_leave_from_the_posting_thread_and_large_ones_from_the_send
             sender.post(FrameHeader(DATA, 7, 1, len(payload)), memoryview(payload))
         assert sender._posted == 2  # only the first small frame skipped the queue
         for payload in (small, large, small):
-            header = FrameHeader.unpack(_recv_all(theirs, HEADER.size))
-            assert (header.length, _recv_all(theirs, header.length)) == (len(payload), payload)
+            header, received = bytearray(HEADER.size), bytearray(len(payload))
+            assert recv_exact(theirs, memoryview(header))
+            assert FrameHeader.unpack(header).length == len(payload)
+            assert recv_exact(theirs, memoryview(received)) and received == payload
         sender.flush(5)
         theirs.close()
         with pytest.raises(PeerFailure, match="rank 1"):  # a send to a closed peer fails the post itself
@@ -473,11 +475,3 @@ def test_small_frames_leave_from_the_posting_thread_and_large_ones_from_the_send
         sender.stop(1)
         ours.close()
 
-
-def _recv_all(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        assert chunk, "the connection closed early"
-        data += chunk
-    return bytes(data)

@@ -7,7 +7,7 @@ in the order they are posted.
 
 A small frame posted while nothing is queued is sent at once from the posting
 thread instead, which spares the hand-off to the sender thread and back (a
-2-rank all-reduce of 4-64 KiB on loopback: 180-195 us -> 54-75 us, the raw
+2-rank all-reduce of 4-64 KiB on loopback: 180-265 us -> 54-89 us, the raw
 socket's time).  That cannot deadlock: the ring algorithms post a frame only
 after receiving one (each rank's first frames aside), so the whole ring holds
 at most about one unread frame per rank, while a blocked send needs a full
