@@ -137,14 +137,14 @@ class TrainStep:
         self._step_fn = tf.function(self._step, autograph=False)  # as Keras' own train function: ~20% less tracing
         self.warmed_up = False
 
-    def warm_up(self, features: Any, labels: Any) -> None:
+    def warm_up(self, features: Any, labels: Any, sample_weight: Any = None) -> None:
         """Trace and compile the step by running it once on a local batch, without all-reduce.
 
         This APPLIES an update: the caller assigns the state to train from
         afterwards (e.g. ``ModelState.apply_to``). Lets a worker pay the
         one-time tracing and compilation while it waits for its peers.
         """
-        self.run(features, labels, lambda buffer: None)
+        self.run(features, labels, lambda buffer: None, sample_weight=sample_weight)
         self.warmed_up = True
 
     def set_metric_state(self, state: Optional[np.ndarray] = None) -> None:
@@ -160,7 +160,8 @@ class TrainStep:
         return None if self._metric_state is None else self._metric_state.numpy()
 
     def run(
-        self, features: Any, labels: Any, allreduce: Callable[[np.ndarray], Any], weight: float = 1.0
+        self, features: Any, labels: Any, allreduce: Callable[[np.ndarray], Any], weight: float = 1.0,
+        sample_weight: Any = None,
     ) -> StepResult:
         """Run one iteration on a local batch.
 
@@ -176,6 +177,10 @@ class TrainStep:
             This worker's share of the global batch (its records / all
             records): the gradients and loss are scaled by it before the
             sum, which is then the record-weighted mean over the workers.
+        sample_weight : array, optional
+            One weight per record of the batch (as ``fit``'s
+            ``sample_weight``, class weights already folded in): it weights
+            the loss and the compiled metrics as in Keras' own train step.
 
         Returns
         -------
@@ -189,7 +194,7 @@ class TrainStep:
             self._weight.assign(weight)
             self._weight_value = weight
         try:
-            values = self._step_fn(features, labels).numpy()
+            values = self._step_fn(features, labels, sample_weight).numpy()
         except tf.errors.OpError as error:
             if self._allreduce_error is not None:  # e.g. CollectiveError: re-raise it as such
                 raise self._allreduce_error from error
@@ -207,12 +212,12 @@ class TrainStep:
         self._metric_sizes = [int(np.prod(v.shape, dtype=np.int64)) for v in self._metric_variables]
         self._metric_state = tf.Variable(tf.zeros([sum(self._metric_sizes)], tf.float64), trainable=False)
 
-    def _step(self, features: Any, labels: Any) -> tf.Tensor:
+    def _step(self, features: Any, labels: Any, sample_weight: Any) -> tf.Tensor:
         for metric in self._metrics:  # the states of this batch alone
             metric.reset_state()
-        pieces, predictions = self._gradients_and_loss(features, labels)
+        pieces, predictions = self._gradients_and_loss(features, labels, sample_weight)
         if self._metrics:
-            self.model.compute_metrics(features, labels, predictions, sample_weight=None)
+            self.model.compute_metrics(features, labels, predictions, sample_weight=sample_weight)
         batch_states = [tf.reshape(tf.cast(v, tf.float32), [-1]) for v in self._metric_variables]
         fused = tf.concat([piece * self._weight for piece in pieces] + batch_states, axis=0)
         averaged = tf.numpy_function(self._allreduce_numpy, [fused], tf.float32, stateful=True)
@@ -248,12 +253,12 @@ class TrainStep:
             raise
         return buffer
 
-    def _gradients_and_loss(self, features: Any, labels: Any) -> Tuple[List[tf.Tensor], Any]:
+    def _gradients_and_loss(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[List[tf.Tensor], Any]:
         """Every gradient, then the loss, as flat float32 tensors; the predictions."""
         with tf.GradientTape() as tape:
             predictions = self.model(features, training=True)
             loss = self.model.compute_loss(
-                x=features, y=labels, y_pred=predictions, training=True
+                x=features, y=labels, y_pred=predictions, sample_weight=sample_weight, training=True
             )
             scaled = self.optimizer.scale_loss(loss) if self._loss_scaled else loss
         gradients = tape.gradient(scaled, self.variables)
