@@ -205,6 +205,19 @@ def broadcast_gather_barrier(rank, peers, listener, secret, last_rank_entered):
                 small.tolist(), gathered, seen_after_barrier, comm.rank, comm.world_size)
 
 
+# a part of 0 elements, one of a few, one spanning several 1 MiB frames
+ALLGATHERV_COUNTS = (0, 5, 600001)
+
+
+def allgatherv_parts(rank, peers, listener, secret):
+    world_size = len(peers)
+    counts = [ALLGATHERV_COUNTS[(r + 1) % 3] for r in range(world_size)]
+    with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
+        floats = comm.allgatherv(np.arange(counts[rank], dtype=np.float32) + 1000 * rank, counts)
+        pairs = comm.allgatherv(np.full((counts[rank] % 7, 2), rank, dtype=np.int64), [c % 7 * 2 for c in counts])
+        return hashlib.sha256(floats.tobytes()).hexdigest(), pairs.reshape(-1, 2).tolist()
+
+
 def allreduce_until_failure(rank, peers, listener, secret, started):
     """Loop 8 MiB all-reduces; the victim rank signals after the first so the test can kill it mid-run."""
     comm = Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener)
@@ -286,6 +299,16 @@ def test_compressed_allreduce_is_close_and_identical_on_every_rank(world_size):
     for rank, (failures, _) in enumerate(reports):
         assert failures == [], f"rank {rank} got wrong results for {failures}"
     assert all(digests == reports[0][1] for _, digests in reports), "ranks ended with different bits"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_allgatherv_concatenates_parts_of_any_length_in_rank_order(world_size):
+    counts = [ALLGATHERV_COUNTS[(r + 1) % 3] for r in range(world_size)]
+    expected = np.concatenate([np.arange(c, dtype=np.float32) + 1000 * r for r, c in enumerate(counts)])
+    expected_pairs = [[r, r] for r, c in enumerate(counts) for _ in range(c % 7)]
+    for rank, (digest, pairs) in enumerate(run_ranks(world_size, allgatherv_parts)):
+        assert digest == hashlib.sha256(expected.tobytes()).hexdigest(), f"rank {rank} gathered other values"
+        assert pairs == expected_pairs
 
 
 def test_broadcast_allgather_object_and_barrier():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import weakref
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -22,7 +22,8 @@ from sparktf.collective.link import RingLink
 from sparktf.collective.channel_client import directory_peers
 from sparktf.collective.rendezvous import (barrier_task_peers, bind_listener, checked_claim, connect_ring, format_peer,
                                           parse_peer)
-from sparktf.collective.ring import SEGMENT_BYTES, ring_allgather_bytes, ring_allreduce, ring_broadcast
+from sparktf.collective.ring import (SEGMENT_BYTES, ring_allgather, ring_allgather_bytes, ring_allreduce,
+                                     ring_broadcast)
 from sparktf.errors import CollectiveError
 
 __all__ = ["Communicator", "SUPPORTED_DTYPES", "WIRE_DTYPES"]
@@ -36,7 +37,7 @@ _DIRECTORY_CONNECT_SECONDS = 30.0
 # longer to get going (fork, imports) on a loaded executor: registering with
 # the peer directory waits at least this long, whatever the collective timeout.
 _REGISTRATION_SECONDS = 30.0
-_ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER, _ALLREDUCE_BF16, _ALLREDUCE_FP16 = 1, 2, 3, 4, 5, 6
+_ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER, _ALLREDUCE_BF16, _ALLREDUCE_FP16, _ALLGATHERV = 1, 2, 3, 4, 5, 6, 7
 _ALLREDUCE_BY_COMPRESSION = {None: _ALLREDUCE, "bf16": _ALLREDUCE_BF16, "fp16": _ALLREDUCE_FP16}
 _T = TypeVar("_T")
 
@@ -256,6 +257,40 @@ class Communicator:
         flat = _flat_view(buffer, "broadcast")
         self._run(_tag(_BROADCAST, flat), lambda link: ring_broadcast(link, flat, self._world_size, root))
         return buffer
+
+    def allgatherv(self, part: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+        """Concatenate every rank's ``part``, in rank order: an all-gather of parts of different lengths.
+
+        Parameters
+        ----------
+        part : numpy.ndarray
+            This rank's elements (any shape, read flat), of the same dtype on
+            every rank.
+        counts : sequence of int
+            The number of elements of every rank's part, by rank, the same on
+            every rank (e.g. all-reduced beforehand); ``counts[rank]`` is
+            ``part.size``. A part may be empty.
+
+        Returns
+        -------
+        numpy.ndarray
+            A new 1-D array of ``sum(counts)`` elements: rank 0's part, then
+            rank 1's, ... The same bits on every rank.
+        """
+        part = np.asarray(part)
+        counts = [int(count) for count in counts]
+        if len(counts) != self._world_size or min(counts) < 0:
+            raise ValueError(f"allgatherv needs {self._world_size} counts >= 0 (one per rank), got {counts}")
+        if counts[self._rank] != part.size:
+            raise ValueError(f"allgatherv: rank {self._rank}'s part has {part.size} elements, "
+                             f"but counts[{self._rank}] is {counts[self._rank]}")
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        gathered = np.empty(int(offsets[-1]), dtype=part.dtype)
+        gathered[offsets[self._rank]:offsets[self._rank + 1]] = part.reshape(-1)
+        byte_offsets = [int(offset) * part.dtype.itemsize for offset in offsets]
+        self._run(_tag(_ALLGATHERV, gathered), lambda link: ring_allgather(
+            link, gathered.view(np.uint8), byte_offsets, self._world_size))
+        return gathered
 
     def allgather_object(self, obj: Any) -> list:
         """Return every rank's ``obj``, indexed by rank.

@@ -24,7 +24,7 @@ import numpy as np
 
 from sparktf.collective.link import RingLink
 
-__all__ = ["SEGMENT_BYTES", "ring_allreduce", "ring_allgather_bytes", "ring_broadcast"]
+__all__ = ["SEGMENT_BYTES", "ring_allgather", "ring_allreduce", "ring_allgather_bytes", "ring_broadcast"]
 
 SEGMENT_BYTES = 1 << 20
 
@@ -107,6 +107,30 @@ def ring_broadcast(link: RingLink, flat: np.ndarray, world_size: int, root: int)
             link.receive_into(_bytes(segment))
         if forwards:
             link.post(_bytes(segment))
+    link.flush()
+
+
+def ring_allgather(link: RingLink, out: np.ndarray, offsets: list[int], world_size: int) -> None:
+    """Fill every rank's part of the byte array ``out`` with that rank's bytes, along the ring.
+
+    Rank ``r``'s part is ``out[offsets[r]:offsets[r + 1]]`` (parts may be
+    empty) and this rank's own part is filled on entry. Every rank passes the
+    same ``offsets``. A part travels in frames of at most ``SEGMENT_BYTES``,
+    each forwarded to the right as soon as it arrives, so large parts are
+    pipelined around the ring.
+    """
+
+    def frames(owner: int) -> Iterator[np.ndarray]:
+        for start in range(offsets[owner], offsets[owner + 1], SEGMENT_BYTES):
+            yield out[start:min(start + SEGMENT_BYTES, offsets[owner + 1])]
+
+    for frame in frames(link.rank):
+        link.post(_bytes(frame))
+    for step in range(world_size - 1):
+        for frame in frames((link.rank - step - 1) % world_size):
+            link.receive_into(_bytes(frame))
+            if step < world_size - 2:
+                link.post(_bytes(frame))
     link.flush()
 
 
