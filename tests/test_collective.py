@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import os
 import secrets
 import socket
@@ -15,85 +14,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from sparktf.collective import WIRE_DTYPES, Communicator, bind_listener, format_peer
+from sparktf.collective import WIRE_DTYPES, Communicator
 from sparktf.collective.auth import HandshakeError, client_handshake
 from sparktf.collective.rendezvous import parse_peer
 from sparktf.errors import CollectiveError
 
-CONTEXT = multiprocessing.get_context("forkserver")
-CONTEXT.set_forkserver_preload(["numpy", "sparktf.collective"])
+from ring_harness import CONTEXT, JOIN_SECONDS, Ranks, collective_threads, run_ranks
+
 SIZES = (0, 1, 7, 1000003)
 # compressed segments hold 2**19 values: a chunk of 1600003 / 2 or / 3 spans two of them
 COMPRESSED_SIZES = (0, 1, 7, 1600003)
 DTYPES = ("float32", "float64", "int32", "int64")
-JOIN_SECONDS = 60
-
-
-# --------------------------------------------------------------------------- harness
-
-def _collective_threads() -> list[str]:
-    return [thread.name for thread in threading.enumerate() if thread.name.startswith("sparktf")]
-
-
-def _child(scenario, rank, secret, addresses, peer_queue, results, options):
-    listener = bind_listener("127.0.0.1")
-    addresses.put((rank, format_peer(listener)))
-    peers = peer_queue.get()
-    try:
-        value, error = scenario(rank, peers, listener, secret, **options), None
-    except BaseException as exc:  # reported to the test process, which asserts on it
-        value, error = None, f"{type(exc).__name__}: {exc}"
-    results.put((rank, value, error, _collective_threads()))
-
-
-class Ranks:
-    """``world_size`` processes running ``scenario(rank, peers, listener, secret, **options)``."""
-
-    def __init__(self, world_size, scenario, secret=None, **options):
-        self.world_size = world_size
-        self.secret = secret or secrets.token_bytes(32)
-        self._addresses, self._results = CONTEXT.Queue(), CONTEXT.Queue()
-        self._peer_queues = [CONTEXT.Queue() for _ in range(world_size)]
-        self.processes = [
-            CONTEXT.Process(target=_child, args=(scenario, rank, self.secret, self._addresses,
-                                                 self._peer_queues[rank], self._results, options), daemon=True)
-            for rank in range(world_size)]
-        for process in self.processes:
-            process.start()
-        published = dict(self._addresses.get(timeout=JOIN_SECONDS) for _ in range(world_size))
-        self.peers = [published[rank] for rank in range(world_size)]
-
-    def connect(self):
-        for queue in self._peer_queues:
-            queue.put(self.peers)
-
-    def results(self, count=None):
-        """``{rank: (value, error, collective thread names)}`` of ``count`` ranks (default all)."""
-        reports = {}
-        for _ in range(self.world_size if count is None else count):
-            rank, value, error, threads = self._results.get(timeout=JOIN_SECONDS)
-            reports[rank] = (value, error, threads)
-        return reports
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        for process in self.processes:
-            process.join(JOIN_SECONDS)
-            if process.is_alive():
-                process.kill()
-                process.join()
-
-
-def run_ranks(world_size, scenario, **options):
-    with Ranks(world_size, scenario, **options) as ranks:
-        ranks.connect()
-        reports = ranks.results()
-    for rank, (_, error, threads) in reports.items():
-        assert error is None, f"rank {rank}: {error}"
-        assert threads == [], f"rank {rank} left threads running: {threads}"
-    return [reports[rank][0] for rank in range(world_size)]
 
 
 # --------------------------------------------------------------------------- scenarios (run in the ranks)
@@ -249,7 +180,7 @@ def silent_peer(rank, peers, listener, secret, released):
     try:
         comm.allreduce(np.ones(1000, dtype=np.float32))
     except CollectiveError as exc:
-        return str(exc), time.monotonic() - begin, _collective_threads()
+        return str(exc), time.monotonic() - begin, collective_threads()
     return "no error", 0.0, []
 
 
@@ -263,7 +194,7 @@ def absent_peer(rank, peers, listener, secret, released):
     try:
         Communicator.from_peers(rank, peers, secret, timeout=1, listener=listener)
     except CollectiveError as exc:
-        return str(exc), time.monotonic() - begin, _collective_threads()
+        return str(exc), time.monotonic() - begin, collective_threads()
     finally:
         released.set()
     return "no error", 0.0, []
@@ -461,7 +392,7 @@ def dropped_without_close(rank, peers, listener, secret):
     """A communicator that is garbage-collected without close() must not leave its thread behind."""
     comm = Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener)
     comm.barrier()
-    running = _collective_threads()
+    running = collective_threads()
     del comm
     return running
 

@@ -20,10 +20,12 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
    optimizer variables), streamed from the driver's job channel (or, without
    one, read from a broadcast);
 4. loops, one graph call per iteration (``TrainStep.run``): local batch ->
-   fused gradients + loss, weighted by the rank's share of the global batch,
-   and the compiled metrics' states of the batch -> all-reduce (sum: the
-   record-weighted mean, called from the graph; the gradients travel as
-   bfloat16 or float16 with ``gradient_compression``) -> global-gradient
+   gradients + loss, weighted by the rank's share of the global batch, and
+   the compiled metrics' states of the batch -> exchange (sum: the
+   record-weighted mean, called from the graph; dense gradients fused and
+   all-reduced, ``Embedding`` gradients as the rows they touch, see
+   ``training.gradient_exchange``; gradient values travel as bfloat16 or
+   float16 with ``gradient_compression``) -> global-gradient
    clipping and ``optimizer.apply``, and the metrics over the epoch so far
    (their states restart at every epoch's first iteration; a segment that
    starts mid-epoch continues from ``spec.metric_state``), until the
@@ -60,6 +62,7 @@ from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.errors import DataError, ModelError
 from sparktf.training.failures import classified_failures, failure_report
 from sparktf.training.state_source import StateSource
+from sparktf.training.gradient_exchange import GradientExchange
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.triggers import TrainingProgress, Trigger
 from sparktf.spark.worker_gc import freeze_alive
@@ -275,7 +278,7 @@ def _train(
     losses, learning_rates, wall_times, step_seconds, metrics = [], [], [], [], []
     progress = spec.start
     non_finite_iteration = None
-    allreduce = _timed_allreduce(communicator, watch, spec.gradient_compression, step.gradient_size)
+    exchange = _timed_exchange(communicator, watch, spec.gradient_compression)
     weight = spec.local_batches[shard] / sum(spec.local_batches)  # this rank's share of the global batch
     per_epoch = progress.iterations_per_epoch
     step.set_metric_state(spec.metric_state if progress.iteration % per_epoch else None)
@@ -290,7 +293,7 @@ def _train(
         if (iteration - 1) % per_epoch == 0:  # an epoch's first iteration
             step.set_metric_state(None)
         with classified_failures(rank, iteration, warm_up=False):
-            outcome = step.run(features, labels, allreduce, weight)
+            outcome = step.run(features, labels, exchange, weight)
         ended = watch.lap("apply")
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
             non_finite_iteration = iteration
@@ -322,27 +325,18 @@ def _train(
     )
 
 
-def _timed_allreduce(communicator: Any, watch: _Stopwatch, compression: Optional[str],
-                     gradient_size: int) -> Callable[[np.ndarray], None]:
-    """The in-place sum all-reduce of weighted buffers the step calls, timing ``compute`` before it and itself.
+def _timed_exchange(communicator: Any, watch: _Stopwatch, compression: Optional[str]) -> Callable[..., list]:
+    """The step's gradient exchange over ``communicator`` (see ``training.gradient_exchange``), timing ``compute``
+    before it and itself (``allreduce``)."""
+    exchange = GradientExchange(communicator, compression)
 
-    With ``compression`` the gradients (the buffer's first ``gradient_size``
-    elements, see ``TrainStep``) travel in that wire dtype, and the loss and
-    metric states after them in a second, exact call: a float16 loss would
-    turn inf above 65504, a bfloat16 one show 3 digits, and counts would
-    stop adding up.
-    """
-
-    def allreduce(buffer: np.ndarray) -> None:
+    def timed(layout: Any, arrays: list) -> list:
         watch.lap("compute")
-        if compression is None:
-            communicator.allreduce(buffer, op="sum")
-        else:
-            communicator.allreduce(buffer[:gradient_size], op="sum", compression=compression)
-            communicator.allreduce(buffer[gradient_size:], op="sum")
+        summed = exchange(layout, arrays)
         watch.lap("allreduce")
+        return summed
 
-    return allreduce
+    return timed
 
 
 def _prepared_step(

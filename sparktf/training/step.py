@@ -1,21 +1,23 @@
-"""The compiled training step of one worker, with the all-reduce inside the graph.
+"""The compiled training step of one worker, with the gradient exchange inside the graph.
 
 :meth:`TrainStep.run` is ONE ``tf.function`` call per iteration: forward pass,
-loss (the compiled loss plus ``model.losses``), backward pass and the
-compiled metrics' update on this batch alone; every gradient flattened
-(sparse ``IndexedSlices`` densified) into ONE float32 buffer followed by the
-loss, both scaled by the worker's share of the global batch, then the
-batch's metric states (:mod:`sparktf.training.metric_state`); the caller's
-all-reduce (sum over workers: the record-weighted mean of gradients and
-loss, the global batch's metric states) of that buffer, called from the graph
-through ``tf.numpy_function``; then, only if every averaged gradient and the
-loss are finite, the split back into gradients, clipping of the global
-gradient and ``optimizer.apply`` (which advances ``optimizer.iterations`` and
-with it any learning-rate schedule). The update is XLA-compiled when XLA can
-compile it. Every worker applies the same averaged gradient to the same
-weights, so the weights stay identical everywhere. Like Keras' own train
-function, the step is traced without AutoGraph (the model's Python runs as
-it is; tracing ResNet-50's step took 3 CPU-s less).
+loss (the compiled loss plus ``model.losses``, weighted by the batch's sample
+weights), backward pass and the compiled metrics' update on this batch
+alone; the gradients, the loss and the batch's metric states
+(:mod:`sparktf.training.metric_state`) packed for the exchange
+(:mod:`sparktf.training.gradient_exchange`: dense gradients fused in one
+buffer, ``Embedding`` gradients as the rows they touch), gradients and loss
+scaled by the worker's share of the global batch; the caller's exchange (sum
+over workers: the record-weighted mean of gradients and loss, the global
+batch's metric states), called from the graph through
+``tf.numpy_function``; then, only if every global gradient and the loss are
+finite, clipping of the global gradient and ``optimizer.apply`` (which
+advances ``optimizer.iterations`` and with it any learning-rate schedule).
+The update is XLA-compiled when every gradient is dense and XLA can compile
+it. Every worker applies the same global gradient to the same weights, so
+the weights stay identical everywhere. Like Keras' own train function, the
+step is traced without AutoGraph (the model's Python runs as it is; tracing
+ResNet-50's step took 3 CPU-s less).
 
 The global metric states add up over the epoch in a float64 variable of the
 step; the metrics' values on that sum (the running epoch value ``fit``
@@ -30,6 +32,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from sparktf.training.gradient_exchange import GradientExchange, GradientLayout
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
 
@@ -58,10 +61,11 @@ class GradientClipping:
         """Whether any clipping is set."""
         return self.min_value is not None or self.clip_norm is not None
 
-    def apply(self, gradients: List[tf.Tensor]) -> List[tf.Tensor]:
-        """Return the clipped gradients (inside a ``tf.function``)."""
+    def apply(self, gradients: List[Any]) -> List[Any]:
+        """Return the clipped gradients, tensors or ``tf.IndexedSlices`` (inside a ``tf.function``)."""
         if self.min_value is not None:
-            gradients = [tf.clip_by_value(g, self.min_value, self.max_value) for g in gradients]
+            gradients = [_map_values(lambda v: tf.clip_by_value(v, self.min_value, self.max_value), g)
+                         for g in gradients]
         if self.clip_norm is not None:
             gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm)
         return list(gradients)
@@ -93,7 +97,7 @@ class StepResult:
 
 
 class TrainStep:
-    """Gradients, external all-reduce and update of a compiled Keras model in one graph call.
+    """Gradients, external exchange and update of a compiled Keras model in one graph call.
 
     Parameters
     ----------
@@ -101,13 +105,6 @@ class TrainStep:
         A compiled model with an optimizer (built here if it is not yet).
     clipping : GradientClipping, optional
         Clipping of the global gradient before the update.
-
-    Attributes
-    ----------
-    gradient_size : int
-        The number of gradient elements, the fused buffer's first part; the
-        loss and the metric states follow (they travel exactly, never
-        compressed).
     """
 
     def __init__(self, model: Any, clipping: Optional[GradientClipping] = None):
@@ -117,34 +114,31 @@ class TrainStep:
         if not self.optimizer.built:
             self.optimizer.build(self.variables)
         self.clipping = clipping or GradientClipping()
-        self._shapes = [tuple(v.shape) for v in self.variables]
-        self._sizes = [int(np.prod(shape, dtype=np.int64)) for shape in self._shapes]
-        self.gradient_size = sum(self._sizes)
         self._metrics: Optional[list] = None  # built from the first batch
         self._metric_variables: list = []
         self._metric_sizes: List[int] = []
         self._metric_state: Optional[tf.Variable] = None
         self.metric_names: List[str] = []
-        self._allreduce: Optional[Callable[[np.ndarray], Any]] = None
-        self._allreduce_error: Optional[BaseException] = None
+        self._exchange: Optional[Callable[[GradientLayout, list], list]] = None
+        self._exchange_error: Optional[BaseException] = None
+        self._update_fns: dict = {}  # by the positions of the gradients that travel as rows
         # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
-        # scaled float32 gradients are all-reduced, and its apply() unscales them, skips a
+        # scaled float32 gradients are exchanged, and its apply() unscales them, skips a
         # non-finite step (identically on every rank: all hold the same sum) and adjusts the scale
         self._loss_scaled = hasattr(self.optimizer, "inner_optimizer") and hasattr(self.optimizer, "scale_loss")
         self._weight = tf.Variable(1.0, trainable=False, dtype=tf.float32)
         self._weight_value = 1.0
-        self._update_fn = self._compiled_update()
         self._step_fn = tf.function(self._step, autograph=False)  # as Keras' own train function: ~20% less tracing
         self.warmed_up = False
 
     def warm_up(self, features: Any, labels: Any, sample_weight: Any = None) -> None:
-        """Trace and compile the step by running it once on a local batch, without all-reduce.
+        """Trace and compile the step by running it once on a local batch, without exchange.
 
         This APPLIES an update: the caller assigns the state to train from
         afterwards (e.g. ``ModelState.apply_to``). Lets a worker pay the
         one-time tracing and compilation while it waits for its peers.
         """
-        self.run(features, labels, lambda buffer: None, sample_weight=sample_weight)
+        self.run(features, labels, GradientExchange(), sample_weight=sample_weight)
         self.warmed_up = True
 
     def set_metric_state(self, state: Optional[np.ndarray] = None) -> None:
@@ -160,7 +154,7 @@ class TrainStep:
         return None if self._metric_state is None else self._metric_state.numpy()
 
     def run(
-        self, features: Any, labels: Any, allreduce: Callable[[np.ndarray], Any], weight: float = 1.0,
+        self, features: Any, labels: Any, exchange: Callable[[GradientLayout, list], list], weight: float = 1.0,
         sample_weight: Any = None,
     ) -> StepResult:
         """Run one iteration on a local batch.
@@ -170,9 +164,9 @@ class TrainStep:
         features, labels
             One batch, nested like the model's inputs and targets (``labels``
             may be None when the loss comes from ``model.losses`` only).
-        allreduce : callable
-            Sums a contiguous float32 NumPy buffer over all workers, in
-            place (e.g. ``lambda b: communicator.allreduce(b, op="sum")``).
+        exchange : callable
+            ``exchange(layout, arrays)`` returns the sums over all workers of
+            the arrays ``layout`` packed (a :class:`GradientExchange`).
         weight : float
             This worker's share of the global batch (its records / all
             records): the gradients and loss are scaled by it before the
@@ -187,7 +181,7 @@ class TrainStep:
         StepResult
             The averaged loss, the learning rate, whether the update was applied.
         """
-        self._allreduce, self._allreduce_error = allreduce, None
+        self._exchange, self._exchange_error = exchange, None
         if self._metrics is None:
             self._build_metric_state(features, labels)
         if self._weight_value != weight:
@@ -196,8 +190,8 @@ class TrainStep:
         try:
             values = self._step_fn(features, labels, sample_weight).numpy()
         except tf.errors.OpError as error:
-            if self._allreduce_error is not None:  # e.g. CollectiveError: re-raise it as such
-                raise self._allreduce_error from error
+            if self._exchange_error is not None:  # e.g. CollectiveError: re-raise it as such
+                raise self._exchange_error from error
             raise
         loss, learning_rate, applied = values[:3]
         return StepResult(float(loss), float(learning_rate), bool(applied), tuple(float(v) for v in values[3:]))
@@ -215,23 +209,27 @@ class TrainStep:
     def _step(self, features: Any, labels: Any, sample_weight: Any) -> tf.Tensor:
         for metric in self._metrics:  # the states of this batch alone
             metric.reset_state()
-        pieces, predictions = self._gradients_and_loss(features, labels, sample_weight)
+        gradients, loss, predictions = self._gradients_and_loss(features, labels, sample_weight)
         if self._metrics:
             self.model.compute_metrics(features, labels, predictions, sample_weight=sample_weight)
-        batch_states = [tf.reshape(tf.cast(v, tf.float32), [-1]) for v in self._metric_variables]
-        fused = tf.concat([piece * self._weight for piece in pieces] + batch_states, axis=0)
-        averaged = tf.numpy_function(self._allreduce_numpy, [fused], tf.float32, stateful=True)
-        averaged.set_shape(fused.shape)
-        update, loss = averaged[: self.gradient_size + 1], averaged[self.gradient_size]
+        batch_states = [tf.reshape(v, [-1]) for v in self._metric_variables]
+        layout = GradientLayout(self.variables, gradients)
+        packed = layout.pack(gradients, self._weight, [loss], batch_states)
+        received = tf.numpy_function(lambda *arrays: self._exchange_numpy(layout, arrays), packed,
+                                     layout.output_types, stateful=True)
+        fused, sparse = layout.unpack(received, int(packed[0].shape[0]))
+        update, loss = fused[: layout.gradient_size + 1], fused[layout.gradient_size]
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
         # a loss-scaled gradient may overflow (the optimizer skips that step); the loss may not
-        finite = tf.reduce_all(tf.math.is_finite(loss if self._loss_scaled else update))
+        checked = [loss] if self._loss_scaled else [update] + [slices.values for slices in sparse]
+        finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in checked]))
         # never apply an update that would poison the weights
-        applied = tf.cond(finite, lambda: self._update_fn(update), lambda: tf.constant(False))
+        update_fn = self._update_function(layout)
+        applied = tf.cond(finite, lambda: update_fn(update, sparse), lambda: tf.constant(False))
         outcome = tf.stack([loss, learning_rate, tf.cast(applied, tf.float32)])
         if not self._metrics:
             return outcome
-        return tf.concat([outcome, self._epoch_metrics(averaged[self.gradient_size + 1 :])], axis=0)
+        return tf.concat([outcome, self._epoch_metrics(fused[layout.gradient_size + 1 :])], axis=0)
 
     def _epoch_metrics(self, global_states: tf.Tensor) -> tf.Tensor:
         """Add the global batch's metric states to the epoch's; the metrics' values on the sum, flat."""
@@ -242,58 +240,64 @@ class TrainStep:
         results = metric_results(self._metrics).values()
         return tf.concat([tf.reshape(tf.cast(value, tf.float32), [-1]) for value in results], axis=0)
 
-    def _allreduce_numpy(self, buffer: np.ndarray) -> np.ndarray:
-        """The caller's all-reduce, called from the graph (keeps its exception for :meth:`run`)."""
-        if not buffer.flags.writeable:
-            buffer = buffer.copy()
+    def _exchange_numpy(self, layout: GradientLayout, arrays: tuple) -> List[np.ndarray]:
+        """The caller's exchange, called from the graph (keeps its exception for :meth:`run`)."""
         try:
-            self._allreduce(buffer)
+            return self._exchange(layout, list(arrays))
         except BaseException as error:
-            self._allreduce_error = error
+            self._exchange_error = error
             raise
-        return buffer
 
-    def _gradients_and_loss(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[List[tf.Tensor], Any]:
-        """Every gradient, then the loss, as flat float32 tensors; the predictions."""
+    def _gradients_and_loss(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[list, tf.Tensor, Any]:
+        """Every gradient (a tensor, ``tf.IndexedSlices`` or None), the loss, the predictions."""
         with tf.GradientTape() as tape:
             predictions = self.model(features, training=True)
             loss = self.model.compute_loss(
                 x=features, y=labels, y_pred=predictions, sample_weight=sample_weight, training=True
             )
             scaled = self.optimizer.scale_loss(loss) if self._loss_scaled else loss
-        gradients = tape.gradient(scaled, self.variables)
-        flat = [
-            tf.zeros([size], tf.float32)
-            if gradient is None
-            else tf.reshape(tf.cast(tf.convert_to_tensor(gradient), tf.float32), [-1])
-            for gradient, size in zip(gradients, self._sizes)
-        ]
-        return flat + [tf.reshape(tf.cast(loss, tf.float32), [1])], predictions
+        return tape.gradient(scaled, self.variables), loss, predictions
 
-    def _compiled_update(self) -> Any:
-        """The update as a ``tf.function``, XLA-compiled when XLA can compile it.
+    def _update_function(self, layout: GradientLayout) -> Any:
+        """The update for ``layout``'s gradients as a ``tf.function``, XLA-compiled when XLA can compile it.
 
         XLA fuses the optimizer's element-wise ops (2x faster on
-        parameter-heavy models). Lowering to HLO checks that without running
-        the update.
+        parameter-heavy models); lowering to HLO checks that without running
+        the update. Gradients that travel as rows change shape at every step,
+        which XLA would compile anew each time: with them the update runs
+        as TensorFlow ops.
         """
-        compiled = tf.function(self._update, jit_compile=True, autograph=False)
-        try:
-            compiled.experimental_get_compiler_ir(tf.zeros([self.gradient_size + 1]))(stage="hlo")
-        except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
-            return tf.function(self._update, autograph=False)
-        return compiled
+        key = tuple(table.position for table in layout.sparse)
+        if key in self._update_fns:
+            return self._update_fns[key]
+        update = tf.function(lambda fused, sparse: self._update(layout, fused, sparse), autograph=False)
+        if not layout.sparse:
+            compiled = tf.function(lambda fused, sparse: self._update(layout, fused, sparse),
+                                   jit_compile=True, autograph=False)
+            try:
+                with tf.init_scope():  # lowered eagerly, outside the step being traced
+                    compiled.experimental_get_compiler_ir(tf.zeros([layout.gradient_size + 1]), [])(stage="hlo")
+                update = compiled
+            except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+                pass
+        self._update_fns[key] = update
+        return update
 
-    def _update(self, fused: tf.Tensor) -> tf.Tensor:
-        pieces = tf.split(fused[:-1], self._sizes) if self._sizes else []
-        gradients = [
-            tf.cast(tf.reshape(piece, shape), variable.dtype)
-            for piece, shape, variable in zip(pieces, self._shapes, self.variables)
-        ]
+    def _update(self, layout: GradientLayout, fused: tf.Tensor, sparse: List[tf.IndexedSlices]) -> tf.Tensor:
+        gradients = [_map_values(lambda v: tf.cast(v, variable.dtype), g)
+                     for g, variable in zip(layout.gradients(fused[:-1], sparse), self.variables)]
         if not self._loss_scaled:
             gradients = self.clipping.apply(gradients)
         elif self.clipping.active:  # clip the true gradients; the optimizer takes scaled ones
             scale = self.optimizer.scale_loss(tf.constant(1.0, tf.float32))
-            gradients = [g * scale for g in self.clipping.apply([g / scale for g in gradients])]
+            unscaled = self.clipping.apply([_map_values(lambda v: v / scale, g) for g in gradients])
+            gradients = [_map_values(lambda v: v * scale, g) for g in unscaled]
         self.optimizer.apply(gradients, self.variables)
         return tf.constant(True)
+
+
+def _map_values(function: Callable[[tf.Tensor], tf.Tensor], gradient: Any) -> Any:
+    """``function`` applied to a dense gradient, or to the rows of a ``tf.IndexedSlices`` one."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(function(gradient.values), gradient.indices, gradient.dense_shape)
+    return function(gradient)
