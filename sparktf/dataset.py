@@ -17,7 +17,7 @@ import numpy as np
 from pyspark import RDD
 from pyspark.sql import DataFrame
 
-from sparktf.data import arrow_io, specs, tfrecord_files, tfrecord_io
+from sparktf.data import arrow_io, specs, tfrecord_files, tfrecord_io, weights
 from sparktf.data.block_dataset import UNSET as _UNSET
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.block_sets import BlockSet
@@ -26,6 +26,7 @@ from sparktf.data.tfrecord_stream import TFRecordStream
 from sparktf.context import current_session, reject_connect
 from sparktf.data.sources import (
     check_is_rdd,
+    check_weight_column,
     column_names,
     dataframe_blocks,
     item_partitions,
@@ -49,7 +50,8 @@ _RDD_ALTERNATIVE = (
 
 
 class TFDataset(BlockDataset):
-    """A distributed set of records, each ``(features, labels)`` or ``features``.
+    """A distributed set of records, each ``(features, labels)``, ``features`` or ``(features, labels,
+    sample_weight)``.
 
     Create one with a factory: :meth:`from_rdd`, :meth:`from_ndarrays`,
     :meth:`from_dataframe`, :meth:`from_tfrecord_file`,
@@ -74,6 +76,7 @@ class TFDataset(BlockDataset):
         shuffle: bool = True,
         sequential_order: bool = False,
         seed: Optional[int] = None,
+        with_sample_weight: bool = False,
     ) -> "TFDataset":
         """A dataset of the records of an RDD.
 
@@ -81,7 +84,8 @@ class TFDataset(BlockDataset):
         ----------
         rdd : pyspark.RDD
             Records: ``(features, labels)`` when ``labels`` is given, else
-            ``features``. Each part nests like its spec (an ndarray, Python
+            ``features``; ``(features, labels, weight)`` with
+            ``with_sample_weight``. Each part nests like its spec (an ndarray, Python
             scalar or list for a single spec; a list / tuple / dict of them
             for several).
         features, labels : spec structure
@@ -101,6 +105,10 @@ class TFDataset(BlockDataset):
             Without ``shuffle``, start training at each worker's first record.
         seed : int, optional
             Seed of the training order.
+        with_sample_weight : bool
+            Records (training and validation) end with a weight: a number
+            >= 0 that weights the record's loss and weighted metrics as
+            ``fit``'s ``sample_weight``; needs ``labels``.
 
         Returns
         -------
@@ -111,22 +119,22 @@ class TFDataset(BlockDataset):
         DataError
             For a bad spec or batch option; for a bad record when the data is
             first read (naming partition, record index, expected and actual
-            shape).
+            shape, or a negative or non-finite weight).
         """
         reject_connect("TFDataset.from_rdd", _RDD_ALTERNATIVE)
         check_is_rdd(rdd, "rdd")
         session = current_session()
         feature_spec = specs.parse_spec(features, "features")
         label_spec = None if labels is None else specs.parse_spec(labels, "labels")
-        record_format = RecordFormat.from_specs(feature_spec, label_spec)
+        weight_spec = _weight_spec(with_sample_weight, label_spec, "with_sample_weight=True")
+        record_format = RecordFormat.from_specs(feature_spec, label_spec, weight_spec)
         val_blocks = None
         if val_rdd is not None:
             check_is_rdd(val_rdd, "val_rdd")
             val_blocks = rdd_blocks(session, val_rdd, record_format, "validation")
         return cls._with_validation(
             rdd_blocks(session, rdd, record_format, "training"),
-            feature_spec,
-            label_spec,
+            (feature_spec, label_spec, weight_spec),
             val_blocks,
             batch_size=batch_size,
             batch_per_thread=batch_per_thread,
@@ -146,6 +154,7 @@ class TFDataset(BlockDataset):
         sequential_order: bool = False,
         seed: Optional[int] = None,
         num_partitions: Optional[int] = None,
+        sample_weight: Any = None,
     ) -> "TFDataset":
         """A dataset of in-memory arrays, split into contiguous partitions.
 
@@ -165,13 +174,24 @@ class TFDataset(BlockDataset):
         batch_size, batch_per_thread, shuffle, sequential_order, seed
             As in :meth:`from_rdd`.
         val_tensors : optional
-            Validation arrays nested like ``tensors``.
+            Validation arrays nested like ``tensors``; ``(x, y, weights)``
+            weights the validation records (as ``fit``'s ``validation_data``).
         num_partitions : int, optional
             Number of partitions (default ``sc.defaultParallelism``).
+        sample_weight : array, optional
+            One number >= 0 per record (shape ``[n]``): weights the record's
+            loss and weighted metrics as ``fit``'s ``sample_weight``; needs
+            labels.
 
         Returns
         -------
         TFDataset
+
+        Raises
+        ------
+        DataError
+            For arrays of different lengths, or a weight that is negative or
+            not finite (naming its index).
         """
         session = current_session()
         partitions = session.default_parallelism() if num_partitions is None else num_partitions
@@ -182,17 +202,22 @@ class TFDataset(BlockDataset):
         leaf_specs = [specs.parse_spec((tf_dtype_of(array), np.shape(array)[1:]), "tensors") for array in arrays]
         packed = specs.pack(element, leaf_specs)
         feature_spec, label_spec = packed[0], (packed[1] if len(packed) == 2 else None)
-        record_format = RecordFormat.from_specs(feature_spec, label_spec)
+        weight_spec = _weight_spec(sample_weight is not None, label_spec, "sample_weight")
+        if weight_spec is not None:
+            element = (*element, weights.weight_column(sample_weight, len(arrays[0])))
+        record_format = RecordFormat.from_specs(feature_spec, label_spec, weight_spec)
         train_blocks, train_counts = ndarray_blocks(session, record_format, element, "tensors", partitions)
         val_blocks = val_counts = None
+        val_weight = None
         if val_tensors is not None:
-            val_element = tensors_element(val_tensors, "val_tensors")
-            val_blocks, val_counts = ndarray_blocks(session, record_format, val_element, "val_tensors", partitions)
+            val_element, val_weight = _validation_weights(val_tensors, label_spec)
+            val_format = RecordFormat.from_specs(feature_spec, label_spec, val_weight)
+            val_blocks, val_counts = ndarray_blocks(session, val_format, val_element, "val_tensors", partitions)
         return cls._with_validation(
             train_blocks,
-            feature_spec,
-            label_spec,
+            (feature_spec, label_spec, weight_spec),
             val_blocks,
+            val_weight_spec=val_weight,
             val_counts=val_counts,
             partition_counts=train_counts,
             batch_size=batch_size,
@@ -213,6 +238,7 @@ class TFDataset(BlockDataset):
         validation_df: Optional[DataFrame] = None,
         shuffle: bool = True,
         seed: Optional[int] = None,
+        weight_col: Optional[str] = None,
     ) -> "TFDataset":
         """A dataset of DataFrame columns, moved through Arrow record batches.
 
@@ -232,6 +258,10 @@ class TFDataset(BlockDataset):
             As in :meth:`from_rdd`.
         validation_df : pyspark.sql.DataFrame, optional
             Validation data with the same columns.
+        weight_col : str, optional
+            A numeric column of sample weights, numbers >= 0: each weights
+            its row's loss and weighted metrics (training and validation) as
+            ``fit``'s ``sample_weight``; needs ``label_cols``.
 
         Returns
         -------
@@ -240,19 +270,25 @@ class TFDataset(BlockDataset):
         Raises
         ------
         DataError
-            For an unsupported column type (naming the column and its type);
-            for a null or a row of another length when the data is read
-            (naming column, partition and row).
+            For an unsupported column type (naming the column and its type),
+            a ``weight_col`` that is missing or not numeric; for a null, a
+            row of another length or a negative or non-finite weight when the
+            data is read (naming column, partition and row).
         """
         session = current_session(df.sparkSession)
         feature_names = column_names(feature_cols, "feature_cols")
         label_names = [] if label_cols is None else column_names(label_cols, "label_cols")
+        label_count = len(label_names)
+        weight_spec = _weight_spec(weight_col is not None, label_names or None, "weight_col")
+        if weight_spec is not None:
+            check_weight_column(df, weight_col)
+            label_names = label_names + [weight_col]
         columns = feature_names + label_names
         layouts = arrow_io.column_layouts(df, columns)
         column_specs = [specs.parse_spec(layout, repr(name)) for name, layout in zip(columns, layouts)]
         feature_spec = one_or_list(column_specs[: len(feature_names)])
-        label_spec = one_or_list(column_specs[len(feature_names) :]) if label_names else None
-        record_format = RecordFormat.from_specs(feature_spec, label_spec)
+        label_spec = one_or_list(column_specs[len(feature_names) :][:label_count]) if label_count else None
+        record_format = RecordFormat.from_specs(feature_spec, label_spec, weight_spec)
         val_blocks = None
         if validation_df is not None:
             val_layouts = arrow_io.column_layouts(validation_df, columns)
@@ -264,8 +300,7 @@ class TFDataset(BlockDataset):
             val_blocks = dataframe_blocks(session, validation_df, columns, record_format, "validation")
         return cls._with_validation(
             dataframe_blocks(session, df, columns, record_format, "training"),
-            feature_spec,
-            label_spec,
+            (feature_spec, label_spec, weight_spec),
             val_blocks,
             batch_size=batch_size,
             batch_per_thread=batch_per_thread,
@@ -294,10 +329,12 @@ class TFDataset(BlockDataset):
             (``hdfs://``, ``s3a://``, ``gs://``, ...; see ``docs/guides/storage.md``,
             which also says how executors get credentials).
         parse_fn : callable
-            ``parse_fn(serialized: tf.string) -> (features, labels)`` (or just
-            ``features`` when it returns anything but a tuple of two). It runs
-            on the executors; the specs come from tracing it, so every output
-            needs a fully known shape.
+            ``parse_fn(serialized: tf.string) -> (features, labels)``, or
+            ``(features, labels, sample_weight)`` with a scalar weight >= 0
+            per record (as ``fit``'s ``sample_weight``), or just
+            ``features`` when it returns anything but a tuple of two or
+            three. It runs on the executors; the specs come from tracing it,
+            so every output needs a fully known shape.
         batch_size, batch_per_thread, shuffle, seed
             As in :meth:`from_rdd`.
         validation_paths : str or list of str, optional
@@ -316,9 +353,10 @@ class TFDataset(BlockDataset):
         TFDataset
         """
         session = current_session()
-        feature_spec, label_spec = tfrecord_io.trace_parse_fn(parse_fn)
-        record_format = RecordFormat.from_specs(feature_spec, label_spec)
-        reader = tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(session.conf))
+        feature_spec, label_spec, weight_spec = tfrecord_io.trace_parse_fn(parse_fn)
+        record_format = RecordFormat.from_specs(feature_spec, label_spec, weight_spec)
+        reader = weights.checked_maker(tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(session.conf)),
+                                       record_format.has_weights, "parse_fn's sample_weight")
 
         def file_blocks(files: List[str], name: str) -> BlockSet:
             return item_partitions(session, files).map_partitions(reader, f"{name} TFRecords", cache)
@@ -330,8 +368,7 @@ class TFDataset(BlockDataset):
         file_stream = None if cache else TFRecordStream(files, parse_fn, record_format)
         return cls._with_validation(
             file_blocks(files, "training"),
-            feature_spec,
-            label_spec,
+            (feature_spec, label_spec, weight_spec),
             val_blocks,
             batch_size=batch_size,
             batch_per_thread=batch_per_thread,
@@ -356,23 +393,47 @@ class TFDataset(BlockDataset):
     def _with_validation(
         cls,
         blocks: BlockSet,
-        feature_spec,
-        label_spec,
+        element_specs: tuple,
         val_blocks: Optional[BlockSet],
         *,
+        val_weight_spec: Any = _UNSET,
         val_counts: Optional[List[int]] = None,
         file_stream: Any = None,
         **options: Any,
     ) -> "TFDataset":
+        """The dataset of ``element_specs`` ``(feature_spec, label_spec, weight_spec)`` and its validation dataset
+        (weighted like the training data unless ``val_weight_spec`` says otherwise)."""
+        feature_spec, label_spec, weight_spec = element_specs
         val_dataset = None
         if val_blocks is not None:
             val_dataset = cls(
                 val_blocks,
                 feature_spec,
                 label_spec,
+                weight_spec=weight_spec if val_weight_spec is _UNSET else val_weight_spec,
                 batch_size=options["batch_size"],
                 batch_per_thread=options["batch_per_thread"],
                 shuffle=False,
                 partition_counts=val_counts,
             )
-        return cls(blocks, feature_spec, label_spec, val_dataset=val_dataset, file_stream=file_stream, **options)
+        return cls(blocks, feature_spec, label_spec, weight_spec=weight_spec, val_dataset=val_dataset,
+                   file_stream=file_stream, **options)
+
+
+def _weight_spec(weighted: bool, labels: Any, option: str) -> Any:
+    """The weight spec of a dataset given ``option`` (None without weights); weights need labels."""
+    if not weighted:
+        return None
+    if labels is None:
+        raise DataError(f"{option} needs labels: sample weights weight each record's loss against its labels. "
+                        "Give the labels too, or drop the weights")
+    return weights.weight_spec()
+
+
+def _validation_weights(val_tensors: Any, label_spec: Any) -> tuple:
+    """``from_ndarrays``' validation element and weight spec: ``(x, y, weights)`` weights the records."""
+    if isinstance(val_tensors, tuple) and not hasattr(val_tensors, "_fields") and len(val_tensors) == 3:
+        x, y, sample_weight = val_tensors
+        spec = _weight_spec(True, label_spec, "val_tensors' weights (x, y, weights)")
+        return (x, y, weights.weight_column(sample_weight, len(specs.flatten(x)[0]), "val_tensors' weights")), spec
+    return tensors_element(val_tensors, "val_tensors"), None

@@ -23,7 +23,8 @@ from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkp
 from sparktf.errors import DataError, TrainingError
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.inference.feeds import feature_leaves, keras_feed
-from sparktf.training.preflight import check_labels, check_membership, check_settings, compile_with_loss, recompile
+from sparktf.training.preflight import (check_labels, check_membership, check_optimize, check_settings,
+                                        compile_with_loss, recompile)
 from sparktf.training.step import GradientClipping
 from sparktf.training.callbacks import DriverCallbacks, default_verbose
 from sparktf.training.inputs import WorkerInputs
@@ -31,7 +32,7 @@ from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.membership import Membership
 from sparktf.training.metric_state import epoch_ends
 from sparktf.training.segment_job import SegmentRunner
-from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr, check_trigger, uses_score
+from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr
 
 __all__ = ["TFOptimizer"]
 
@@ -262,6 +263,7 @@ class TFOptimizer:
         validation_trigger: Optional[Trigger] = None,
         callbacks: Optional[Sequence[Any]] = None,
         verbose: Optional[int] = None,
+        class_weight: Optional[Dict[int, float]] = None,
     ) -> Dict[str, Any]:
         """Train until ``end_trigger`` fires (or a callback sets ``model.stop_training``).
 
@@ -282,6 +284,10 @@ class TFOptimizer:
         verbose : int, optional
             0 silent, 1 a progress bar per epoch, 2 one line per epoch;
             default 1 in a terminal or notebook, else 2.
+        class_weight : dict, optional
+            Class index -> weight, as ``fit``'s: a record's loss is weighted by
+            its label's class weight (times its sample weight, if the dataset
+            has them). Training only, not validation; single-output models.
 
         Returns
         -------
@@ -296,7 +302,7 @@ class TFOptimizer:
         ------
         DataError
             When the dataset has no ``batch_size`` (or it does not fit
-            ``num_workers``).
+            ``num_workers``); for a ``class_weight`` that does not fit the labels.
         SparkTFError
             When ``min_workers`` (default ``num_workers``) is more than the
             cluster's task slots.
@@ -305,16 +311,9 @@ class TFOptimizer:
             ``max_failures`` times, or fewer than ``min_workers`` slots are
             left after ``replace_wait``.
         """
-        end_trigger = check_trigger(end_trigger, "end_trigger")
-        checkpoint_trigger = check_trigger(checkpoint_trigger, "checkpoint_trigger")
-        validation_trigger = check_trigger(validation_trigger or checkpoint_trigger, "validation_trigger")
-        self.dataset.local_batch_size(self.num_workers)  # no batch_size, or one too small: DataError before any job
+        end_trigger, checkpoint_trigger, validation_trigger, class_weight = check_optimize(
+            self, (end_trigger, checkpoint_trigger, validation_trigger), class_weight)
         validation = self.dataset.val_dataset
-        if validation is None and uses_score(end_trigger):
-            raise DataError(
-                f"end_trigger {end_trigger!r} uses MaxScore, which needs validation data: create "
-                "the TFDataset with validation data (e.g. val_rdd / val_tensors) or use another trigger"
-            )
         stops = [end_trigger]
         stops += [checkpoint_trigger] if self.model_dir else []
         stops += [validation_trigger] if validation is not None else []
@@ -335,7 +334,7 @@ class TFOptimizer:
                 if driver is not None:
                     driver.segment_begins(progress)
                 first = progress.iteration + 1
-                result = self._run_segment(runner, progress, TriggerOr(*stops), driver)
+                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, class_weight)
                 progress = self._finish_segment(result, history)
                 if self.model_dir and checkpoint_trigger(progress):
                     save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir,
@@ -371,12 +370,13 @@ class TFOptimizer:
 
     def _run_segment(
         self, runner: SegmentRunner, progress: TrainingProgress, stop: Trigger,
-        driver: Optional[DriverCallbacks] = None,
+        driver: Optional[DriverCallbacks] = None, class_weight: Any = None,
     ) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
         spec = SegmentSpec(self._payload_broadcast(), self.dataset.element_structure, progress, stop, self.clipping,
                            self.collective_timeout, gradient_compression=self.gradient_compression,
-                           gpus=gpu_plan(self.session.conf, self.resource_profile), metric_state=self._metric_state)
+                           gpus=gpu_plan(self.session.conf, self.resource_profile), metric_state=self._metric_state,
+                           class_weight=class_weight)
         on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
         return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report,
                           on_launch)

@@ -99,7 +99,7 @@ def test_reader_caps_block_size_and_keeps_order(tmp_path):
     def parse_scalar(serialized):
         return tf.ensure_shape(tf.io.parse_tensor(serialized, tf.int64), [])
 
-    feature_spec, label_spec = tfrecord_io.trace_parse_fn(parse_scalar)
+    feature_spec, label_spec, _ = tfrecord_io.trace_parse_fn(parse_scalar)
     reader = tfrecord_io.TFRecordReader(parse_scalar, RecordFormat.from_specs(feature_spec, label_spec), GpuPlan())
     blocks = list(reader(0, [path]))
     assert [len(block[0]) for block in blocks] == [tfrecord_io.MAX_RECORDS_PER_BLOCK, 3]

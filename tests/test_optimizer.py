@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from sparktf import (
+    EveryEpoch,
     MaxEpoch,
     MaxIteration,
     MinLoss,
@@ -288,3 +289,46 @@ def test_bf16_gradient_compression_rounds_only_the_gradients_on_the_wire(sc):
     np.testing.assert_allclose(compressed_loss, exact_loss, rtol=1e-6)  # the loss travels exactly
     with pytest.raises(ValueError, match="'bf16' or 'fp16', got 'int8'"):
         TFOptimizer.from_keras(model, dataset, gradient_compression="int8")
+
+
+def weighted_classifier(weights=None):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.compile(keras.optimizers.SGD(0.5), "sparse_categorical_crossentropy", metrics=["sparse_categorical_accuracy"],
+                  weighted_metrics=[keras.metrics.SparseCategoricalCrossentropy(name="weighted_xent")])
+    if weights is not None:
+        model.set_weights(weights)
+    return model
+
+
+def test_sample_and_class_weights_train_validate_and_evaluate_as_keras_fit_and_evaluate(sc):
+    rng = np.random.default_rng(7)
+    x, xv = rng.normal(size=(64, 3)).astype(np.float32), rng.normal(size=(20, 3)).astype(np.float32)
+    y, yv = rng.integers(0, 3, 64).astype(np.int32), rng.integers(0, 3, 20).astype(np.int32)
+    w, wv = rng.uniform(0, 2, 64).astype(np.float32), rng.uniform(0, 2, 20).astype(np.float32)
+    class_weight = {0: 0.5, 1: 2.0, 2: 1.5}
+    dataset = TFDataset.from_ndarrays((x, y), sample_weight=w, val_tensors=(xv, yv, wv), batch_size=16,
+                                      shuffle=False, sequential_order=True, num_partitions=2)
+    model = weighted_classifier()
+    reference = weighted_classifier(model.get_weights())
+    optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2)
+    history = optimizer.optimize(MaxEpoch(1), validation_trigger=EveryEpoch(), class_weight=class_weight)
+    # worker 0 holds records 0-31, worker 1 records 32-63; global batch k is 8 records of each
+    order = np.concatenate([np.r_[8 * k:8 * k + 8, 32 + 8 * k:40 + 8 * k] for k in range(4)])
+    folded = w * np.vectorize(class_weight.get)(y)  # Keras 3's fit refuses class_weight with sample_weight
+    fitted = reference.fit(x[order], y[order], sample_weight=folded[order], batch_size=16, shuffle=False, verbose=0)
+    for ours, keras_weights in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(ours, keras_weights, atol=1e-5)
+    assert len(history["loss"]) == 4
+    np.testing.assert_allclose(np.mean(history["loss"]), fitted.history["loss"][0], atol=1e-5)
+    for name in ("weighted_xent", "sparse_categorical_accuracy"):
+        np.testing.assert_allclose(history[name], fitted.history[name], atol=1e-5)
+    validated = reference.evaluate(xv, yv, sample_weight=wv, verbose=0, return_dict=True)
+    evaluated = reference.evaluate(x, y, sample_weight=w, verbose=0, return_dict=True)  # no class weights
+    assert validated["weighted_xent"] != pytest.approx(reference.evaluate(xv, yv, verbose=0, return_dict=True)["weighted_xent"])
+    for name, value in validated.items():
+        np.testing.assert_allclose(history[f"val_{name}"], [value], atol=1e-5)
+    for name, value in optimizer.evaluate().items():
+        np.testing.assert_allclose(value, evaluated[name], atol=1e-5)
+    predictions = np.stack(TFPredictor.from_keras(model, dataset).predict().collect())  # the weights are no input
+    np.testing.assert_allclose(predictions, reference.predict(x, verbose=0), atol=1e-5)

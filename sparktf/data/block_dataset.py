@@ -31,7 +31,8 @@ UNSET = -1
 
 
 class BlockDataset:
-    """A distributed set of records as Blocks, each ``(features, labels)`` or ``features``.
+    """A distributed set of records as Blocks, each ``(features, labels)``, ``features`` or ``(features, labels,
+    sample_weight)``.
 
     Users create the subclass :class:`~sparktf.dataset.TFDataset` with its factories.
 
@@ -42,6 +43,9 @@ class BlockDataset:
     feature_spec, label_spec : structure of tf.TensorSpec
         Parsed specs (see :func:`sparktf.data.specs.parse_spec`); ``label_spec``
         is ``None`` for a dataset without labels.
+    weight_spec : tf.TensorSpec, optional
+        The spec of one record's sample weight (a scalar), for a dataset whose
+        records carry one (see :mod:`sparktf.data.weights`); needs labels.
     batch_size : int
         Global training batch, or -1 when unset.
     batch_per_thread : int
@@ -74,6 +78,7 @@ class BlockDataset:
         feature_spec,
         label_spec=None,
         *,
+        weight_spec=None,
         batch_size: int = UNSET,
         batch_per_thread: int = UNSET,
         val_dataset: Optional["BlockDataset"] = None,
@@ -89,7 +94,8 @@ class BlockDataset:
         self._blocks = blocks
         self._feature_spec = feature_spec
         self._label_spec = label_spec
-        self._format = RecordFormat.from_specs(feature_spec, label_spec)
+        self._weight_spec = weight_spec if label_spec is not None else None
+        self._format = RecordFormat.from_specs(feature_spec, label_spec, self._weight_spec)
         self._batch_size = int(batch_size)
         self._batch_per_thread = int(batch_per_thread)
         self._val_dataset = val_dataset
@@ -113,9 +119,15 @@ class BlockDataset:
         return self._label_spec
 
     @property
+    def weight_spec(self):
+        """The ``tf.TensorSpec`` of one record's sample weight, or ``None`` without sample weights."""
+        return self._weight_spec
+
+    @property
     def element_structure(self) -> tuple:
-        """``(feature_spec, label_spec)``, or ``(feature_spec,)`` without labels."""
-        return specs.element_structure(self._feature_spec, self._label_spec)
+        """``(feature_spec, label_spec)``, ``(feature_spec,)`` without labels, ``(feature_spec, label_spec,
+        weight_spec)`` with sample weights."""
+        return specs.element_structure(self._feature_spec, self._label_spec, self._weight_spec)
 
     @property
     def has_labels(self) -> bool:
@@ -169,7 +181,8 @@ class BlockDataset:
 
     @property
     def rdd(self) -> RDD:
-        """The records: ``(features, labels)`` or ``features``, leaves as NumPy values (classic sessions)."""
+        """The records: ``(features, labels)``, ``features`` or ``(features, labels, sample_weight)``, leaves as
+        NumPy values (classic sessions)."""
         return self._blocks.rdd.flatMap(self._format.to_records)
 
     @property

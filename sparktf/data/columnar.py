@@ -198,19 +198,25 @@ class RecordFormat:
         :class:`~sparktf.data.specs.LeafSpec` at every leaf.
     has_labels : bool
         Whether a record is ``(features, labels)`` (else just ``features``).
+    has_weights : bool
+        Whether a record is ``(features, labels, sample_weight)``; the weight
+        is then the last leaf.
     """
 
     element: tuple
     has_labels: bool
+    has_weights: bool = False
 
     @classmethod
-    def from_specs(cls, feature_spec, label_spec=None) -> "RecordFormat":
-        """The format of records with these ``tf.TensorSpec`` structures."""
+    def from_specs(cls, feature_spec, label_spec=None, weight_spec=None) -> "RecordFormat":
+        """The format of records with these ``tf.TensorSpec`` structures (``weight_spec``: sample weights)."""
         leaves = specs.leaf_specs(feature_spec, "features")
-        structure = specs.element_structure(feature_spec, label_spec)
+        structure = specs.element_structure(feature_spec, label_spec, weight_spec)
         if label_spec is not None:
             leaves += specs.leaf_specs(label_spec, "labels")
-        return cls(specs.pack(structure, leaves), label_spec is not None)
+        if weight_spec is not None and label_spec is not None:
+            leaves += specs.leaf_specs(weight_spec, "sample_weight")
+        return cls(specs.pack(structure, leaves), label_spec is not None, len(structure) == 3)
 
     @property
     def leaves(self) -> List[specs.LeafSpec]:
@@ -224,13 +230,15 @@ class RecordFormat:
     def record_leaves(self, record: Any) -> list:
         """The leaf values of one record (unconverted), in leaf order."""
         if self.has_labels:
-            if not isinstance(record, (list, tuple)) or len(record) != 2:
+            parts, names = (3, "(features, labels, weight)") if self.has_weights else (2, "(features, labels)")
+            if not isinstance(record, (list, tuple)) or len(record) != parts:
                 raise DataError(
-                    f"a record should be (features, labels) because labels were given, got {specs.describe(record)}"
+                    f"a record should be {names} because labels{' and weights' if self.has_weights else ''} "
+                    f"were given, got {specs.describe(record)}"
                 )
-            return specs.flatten_like(self.element[0], record[0], "features") + specs.flatten_like(
-                self.element[1], record[1], "labels"
-            )
+            paths = ("features", "labels", "sample_weight")
+            return [leaf for structure, value, path in zip(self.element, record, paths)
+                    for leaf in specs.flatten_like(structure, value, path)]
         return specs.flatten_like(self.element[0], record, "features")
 
     def to_blocks(self, partition: int, records: Iterable[Any]) -> Iterator[Block]:

@@ -22,6 +22,7 @@ from sparktf.data.block_sets import BlockSet, RddBlockSet
 from sparktf.data.columnar import RecordFormat, to_leaf_column
 from sparktf.data.driver_blocks import cached_driver_blocks, driver_partitions
 from sparktf.data.frame_blocks import EncodedBlocks, FrameBlockSet, encoded_frame
+from sparktf.data.weights import checked_maker
 from sparktf.errors import DataError
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "tf_dtype_of",
     "ndarray_blocks",
     "column_names",
+    "check_weight_column",
     "one_or_list",
     "dataframe_blocks",
     "item_partitions",
@@ -39,7 +41,8 @@ __all__ = [
 
 def rdd_blocks(session: Any, rdd: RDD, record_format: RecordFormat, name: str) -> BlockSet:
     """The cached Blocks of an RDD of records (``name`` names the cache: "training", "validation")."""
-    return RddBlockSet(session, cached(block_rdd(rdd.mapPartitionsWithIndex(record_format.to_blocks)), name))
+    to_blocks = checked_maker(record_format.to_blocks, record_format.has_weights)
+    return RddBlockSet(session, cached(block_rdd(rdd.mapPartitionsWithIndex(to_blocks)), name))
 
 
 def check_is_rdd(value: Any, name: str) -> None:
@@ -103,6 +106,23 @@ def column_names(cols: Union[str, Sequence[str]], name: str) -> List[str]:
     return names
 
 
+def check_weight_column(df: DataFrame, name: Any, option: str = "weight_col") -> None:
+    """Refuse a weight column (the value of ``option``) that is not a numeric column of ``df``, naming it and its
+    type."""
+    from pyspark.sql import types as T
+
+    fields = {field.name: field.dataType for field in df.schema.fields}
+    if not isinstance(name, str) or name not in fields:
+        raise DataError(f"{option} {name!r} is not a column of the DataFrame; its columns are {df.columns}. "
+                        "Name the column of the sample weights")
+    numeric = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType)
+    if not isinstance(fields[name], numeric):
+        raise DataError(
+            f"{option} {name!r} has type {fields[name].simpleString()}, but sample weights are numbers (one "
+            f"per row): cast it first, e.g. df.withColumn({name!r}, F.col({name!r}).cast('double'))"
+        )
+
+
 def one_or_list(column_specs: list):
     return column_specs[0] if len(column_specs) == 1 else column_specs
 
@@ -119,10 +139,12 @@ def dataframe_blocks(session: Any, df: DataFrame, columns: List[str], record_for
     """
     ready = arrow_io.arrow_ready(df, columns)
     decoder = arrow_io.ArrowBlockDecoder(arrow_io.arrow_schema(ready), record_format.leaves, columns)
+    weights = f"weight column {columns[-1]!r}"  # the last column, when the format has weights
     if session.has_rdds:
         batches = cached(arrow_io.arrow_batch_rdd(ready), f"{name} Arrow")
-        return RddBlockSet(session, block_rdd(batches.mapPartitionsWithIndex(decoder)))
-    blocks = FrameBlockSet(session, ready, decoder.blocks)
+        return RddBlockSet(session, block_rdd(batches.mapPartitionsWithIndex(
+            checked_maker(decoder, record_format.has_weights, weights))))
+    blocks = FrameBlockSet(session, ready, checked_maker(decoder.blocks, record_format.has_weights, weights))
     blocks.persist(name)
     return blocks
 

@@ -151,9 +151,12 @@ def _checked_spec(shape, dtype, path: str):
     return tf.TensorSpec(shape, dtype)
 
 
-def element_structure(feature_spec, label_spec=None) -> tuple:
-    """The element structure of a dataset: ``(features, labels)``, or ``(features,)`` without labels."""
-    return (feature_spec,) if label_spec is None else (feature_spec, label_spec)
+def element_structure(feature_spec, label_spec=None, weight_spec=None) -> tuple:
+    """The element structure of a dataset: ``(features, labels)``, ``(features,)`` without labels, or
+    ``(features, labels, sample_weight)`` with sample weights."""
+    if label_spec is None:
+        return (feature_spec,)
+    return (feature_spec, label_spec) if weight_spec is None else (feature_spec, label_spec, weight_spec)
 
 
 def flatten(structure) -> list:

@@ -11,6 +11,7 @@ import tensorflow as tf
 from sparktf.data import specs
 from sparktf.data.columnar import Block, RecordFormat, records_per_block, to_leaf_column
 from sparktf.data.tfrecord_files import record_dataset, reads_natively
+from sparktf.data.weights import check_weight_spec
 from sparktf.errors import DataError
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
@@ -22,17 +23,18 @@ __all__ = ["trace_parse_fn", "TFRecordReader", "load_parse_fn"]
 MAX_RECORDS_PER_BLOCK = 4096
 
 
-def trace_parse_fn(parse_fn: Callable) -> Tuple[object, Optional[object]]:
-    """``(feature_spec, label_spec)`` of what ``parse_fn`` returns, by tracing it.
+def trace_parse_fn(parse_fn: Callable) -> Tuple[object, Optional[object], Optional[object]]:
+    """``(feature_spec, label_spec, weight_spec)`` of what ``parse_fn`` returns, by tracing it.
 
     ``parse_fn(serialized)`` returning a tuple of two is read as ``(features,
-    labels)``; anything else is features only (``label_spec`` is ``None``).
+    labels)``, a tuple of three as ``(features, labels, sample_weight)``;
+    anything else is features only (``label_spec`` and ``weight_spec`` are ``None``).
 
     Raises
     ------
     DataError
-        If ``parse_fn`` fails while traced, or an output is not a dense
-        tensor of a fully known shape.
+        If ``parse_fn`` fails while traced, an output is not a dense
+        tensor of a fully known shape, or a sample weight is not a scalar number.
     """
     serialized = tf.data.Dataset.from_tensors(tf.constant(b"", dtype=tf.string))
     try:
@@ -52,9 +54,10 @@ def trace_parse_fn(parse_fn: Callable) -> Tuple[object, Optional[object]]:
                 f"parse_fn output {path} is a {type(leaf).__name__}; return dense tensors of a fixed "
                 "shape (e.g. tf.sparse.to_dense / tf.io.FixedLenFeature, then tf.reshape)"
             )
-    if isinstance(element, tuple) and len(element) == 2:
-        return specs.parse_spec(element[0], "features"), specs.parse_spec(element[1], "labels")
-    return specs.parse_spec(element, "features"), None
+    if isinstance(element, tuple) and len(element) in (2, 3):
+        weight = check_weight_spec(element[2], "parse_fn's third output") if len(element) == 3 else None
+        return specs.parse_spec(element[0], "features"), specs.parse_spec(element[1], "labels"), weight
+    return specs.parse_spec(element, "features"), None, None
 
 
 def load_parse_fn(parse_fn_bytes: bytes) -> Callable:

@@ -29,6 +29,7 @@ from sparktf.data.columnar import RecordFormat
 from sparktf.data.sources import item_partitions
 from sparktf.data.tfrecord_io import load_parse_fn
 from sparktf.data.tfrecord_files import file_size, record_dataset, reads_natively
+from sparktf.data.weights import check_weights
 from sparktf.errors import DataError
 from sparktf.spark.task_devices import GpuPlan, gpu_plan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
@@ -201,7 +202,11 @@ class TFRecordFeed:
                 element = next(iterator)
             except tf.errors.OpError as exc:
                 raise _read_error(rank, self.files[rank], exc) from None
-            yield specs.flatten(self.record_format.as_element(element))
+            leaves = specs.flatten(self.record_format.as_element(element))
+            if self.record_format.has_weights:  # records of shuffled files: the rank's files are named
+                check_weights(leaves[-1], lambda i: f"a record that training worker rank {rank} read from "
+                                                    f"{self.files[rank]}")
+            yield leaves
 
 
 class _ParkedStream:

@@ -11,6 +11,7 @@ from pyspark.ml import Estimator
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from sparktf.data.sources import check_weight_column
 from sparktf.dataset import TFDataset
 from sparktf.errors import DataError
 from sparktf.inference.feeds import keras_inputs
@@ -50,6 +51,10 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         Class indices (e.g. from ``StringIndexer``) for a model compiled with
         a sparse or binary cross-entropy; otherwise numbers, Vectors or arrays
         of the output's shape.
+    weightCol : str, optional
+        A numeric column of sample weights (numbers >= 0), as ``fit``'s
+        ``sample_weight``: it weights each row's loss and weighted metrics
+        in training and validation; not set (or empty): every row weighs 1.0.
     predictionCol, probabilityCol : str
         The columns the fitted :class:`~sparktf.ml.model.KerasModel` adds.
     featureCols : list of str, optional
@@ -79,6 +84,7 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         *,
         featuresCol: str = "features",
         labelCol: str = "label",
+        weightCol: Optional[str] = None,
         predictionCol: str = "prediction",
         probabilityCol: str = "probability",
         featureCols: Optional[List[str]] = None,
@@ -109,6 +115,8 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         task, from_logits = task_of(model)
         loss = loss_name(model.loss)
         check_label_column(dataset, self.getLabelCol(), model_output(model), loss, task == CLASSIFICATION)
+        if self.getWeightCol():
+            check_weight_column(dataset, self.getWeightCol(), "weightCol")
         with _one_training_at_a_time():
             trained, history = self._train(model, dataset, columns, loss)
         fitted = KerasModel.from_keras(
@@ -162,14 +170,15 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
     def _train(self, model: Any, df: DataFrame, columns: List[str], loss: Optional[str]) -> Tuple[Any, Dict]:
         """Train a copy of ``model``; return it and its per-epoch logs."""
         copy = ModelPayload.from_model(model).build()
-        label = self.getLabelCol()
-        data = df.select(*columns, _label_column(label, loss))
+        label, weight = self.getLabelCol(), self.getWeightCol()
+        data = df.select(*columns, _label_column(label, loss), *([weight] if weight else []))
         validation = None
         fraction = self.getValidationFraction()
         if fraction > 0:
             data, validation = data.randomSplit([1.0 - fraction, fraction], seed=self.getSeed())
         dataset = TFDataset.from_dataframe(
-            data, columns, label, batch_size=self.getBatchSize(), validation_df=validation, seed=self.getSeed()
+            data, columns, label, batch_size=self.getBatchSize(), validation_df=validation, seed=self.getSeed(),
+            weight_col=weight,
         )
         optimizer = TFOptimizer.from_keras(
             copy, dataset, optimizer=_with_learning_rate(copy.optimizer, self.getLearningRate()),

@@ -27,6 +27,10 @@ def _identity(value: Any) -> Any:
     return value
 
 
+def _optional_string(value: Any) -> Optional[str]:
+    return None if value is None else TypeConverters.toString(value)
+
+
 def _optional_positive_int(value: Any) -> Optional[int]:
     return None if value is None else TypeConverters.toInt(value)
 
@@ -109,6 +113,11 @@ class EstimatorParams(ColumnParams):
 
     model = Param(Params._dummy(), "model", "the compiled Keras model to train a copy of", typeConverter=_identity)
     labelCol = Param(Params._dummy(), "labelCol", "the label column", typeConverter=TypeConverters.toString)
+    weightCol = Param(
+        Params._dummy(), "weightCol",
+        "a numeric column of sample weights (>= 0); not set or empty: every row weighs 1.0",
+        typeConverter=_optional_string,
+    )
     batchSize = Param(
         Params._dummy(), "batchSize", "the global training batch (records per iteration over all workers)",
         typeConverter=TypeConverters.toInt,
@@ -151,6 +160,12 @@ class EstimatorParams(ColumnParams):
 
     def setLabelCol(self, value: Any) -> Any:
         return self._set(labelCol=value)
+
+    def getWeightCol(self) -> Optional[str]:
+        return self.getOrDefault(self.weightCol) or None
+
+    def setWeightCol(self, value: Any) -> Any:
+        return self._set(weightCol=value)
 
     def getBatchSize(self) -> int:
         return self.getOrDefault(self.batchSize)

@@ -172,7 +172,7 @@ def _build_metrics(model: Any, element_structure: tuple) -> None:
         for spec in flatten(element_structure)
     ]
     element = pack(element_structure, _keras_arrays(leaves))
-    build_metrics(model, element[0], element[1] if len(element) == 2 else None)
+    build_metrics(model, element[0], element[1] if len(element) > 1 else None)
 
 
 def _keras_arrays(leaves: List[np.ndarray]) -> list:

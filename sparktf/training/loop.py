@@ -64,6 +64,7 @@ from sparktf.training.failures import classified_failures, failure_report
 from sparktf.training.state_source import StateSource
 from sparktf.training.gradient_exchange import GradientExchange
 from sparktf.training.step import GradientClipping, TrainStep
+from sparktf.training.weights import ClassWeights, batch_parts
 from sparktf.triggers import TrainingProgress, Trigger
 from sparktf.spark.worker_gc import freeze_alive
 
@@ -116,6 +117,8 @@ class SegmentSpec:
         The compiled metrics' states summed over the epoch before ``start``
         (a previous :class:`SegmentResult`'s), for a segment that starts
         mid-epoch; None starts them from nothing.
+    class_weight : ClassWeights, optional
+        ``optimize``'s class weights, folded into each batch's sample weights.
     """
 
     payload: Any
@@ -132,6 +135,7 @@ class SegmentSpec:
     directory: Optional[str] = None
     gpus: GpuPlan = GpuPlan()
     metric_state: Optional[np.ndarray] = None
+    class_weight: Optional[ClassWeights] = None
 
 
 @dataclass
@@ -286,14 +290,14 @@ def _train(
         heartbeat.set_batch_names(["loss", *step.metric_names])
     while True:
         started = time.perf_counter()
-        features, labels = _features_labels(spec, next(batches))
+        features, labels, sample_weight = _features_labels(spec, next(batches))
         watch.lap("batches")
         iteration = progress.iteration + 1
         heartbeat.iteration = iteration
         if (iteration - 1) % per_epoch == 0:  # an epoch's first iteration
             step.set_metric_state(None)
         with classified_failures(rank, iteration, warm_up=False):
-            outcome = step.run(features, labels, exchange, weight)
+            outcome = step.run(features, labels, exchange, weight, sample_weight=sample_weight)
         ended = watch.lap("apply")
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
             non_finite_iteration = iteration
@@ -390,11 +394,8 @@ def _hand_back(spec: SegmentSpec, state: ModelState, world_size: int) -> Optiona
 
 
 def _features_labels(spec: SegmentSpec, arrays: List[np.ndarray]) -> tuple:
-    """``(features, labels)`` of one batch; labels are None for a model without targets."""
-    from sparktf.data.specs import pack
-
-    element = pack(spec.element_structure, arrays)
-    return element if len(element) == 2 else (element[0], None)
+    """``(features, labels, sample_weight)`` of one batch (see ``training.weights.batch_parts``)."""
+    return batch_parts(spec.element_structure, arrays, spec.class_weight)
 
 
 def state_checksums(arrays: List[np.ndarray]) -> List[float]:

@@ -18,8 +18,11 @@ from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.specs import LeafSpec
 from sparktf.errors import DataError
 from sparktf.storage import is_local, local_path, store_for
+from sparktf.training.weights import ClassWeights, class_weights
+from sparktf.triggers import Trigger, check_trigger, uses_score
 
-__all__ = ["check_settings", "check_membership", "resolve_optimizer", "recompile", "compile_with_loss", "check_labels"]
+__all__ = ["check_settings", "check_membership", "check_optimize", "resolve_optimizer", "recompile",
+           "compile_with_loss", "check_labels"]
 
 # Losses whose label shape per record follows from the output shape.
 _CLASS_ID_LOSSES = {"sparse_categorical_crossentropy"}
@@ -214,3 +217,32 @@ def _loss_name(loss: Any) -> Optional[str]:
     name = getattr(loss, "name", None) or getattr(loss, "__name__", None)
     module = type(loss).__module__ if hasattr(loss, "name") else getattr(loss, "__module__", "")
     return name if str(module).startswith("keras") else None
+
+
+def check_optimize(optimizer: Any, triggers: Tuple[Any, Any, Any],
+                   class_weight: Any) -> Tuple[Trigger, Trigger, Trigger, Optional[ClassWeights]]:
+    """``optimize``'s end, checkpoint and validation triggers (the latter defaults to the checkpoint trigger)
+    and class weights, checked with the ``TFOptimizer``'s model, dataset and workers before any job.
+
+    Raises
+    ------
+    TypeError
+        For a trigger that is not one.
+    DataError
+        When the dataset has no ``batch_size`` (or one smaller than
+        ``num_workers``), ``end_trigger`` uses ``MaxScore`` without validation
+        data, or ``class_weight`` does not fit the model or its labels
+        (:func:`~sparktf.training.weights.class_weights`).
+    """
+    end_trigger = check_trigger(triggers[0], "end_trigger")
+    checkpoint_trigger = check_trigger(triggers[1], "checkpoint_trigger")
+    validation_trigger = check_trigger(triggers[2] or checkpoint_trigger, "validation_trigger")
+    dataset = optimizer.dataset
+    dataset.local_batch_size(optimizer.num_workers)
+    if dataset.val_dataset is None and uses_score(end_trigger):
+        raise DataError(
+            f"end_trigger {end_trigger!r} uses MaxScore, which needs validation data: create "
+            "the TFDataset with validation data (e.g. val_rdd / val_tensors) or use another trigger"
+        )
+    weights = class_weights(class_weight, optimizer.model, dataset.label_spec)
+    return end_trigger, checkpoint_trigger, validation_trigger, weights
