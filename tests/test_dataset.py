@@ -43,6 +43,23 @@ def test_a_label_outside_its_integer_dtype_names_partition_record_and_range(sc):
         ds.num_records
 
 
+def test_from_rdd_with_sample_weight_gives_weighted_records_and_names_a_bad_weight(sc):
+    rdd = sc.parallelize([([float(i)], i % 2, i / 4) for i in range(6)], 2)
+    ds = TFDataset.from_rdd(rdd, ("float32", [1]), ("int32", []), batch_size=2, with_sample_weight=True, val_rdd=rdd)
+    assert ds.weight_spec == tf.TensorSpec([], tf.float32) and ds.element_structure[2] == ds.weight_spec
+    assert [float(w) for _, _, w in ds.rdd.collect()] == [i / 4 for i in range(6)]
+    assert ds.val_dataset.weight_spec == ds.weight_spec
+    bad = sc.parallelize([([0.0], 0, 1.0)] * 4 + [([0.0], 0, -2.0)], 2)
+    with pytest.raises(DataError, match=r"partition 1, record 2 \(0-based within the partition\): sample weight -2.0 is neg"):
+        TFDataset.from_rdd(bad, ("float32", [1]), ("int32", []), with_sample_weight=True).num_records
+    with pytest.raises(DataError, match="with_sample_weight=True needs labels"):
+        TFDataset.from_rdd(rdd, ("float32", [1]), with_sample_weight=True)
+    with pytest.raises(DataError, match="sample_weight needs labels"):
+        TFDataset.from_ndarrays(np.zeros((3, 1)), sample_weight=np.ones(3))
+    with pytest.raises(DataError, match=r"val_tensors' weights\[1\]: sample weight nan is not finite"):
+        TFDataset.from_ndarrays((np.zeros((3, 1)), np.zeros(3)), val_tensors=(np.zeros((2, 1)), np.zeros(2), [1, np.nan]))
+
+
 def test_from_rdd_rejects_a_dataframe(spark):
     with pytest.raises(DataError, match="use TFDataset.from_dataframe"):
         TFDataset.from_rdd(spark.range(3), (tf.float32, []))

@@ -100,6 +100,20 @@ def test_bad_rows_name_column_partition_and_row(spark, rows, ddl, fragment):
     assert fragment in str(info.value)
 
 
+def test_weight_col_weights_rows_and_a_missing_text_or_bad_weight_is_named(spark):
+    df = spark.createDataFrame([(float(i), i % 2, i // 2) for i in range(6)], "x double, label int, w long").coalesce(1)
+    ds = TFDataset.from_dataframe(df, "x", "label", batch_size=2, weight_col="w", validation_df=df)
+    assert ds.weight_spec == tf.TensorSpec([], tf.float32) and ds.val_dataset.weight_spec == ds.weight_spec
+    assert [float(w) for _, _, w in ds.rdd.collect()] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(DataError, match="weight_col 'nope' is not a column of the DataFrame"):
+        TFDataset.from_dataframe(df, "x", "label", weight_col="nope")
+    with pytest.raises(DataError, match=r"weight_col 'name' has type string, but sample weights are numbers"):
+        TFDataset.from_dataframe(df.selectExpr("x", "label", "'a' as name"), "x", "label", weight_col="name")
+    bad = df.selectExpr("x", "label", "if(x = 4, double('NaN'), 1.0) as w")
+    with pytest.raises(DataError, match=r"weight column 'w', partition 0, record 4 .*sample weight nan is not finite"):
+        TFDataset.from_dataframe(bad, "x", "label", weight_col="w").num_records
+
+
 def test_array_lengths_need_a_first_row(spark):
     with pytest.raises(DataError, match="empty DataFrame"):
         TFDataset.from_dataframe(spark.createDataFrame([], "a array<float>"), "a")

@@ -8,7 +8,9 @@ import tensorflow as tf
 
 from sparktf import TFDataset
 from sparktf.errors import DataError
+from sparktf.data.tfrecord_stream import TFRecordFeed
 from sparktf.spark.task_devices import GpuPlan
+from sparktf.spark.user_code import pickle_by_value
 
 pytestmark = pytest.mark.usefixtures("spark")
 
@@ -104,3 +106,27 @@ def test_reader_caps_block_size_and_keeps_order(tmp_path):
     blocks = list(reader(0, [path]))
     assert [len(block[0]) for block in blocks] == [tfrecord_io.MAX_RECORDS_PER_BLOCK, 3]
     np.testing.assert_array_equal(np.concatenate([block[0] for block in blocks]), np.arange(len(blocks[0][0]) + 3))
+
+
+def weighted_by_x(serialized):
+    x, y = parse_example(serialized)
+    return x, y, 3.0 - x[0]  # part-0: 3, 2, 1, 0; part-1: 3, 2, 1, 0, -1
+
+
+def test_a_parse_fn_returning_a_weight_gives_weighted_records_cached_or_streamed(record_dir):
+    ds = TFDataset.from_tfrecord_file(str(record_dir / "part-0.tfrecord"), weighted_by_x, batch_size=2)
+    assert ds.weight_spec == tf.TensorSpec([], tf.float32)
+    assert [float(w) for _, _, w in ds.rdd.collect()] == [3, 2, 1, 0]
+    bad = TFDataset.from_tfrecord_file([str(record_dir / f"part-{i}.tfrecord") for i in (0, 1)], weighted_by_x)
+    with pytest.raises(DataError, match=r"partition 1, record 4 \(0-based within the partition\): sample weight -1.0"):
+        bad.num_records
+    feed = TFRecordFeed([[str(record_dir / "part-1.tfrecord")]], [5], pickle_by_value({"parse_fn": weighted_by_x}),
+                        bad.record_format, shuffle=False, seed=0, shuffle_buffer=8)
+    stream = feed.open(0, [], 2, 0)
+    try:
+        assert [float(w) for w in next(stream)[2]] == [3, 2]  # cache=False: a training worker's stream
+        next(stream)
+        with pytest.raises(DataError, match=r"training worker rank 0 read from .*part-1.tfrecord.*: sample weight -1.0"):
+            next(stream)
+    finally:
+        stream.close(wait=False, timeout=0)

@@ -110,15 +110,16 @@ def test_cross_validator_over_epochs_with_parallel_evaluation(indexed):
 def test_regression_predicts_a_double_and_wider_outputs_an_array(spark, sc):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(64, 3))
-    rows = [(r.tolist(), float(r @ [1.0, -2.0, 0.5])) for r in x]
-    df = spark.createDataFrame(rows, "x array<double>, y double")
+    rows = [(r.tolist(), float(r @ [1.0, -2.0, 0.5]), i % 3) for i, r in enumerate(x)]
+    df = spark.createDataFrame(rows, "x array<double>, y double, w int")
     keras.utils.set_random_seed(0)
     regressor = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     regressor.compile(keras.optimizers.SGD(0.1), "mse")
-    fitted = KerasEstimator(model=regressor, featuresCol="x", labelCol="y", epochs=2, batchSize=8).fit(df)
-    assert fitted.getTask() == "regression"
+    fitted = KerasEstimator(model=regressor, featuresCol="x", labelCol="y", weightCol="w", epochs=2, batchSize=8,
+                            validationFraction=0.25).fit(df)  # rows weighted 0, 1 and 2, in training and validation
+    assert fitted.getTask() == "regression" and set(fitted.history) == {"loss", "val_loss"}
     scored = fitted.transform(df)
-    assert scored.columns == ["x", "y", "prediction"] and scored.schema["prediction"].dataType == T.DoubleType()
+    assert scored.columns == ["x", "y", "w", "prediction"] and scored.schema["prediction"].dataType == T.DoubleType()
     assert scored.count() == 64
 
     wide = KerasModel.from_keras(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), featuresCol="x")
@@ -168,11 +169,12 @@ def test_wrapped_models_save_and_load_and_logits_become_probabilities(spark, ind
 
 def test_estimator_saves_and_loads_alone_and_in_a_pipeline(tmp_path):
     model = _classifier()
-    estimator = KerasEstimator(model=model, epochs=4, featuresCol="f", learningRate=0.01, callbacks=[])
+    estimator = KerasEstimator(model=model, epochs=4, featuresCol="f", learningRate=0.01, callbacks=[], weightCol="w")
     estimator.write().overwrite().save(str(tmp_path / "estimator"))
     loaded = KerasEstimator.load(str(tmp_path / "estimator"))
-    assert loaded.uid == estimator.uid
-    assert (loaded.getEpochs(), loaded.getFeaturesCol(), loaded.getLearningRate()) == (4, "f", 0.01)
+    assert loaded.uid == estimator.uid and KerasEstimator().getWeightCol() is None
+    assert (loaded.getEpochs(), loaded.getFeaturesCol(), loaded.getLearningRate(), loaded.getWeightCol()) == (
+        4, "f", 0.01, "w")
     assert loaded.getCallbacks() == [] and not loaded.isSet(loaded.batchSize)
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.getModel().get_weights()))
 
@@ -198,6 +200,8 @@ def test_wrong_columns_labels_and_models_fail_before_any_job(sc, indexed):
     uncompiled = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
     assert "is not compiled" in _no_job_runs(sc, lambda: KerasEstimator(model=uncompiled).fit(indexed))
     assert "epochs=0 is out of range" in _no_job_runs(sc, lambda: fit(epochs=0))
+    assert "weightCol 'nope' is not a column of the DataFrame" in _no_job_runs(sc, lambda: fit(weightCol="nope"))
+    assert "weightCol 'species' has type string" in _no_job_runs(sc, lambda: fit(weightCol="species"))
     wrapped = KerasModel.from_keras(model)
     assert "pick another predictionCol" in _no_job_runs(sc, lambda: wrapped.transform(indexed.withColumn(
         "prediction", F.lit(1))))
