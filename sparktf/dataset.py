@@ -253,7 +253,12 @@ class TFDataset(BlockDataset):
             One column (a string or a list of one) gives a single spec;
             several give a list of specs, one per column. Doubles and vectors
             become float32; array and vector lengths are read from the first
-            row and every row must match them.
+            row and every row must match them. A vector column whose first
+            row is a ``SparseVector`` (``OneHotEncoder``, ``HashingTF``, ...)
+            stays sparse (a ``tf.SparseTensorSpec``): its records hold their
+            indices and values, never densified per record, and a batch
+            reaches a ``keras.Input(sparse=True)`` as a ``tf.SparseTensor``,
+            a dense input as a dense batch.
         batch_size, batch_per_thread, shuffle, seed
             As in :meth:`from_rdd`.
         validation_df : pyspark.sql.DataFrame, optional
@@ -292,7 +297,7 @@ class TFDataset(BlockDataset):
         val_blocks = None
         if validation_df is not None:
             val_layouts = arrow_io.column_layouts(validation_df, columns)
-            if val_layouts != layouts:
+            if [layout[:2] for layout in val_layouts] != [layout[:2] for layout in layouts]:  # sparse or not: as trained
                 raise DataError(
                     f"validation_df columns {columns} have (dtype, shape) {val_layouts}, but the "
                     f"training DataFrame's have {layouts}; they must match"

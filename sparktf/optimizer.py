@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from sparktf.data.sparse import model_structure
 from sparktf.data.specs import leaf_specs
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
@@ -373,7 +374,8 @@ class TFOptimizer:
         driver: Optional[DriverCallbacks] = None, class_weight: Any = None,
     ) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
-        spec = SegmentSpec(self._payload_broadcast(), self.dataset.element_structure, progress, stop, self.clipping,
+        structure = model_structure(self.model, self.dataset.element_structure)  # sparse or dense per model input
+        spec = SegmentSpec(self._payload_broadcast(), structure, progress, stop, self.clipping,
                            self.collective_timeout, gradient_compression=self.gradient_compression,
                            gpus=gpu_plan(self.session.conf, self.resource_profile), metric_state=self._metric_state,
                            class_weight=class_weight)

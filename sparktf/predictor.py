@@ -326,21 +326,22 @@ def dataframe_with_predictions(
     feed = source.feed(leaves, columns)
     kind, outputs = source.outputs(feed)
     output_type = spark_output_type(kind, outputs)
-    selected, feature_names = _arrow_features(df, columns)
+    selected, feature_names = _arrow_features(df, columns, leaves)
     handle = dataclasses.replace(source.handle, gpus=gpu_plan(current_session(df.sparkSession).conf, profile))
     function = DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type)
     schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
     return map_in_arrow(selected, function, schema, profile=profile)
 
 
-def _arrow_features(df: DataFrame, columns: Sequence[str]) -> Tuple[DataFrame, List[str]]:
-    """``df`` plus hidden float32-array copies of its ``Vector`` feature columns, and the column to read per feature.
+def _arrow_features(df: DataFrame, columns: Sequence[str], leaves: Sequence[specs.LeafSpec]
+                    ) -> Tuple[DataFrame, List[str]]:
+    """``df`` plus hidden float32-array copies of its dense ``Vector`` feature columns, and the column to read per feature.
 
-    Array and numeric columns are read as they are, so each travels to Python once.
+    Array, numeric and sparse vector columns are read as they are, so each travels to Python once.
     """
     names = [
-        f"{_FEATURE_PREFIX}{i}" if arrow_io.is_vector_column(df, column) else column
-        for i, column in enumerate(columns)
+        f"{_FEATURE_PREFIX}{i}" if arrow_io.is_vector_column(df, column) and not leaf.sparse else column
+        for i, (column, leaf) in enumerate(zip(columns, leaves))
     ]
     copies = [arrow_io.arrow_feature(df, c).alias(n) for c, n in zip(columns, names) if n != c]
     return df.select("*", *copies), names

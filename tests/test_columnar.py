@@ -108,3 +108,86 @@ def test_router_gives_each_worker_a_contiguous_balanced_range(counts, num_worker
         in_key_order = sorted(routed[w], key=lambda keyed: tuple(keyed[0]))
         records = np.concatenate([keyed[1] for keyed in in_key_order])
         np.testing.assert_array_equal(records, np.arange(w * total // num_workers, (w + 1) * total // num_workers))
+
+
+def sparse_vectors(rows: np.ndarray, dense_rows=()) -> "pa.Array":
+    """The rows as Arrow's form of MLlib vectors (what Spark sends): sparse, or dense at ``dense_rows``."""
+    import pyarrow as pa
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+
+    from sparktf.data import arrow_io
+
+    schema = arrow_io.to_arrow_schema(T.StructType([T.StructField("v", VectorUDT().sqlType())]))
+    vectors = [{"type": 1, "size": None, "indices": None, "values": row.tolist()} if i in dense_rows else
+               {"type": 0, "size": len(row), "indices": np.flatnonzero(row).tolist(), "values": row[row != 0].tolist()}
+               for i, row in enumerate(rows)]
+    return pa.array(vectors, type=schema.field(0).type)
+
+
+def test_sparse_columns_slice_gather_travel_and_spill_in_bytes_of_their_non_zeros_not_their_width(tmp_path):
+    from sparktf.data import arrow_io, specs
+    from sparktf.data.batching import Shard
+    from sparktf.data.block_serializer import decode_block, encode_block
+    from sparktf.data.shard_files import ShardFiles
+    from sparktf.data.sparse import model_values
+    from sparktf.data.train_batches import TrainBatches
+
+    rng = np.random.default_rng(0)
+
+    def column(width, nnz, rows=12, dense_rows=()):
+        dense = np.zeros((rows, width), np.float32)
+        for row in range(rows):
+            dense[row, rng.choice(width, nnz, replace=False)] = rng.normal(size=nnz)
+        dense[list(dense_rows), :4] = [1, 0, 2, 3]  # a dense vector among the sparse ones: every position stored
+        leaf = specs.LeafSpec("features", np.dtype(np.float32), (width,), sparse=True)
+        return arrow_io.arrow_to_numpy(sparse_vectors(dense, dense_rows)[1:], leaf, "v", 0, 1), dense[1:]
+
+    wide, dense = column(16, 5, dense_rows=[3])
+    assert wide.nnz == 10 * 5 + 16 and np.array_equal(wide.toarray(), dense)
+    order = rng.permutation(len(dense))
+    batches = TrainBatches(Shard([wide, np.arange(len(dense))]), 4, shuffle=True, seed=1, rank=0)
+    for _ in range(4):  # across passes: gathered rows, batches joined across a pass's end
+        features, ids = next(batches)
+        np.testing.assert_array_equal(features.toarray(), dense[ids])
+    block = (wide[2:9], order[2:9])
+    frame = decode_block(encode_block(block))
+    np.testing.assert_array_equal(frame[0].toarray(), dense[2:9])
+    spill = ShardFiles.write(str(tmp_path / "part-0"), [(wide[5:], order[5:]), (wide[:5], order[:5])])
+    spilled = np.concatenate([dense[5:], dense[:5]])  # in the order the Blocks came
+    np.testing.assert_array_equal(spill.read([(0, 2), (5, 8)])[0].toarray(), spilled[[0, 1, 5, 6, 7]])
+    sparse, as_dense = model_values([tf.SparseTensorSpec([16], tf.float32), tf.TensorSpec([16], tf.float32)],
+                                    [wide[1:4], wide[1:4]])
+    np.testing.assert_array_equal(tf.sparse.to_dense(sparse).numpy(), dense[1:4])
+    np.testing.assert_array_equal(as_dense, dense[1:4])
+
+    def stored_bytes(width, nnz):  # a Block's frame, its spill on disk and in memory, per record
+        wide, _ = column(width, nnz, rows=101)
+        spill = ShardFiles.write(str(tmp_path / f"w{width}-{nnz}"), [(wide,)])
+        on_disk = sum(path.stat().st_size for path in (tmp_path / f"w{width}-{nnz}").iterdir())
+        return [size / len(wide) for size in (len(encode_block((wide,))), on_disk, spill.nbytes, wide.nbytes)]
+
+    narrow, wide_18, more = stored_bytes(1 << 10, 8), stored_bytes(1 << 18, 8), stored_bytes(1 << 18, 64)
+    assert all(8 + 8 * 8 <= b < 8 + 8 * 8 + 8 for b in wide_18), wide_18  # an offset, int32 index + float32 value
+    np.testing.assert_allclose(narrow, wide_18, atol=1)  # 256x the width: the same bytes
+    assert all(m > 6 * w for m, w in zip(more, wide_18))  # 8x the non-zeros: ~8x the bytes (4 MiB per record dense)
+
+
+def test_a_sparse_input_trains_on_batches_of_any_number_of_non_zeros_without_retracing():
+    import keras
+
+    from sparktf.data.sparse import SparseColumn
+    from sparktf.training.step import TrainStep
+
+    width = 1 << 18
+    model = keras.Sequential([keras.Input((width,), sparse=True), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    step = TrainStep(model)
+    rng = np.random.default_rng(0)
+    for nnz in (3, 40, 7):
+        lengths = rng.integers(0, nnz, size=8)
+        indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        indices = np.concatenate([np.sort(rng.choice(width, n, replace=False)) for n in lengths]).astype(np.int32)
+        features = SparseColumn(indptr, indices, rng.normal(size=indptr[-1]).astype(np.float32), width).to_tensor()
+        step.warm_up(features, np.ones((8, 1), np.float32))
+    assert step._step_fn.experimental_get_tracing_count() == 1

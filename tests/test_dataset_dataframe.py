@@ -195,3 +195,56 @@ def test_string_and_binary_columns_become_string_records(spark):
     with_null = spark.createDataFrame([("a", 1), (None, 0)], "text string, label int").coalesce(1)
     with pytest.raises(DataError, match=r"column 'text', partition 0, row 1 .* null"):
         TFDataset.from_dataframe(with_null, "text", "label").num_records
+
+
+def test_a_wide_sparse_vector_column_stays_sparse_and_trains_evaluates_and_predicts_as_dense_keras(spark):
+    import keras
+    from pyspark.ml.feature import HashingTF
+
+    from sparktf import MaxIteration, TFOptimizer, TFPredictor
+    from sparktf.ml import KerasModel
+
+    width, rng = 1 << 18, np.random.default_rng(0)
+    rows = [([f"w{j}" for j in rng.choice(40, size=int(rng.integers(1, 6)), replace=False)], float(i % 2))
+            for i in range(32)]
+    frame = HashingTF(numFeatures=width, inputCol="words", outputCol="tf").transform(
+        spark.createDataFrame(rows, ["words", "label"]).repartition(2)).cache()
+    ds = TFDataset.from_dataframe(frame, "tf", "label", batch_size=32)
+    assert ds.feature_spec == tf.SparseTensorSpec([width], tf.float32)
+    stored = ds.block_rdd.map(lambda block: (len(block[0]), block[0].nbytes)).collect()
+    assert sum(size for size, _ in stored) == 32 and all(nbytes < 100 * size for size, nbytes in stored)
+    collected = frame.select("tf", "label").collect()
+    x = np.stack([row["tf"].toArray() for row in collected]).astype(np.float32)  # for one-process Keras
+    y = np.array([row["label"] for row in collected], np.float32)
+
+    def model(sparse, weights=None):
+        built = keras.Sequential([keras.Input((width,), sparse=sparse), keras.layers.Dense(1, activation="sigmoid")])
+        built.compile(keras.optimizers.Adam(0.1), "binary_crossentropy", metrics=["accuracy"])
+        if weights is not None:
+            built.set_weights(weights)
+        return built
+
+    reference = model(False)
+    initial = reference.get_weights()
+    reference.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0)  # full batches: the order does not matter
+    expected = reference.predict(x, verbose=0)
+    for sparse in (True, False):
+        trained = model(sparse, initial)
+        optimizer = TFOptimizer.from_keras(trained, ds, num_workers=2)
+        optimizer.optimize(MaxIteration(3))
+        for got, want in zip(trained.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+    scores = optimizer.evaluate(batch_per_thread=5)  # the dense model; the sparse one is evaluated below
+    for name, value in reference.evaluate(x, y, verbose=0, return_dict=True).items():
+        assert scores[name] == pytest.approx(value, abs=1e-5)
+    sparse_model = model(True, reference.get_weights())
+    assert TFOptimizer.from_keras(sparse_model, ds).evaluate(batch_per_thread=5) == pytest.approx(scores, abs=1e-5)
+    features = TFDataset.from_dataframe(frame, "tf", batch_per_thread=7)
+    predictor = TFPredictor.from_keras(sparse_model, features)
+    np.testing.assert_allclose(np.concatenate(predictor.predict().collect()), expected.ravel(), atol=1e-5)
+    scored = predictor.predict_dataframe(frame, "tf").select("label", "tf", "prediction").collect()
+    assert [row["label"] for row in scored] == y.tolist()
+    np.testing.assert_allclose([row["prediction"] for row in scored], expected, atol=1e-5)
+    transformed = KerasModel.from_keras(sparse_model, task="regression", featuresCol="tf").transform(frame)
+    np.testing.assert_allclose([row["prediction"] for row in transformed.select("prediction").collect()],
+                               expected.ravel(), atol=1e-5)

@@ -2,7 +2,8 @@
 
 Driver side, :func:`column_layouts` works out the dtype and per-row shape of
 numeric, ``ArrayType``, MLlib ``Vector``, string and binary columns, and :func:`arrow_ready`
-turns vectors into float arrays inside the JVM; :func:`arrow_batch_rdd` gets
+turns dense vectors into float arrays inside the JVM (sparse ones travel as
+MLlib's own struct of indices and values); :func:`arrow_batch_rdd` gets
 the JVM's Arrow record batches of a DataFrame as an RDD of bytes, so the data
 crosses from the JVM to Python once. Executor side, :class:`ArrowBlockDecoder`
 converts the record batches into Blocks without creating per-row Python
@@ -25,6 +26,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from sparktf.data import specs
 from sparktf.data.batching import inference_batches
 from sparktf.data.columnar import Block, records_per_block
+from sparktf.data.sparse import SparseColumn
 from sparktf.errors import DataError
 
 __all__ = [
@@ -56,12 +58,14 @@ _TEXT_TYPES = (T.StringType, T.BinaryType)
 _SUPPORTED = "numeric scalars, (nested) ArrayType of numbers, pyspark.ml / pyspark.mllib Vector, string or binary"
 
 
-def column_layouts(df: DataFrame, columns: Sequence[str]) -> List[Tuple[str, Tuple[int, ...]]]:
+def column_layouts(df: DataFrame, columns: Sequence[str]) -> List[tuple]:
     """``(dtype name, per-row shape)`` of each of ``columns``; ``("string", ())`` for string and binary columns.
 
     The lengths of array and vector columns are read from the DataFrame's
     first row (one small Spark job, only when there are such columns); every
-    other row must have the same lengths, which the executors check.
+    other row must have the same lengths, which the executors check. A
+    vector column whose first row is a ``SparseVector`` smaller as indices
+    and values than dense is ``(dtype, shape, "sparse")``: kept sparse.
 
     Raises
     ------
@@ -84,8 +88,14 @@ def column_layouts(df: DataFrame, columns: Sequence[str]) -> List[Tuple[str, Tup
     layouts = []
     for name, (dtype, depth) in zip(columns, kinds):
         shape = _sample_shape(name, sample[name], depth) if depth else ()
-        layouts.append((dtype, shape))
+        layouts.append((dtype, shape, "sparse") if depth and _stays_sparse(sample[name]) else (dtype, shape))
     return layouts
+
+
+def _stays_sparse(value) -> bool:
+    """Whether an MLlib vector is a ``SparseVector`` whose int32 indices and float32 values (and a row offset) take
+    fewer bytes than its dense float32s."""
+    return hasattr(value, "indices") and 8 * len(value.indices) + 8 < 4 * int(value.size)
 
 
 def column_kind(name: str, data_type: T.DataType) -> Tuple[str, int]:
@@ -139,22 +149,26 @@ def is_vector_column(df: DataFrame, name: str) -> bool:
     return _is_vector(df.schema[name].dataType)
 
 
-def arrow_feature(df: DataFrame, name: str) -> Column:
-    """Column ``name`` as Arrow can carry it: vectors become float32 arrays.
+def arrow_feature(df: DataFrame, name: str, sparse: bool = False) -> Column:
+    """Column ``name`` as Arrow can carry it: vectors become float32 arrays, unless ``sparse``.
 
     The conversion of vectors runs in the JVM (``vector_to_array``), so no
-    Python object is created per row; other columns are returned as they are.
+    Python object is created per row; other columns, and the vectors of a
+    ``sparse`` leaf (MLlib's struct of size, indices and values in Arrow),
+    are returned as they are.
     """
-    if not is_vector_column(df, name):
+    if sparse or not is_vector_column(df, name):
         return df[name]
     from pyspark.ml.functions import vector_to_array
 
     return vector_to_array(df[name], "float32")
 
 
-def arrow_ready(df: DataFrame, columns: Sequence[str]) -> DataFrame:
-    """``df`` reduced to ``columns`` in order (named ``_0, _1, ...``), vectors as float32 arrays."""
-    return df.select(*(arrow_feature(df, name).alias(f"_{i}") for i, name in enumerate(columns)))
+def arrow_ready(df: DataFrame, columns: Sequence[str], leaves: Sequence[specs.LeafSpec] = ()) -> DataFrame:
+    """``df`` reduced to ``columns`` in order (named ``_0, _1, ...``), vectors as float32 arrays but for sparse
+    ``leaves`` (one per column)."""
+    sparse = [leaf.sparse for leaf in leaves] or [False] * len(columns)
+    return df.select(*(arrow_feature(df, name, flag).alias(f"_{i}") for i, (name, flag) in enumerate(zip(columns, sparse))))
 
 
 def arrow_batch_rdd(df: DataFrame) -> RDD:
@@ -174,8 +188,10 @@ def arrow_batch_rdd(df: DataFrame) -> RDD:
 
 
 def arrow_schema(df: DataFrame) -> pa.Schema:
-    """The Arrow schema of the record batches of :func:`arrow_batch_rdd` for ``df``."""
-    return to_arrow_schema(df.schema)
+    """The Arrow schema of the record batches of :func:`arrow_batch_rdd` for ``df`` (a vector as MLlib's struct)."""
+    fields = [T.StructField(field.name, field.dataType.sqlType(), field.nullable)
+              if isinstance(field.dataType, T.UserDefinedType) else field for field in df.schema.fields]
+    return to_arrow_schema(T.StructType(fields))
 
 
 class ArrowBlockDecoder:
@@ -227,7 +243,8 @@ def arrow_to_numpy(
 
     Nested list columns are flattened level by level; each level must have
     the leaf's length in every row. String and binary columns of a
-    ``tf.string`` leaf become ``object`` arrays of ``bytes``.
+    ``tf.string`` leaf become ``object`` arrays of ``bytes``, the MLlib
+    vectors of a sparse leaf a :class:`~sparktf.data.sparse.SparseColumn`.
 
     Raises
     ------
@@ -239,6 +256,8 @@ def arrow_to_numpy(
         _check_no_nulls(array, column, partition, first_row, 1)
         as_bytes = array.cast(pa.large_binary() if pa.types.is_large_string(array.type) else pa.binary())
         return as_bytes.to_numpy(zero_copy_only=False).astype(object, copy=False)
+    if leaf.sparse:
+        return _sparse_vectors(array, leaf, column, partition, first_row)
     rows = len(array)
     values = array
     elements_per_row = 1
@@ -268,3 +287,33 @@ def _check_no_nulls(values: pa.Array, column: str, partition: int, first_row: in
             f"column {column!r}, partition {partition}, row {row} (0-based within the partition) holds a "
             "null; fill or drop nulls first (df.na.fill / df.na.drop)."
         )
+
+
+def _sparse_vectors(array: pa.Array, leaf: specs.LeafSpec, column: str, partition: int, first_row: int) -> SparseColumn:
+    """MLlib vectors (Arrow structs of type, size, indices, values) as a SparseColumn, without per-row work.
+
+    A ``DenseVector`` row keeps all its values (indices ``0..width-1``).
+    """
+    _check_no_nulls(array, column, partition, first_row, 1)
+    kinds, sizes, indices, values = array.flatten()
+    lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+    sparse_rows = kinds.to_numpy(zero_copy_only=False) == 0
+    widths = np.where(sparse_rows, pc.fill_null(sizes, -1).to_numpy(zero_copy_only=False), lengths)
+    (width,) = leaf.shape
+    wrong = np.flatnonzero(widths != width)
+    if wrong.size:
+        raise DataError(
+            f"column {column!r}, partition {partition}, row {first_row + int(wrong[0])} (0-based within the "
+            f"partition): a vector of size {int(widths[wrong[0]])}, expected {width} (read from the first row). "
+            "Every vector of a column must have one size."
+        )
+    indptr = np.zeros(len(array) + 1, np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    stored = indices.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    if not sparse_rows.all():  # dense rows: every position
+        positions = np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], lengths)
+        column_indices = positions.astype(np.int32)
+        column_indices[np.repeat(sparse_rows, lengths)] = stored
+        stored = column_indices
+    flat = values.flatten().to_numpy(zero_copy_only=False).astype(leaf.dtype, copy=False)
+    return SparseColumn(indptr, np.ascontiguousarray(stored), np.ascontiguousarray(flat), width)

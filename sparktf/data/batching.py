@@ -15,6 +15,7 @@ from typing import Iterable, Iterator, List, Sequence, Tuple
 import numpy as np
 
 from sparktf.data.columnar import Block, block_size, concat_blocks, slice_block
+from sparktf.data.sparse import concat_columns
 from sparktf.errors import DataError
 
 __all__ = ["Shard", "inference_batches"]
@@ -43,7 +44,7 @@ class Shard:
         """The records of ``ranges`` (``[start, stop)`` pairs) in order; the arrays themselves for the whole shard."""
         if list(ranges) == [(0, self.num_records)]:
             return self.arrays
-        return [np.concatenate([array[start:stop] for start, stop in ranges]) for array in self.arrays]
+        return [concat_columns([array[start:stop] for start, stop in ranges]) for array in self.arrays]
 
 
 def inference_batches(blocks: Iterable[Block], batch: int) -> Iterator[List[np.ndarray]]:

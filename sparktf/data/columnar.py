@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator, List, Sequence, Tuple
 import numpy as np
 
 from sparktf.data import specs
+from sparktf.data.sparse import concat_columns
 from sparktf.errors import DataError
 
 __all__ = [
@@ -52,7 +53,7 @@ def concat_blocks(blocks: Sequence[Block]) -> Block:
     """One block holding the records of ``blocks`` in order (no copy for a single block)."""
     if len(blocks) == 1:
         return tuple(blocks[0])
-    return tuple(np.concatenate(columns) for columns in zip(*blocks))
+    return tuple(concat_columns(columns) for columns in zip(*blocks))
 
 
 def records_per_block(leaves: Sequence[specs.LeafSpec]) -> int:

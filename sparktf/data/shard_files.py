@@ -2,7 +2,8 @@
 
 A training worker writes its partition's Blocks, as they arrive from Spark,
 into one raw file per leaf (``tf.string`` leaves: the bytes plus an offset
-index) in a folder of the executor's local directories
+index; sparse leaves: the non-zeros' values, their column indices and the
+records' offsets) in a folder of the executor's local directories
 (``SPARK_LOCAL_DIRS``, which Spark deletes when the executor stops). Later
 segments and passes read records from these files, memory-mapped, instead of
 through the JVM -> Python socket; every Python worker of the executor shares
@@ -21,6 +22,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from sparktf.data.columnar import Block
+from sparktf.data.sparse import SparseColumn
 
 __all__ = ["ShardFiles", "spill_directory"]
 
@@ -113,11 +115,16 @@ class ShardFiles:
 
     def buffers(self, capacity: int) -> List[Optional[np.ndarray]]:
         """Arrays with room for ``capacity`` records, one per leaf, for :meth:`read` (None for string leaves)."""
-        return [None if isinstance(column, tuple) else np.empty((capacity, *column.shape[1:]), column.dtype)
+        return [None if isinstance(column, (tuple, SparseColumn)) else np.empty((capacity, *column.shape[1:]), column.dtype)
                 for column in self._columns]
 
     def _map(self, index: int, leaf: dict):
         path = os.path.join(self.directory, f"leaf{index}")
+        if leaf.get("sparse"):  # offsets (.idx), column indices (.col) and values (.bin) of the non-zeros
+            indptr = np.fromfile(path + ".idx", dtype=np.int64)
+            nnz = (int(indptr[-1]),)
+            return SparseColumn(indptr, _memmap(path + ".col", np.dtype(leaf["sparse"]), nnz),
+                                _memmap(path + ".bin", np.dtype(leaf["dtype"]), nnz), leaf["shape"][0])
         if leaf["dtype"] == "object":
             offsets = np.fromfile(path + ".idx", dtype=np.int64)
             data = _memmap(path + ".bin", np.uint8, (int(offsets[-1]),))
@@ -139,6 +146,8 @@ def _column_nbytes(column) -> int:
 
 
 def _read_column(column, ranges: Sequence[Tuple[int, int]], total: int, buffer: Optional[np.ndarray]) -> np.ndarray:
+    if isinstance(column, SparseColumn):
+        return SparseColumn.concat([column[start:stop] for start, stop in ranges] or [column[:0]])
     if isinstance(column, tuple):
         offsets, data = column
         values = [
@@ -174,8 +183,13 @@ def _write_leaves(directory: str, blocks: Iterable[Block], keyed: bool) -> dict:
                     leaves.append({"dtype": "object" if is_object else array.dtype.str,
                                    "shape": [] if is_object else list(array.shape[1:])})
                     offsets.append([0] if is_object else None)
+                    if isinstance(array, SparseColumn):
+                        leaves[-1]["sparse"] = array.indices.dtype.str
+                        offsets[-1] = _SparseWriter(os.path.join(directory, f"leaf{index}"))
             for out, array, ends in zip(files, block, offsets):
-                if ends is None:
+                if isinstance(ends, _SparseWriter):
+                    ends.write(out, array)
+                elif ends is None:
                     out.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
                 else:
                     for value in array:
@@ -187,6 +201,27 @@ def _write_leaves(directory: str, blocks: Iterable[Block], keyed: bool) -> dict:
         for out in files:
             out.close()
     for index, ends in enumerate(offsets):
-        if ends is not None:
+        if isinstance(ends, _SparseWriter):
+            ends.finish()
+        elif ends is not None:
             np.asarray(ends, dtype=np.int64).tofile(os.path.join(directory, f"leaf{index}.idx"))
     return {"num_records": num_records, "leaves": leaves, "pieces": pieces}
+
+
+class _SparseWriter:
+    """Appends a sparse leaf's records: values to its ``.bin`` file, column indices to ``.col``, offsets to ``.idx``."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.ends = [np.zeros(1, np.int64)]
+        open(path + ".col", "wb").close()
+
+    def write(self, values_file, column: SparseColumn) -> None:
+        part = column.compact()
+        values_file.write(memoryview(np.ascontiguousarray(part.values).view(np.uint8)))
+        with open(self.path + ".col", "ab") as indices:
+            indices.write(memoryview(np.ascontiguousarray(part.indices).view(np.uint8)))
+        self.ends.append(part.indptr[1:] + self.ends[-1][-1])
+
+    def finish(self) -> None:
+        np.concatenate(self.ends).tofile(self.path + ".idx")

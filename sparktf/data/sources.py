@@ -137,7 +137,7 @@ def dataframe_blocks(session: Any, df: DataFrame, columns: List[str], record_for
     ``toArrowBatchRdd``; Spark Connect persists the reduced DataFrame, and
     each ``mapInArrow`` task decodes its batches.
     """
-    ready = arrow_io.arrow_ready(df, columns)
+    ready = arrow_io.arrow_ready(df, columns, record_format.leaves)
     decoder = arrow_io.ArrowBlockDecoder(arrow_io.arrow_schema(ready), record_format.leaves, columns)
     weights = f"weight column {columns[-1]!r}"  # the last column, when the format has weights
     if session.has_rdds:

@@ -58,11 +58,16 @@ class LeafSpec:
         for ``tf.string``.
     shape : tuple of int
         The shape of one record's value.
+    sparse : bool
+        Whether the leaf's Blocks hold a
+        :class:`~sparktf.data.sparse.SparseColumn` (indices and values of
+        each record) instead of an ndarray (a ``tf.SparseTensorSpec``).
     """
 
     path: str
     dtype: np.dtype
     shape: Tuple[int, ...]
+    sparse: bool = False
 
     @property
     def is_string(self) -> bool:
@@ -76,7 +81,9 @@ class LeafSpec:
 
     @property
     def record_nbytes(self) -> int:
-        """Bytes of one record's value (64 per element is assumed for strings)."""
+        """Bytes of one record's value (64 per element is assumed for strings, 64 non-zeros for a sparse leaf)."""
+        if self.sparse:
+            return 8 + (4 + self.dtype.itemsize) * min(64, int(np.prod(self.shape, dtype=np.int64)))
         itemsize = 64 if self.is_string else self.dtype.itemsize
         return itemsize * int(np.prod(self.shape, dtype=np.int64))
 
@@ -91,6 +98,8 @@ def parse_spec(obj: Any, path: str = "spec"):
         them (nested). ``dtype`` is anything ``tf.as_dtype`` accepts
         (``tf.float32``, ``"int32"``, ``np.uint8``, ``"string"``); ``shape`` is a
         list or tuple of ints (``[]`` for a scalar) or a ``tf.TensorShape``.
+        ``(dtype, shape, "sparse")`` or a ``tf.SparseTensorSpec`` is a sparse
+        leaf (``from_dataframe`` gives one to a ``SparseVector`` column).
     path : str
         Name of ``obj`` in error messages, e.g. ``"features"``.
 
@@ -107,6 +116,12 @@ def parse_spec(obj: Any, path: str = "spec"):
 
     if isinstance(obj, tf.TensorSpec):
         return _checked_spec(obj.shape, obj.dtype, path)
+    if isinstance(obj, tf.SparseTensorSpec):
+        dense = _checked_spec(obj.shape, obj.dtype, path)
+        return tf.SparseTensorSpec(dense.shape, dense.dtype)
+    if isinstance(obj, tuple) and len(obj) == 3 and isinstance(obj[2], str) and obj[2] == "sparse":
+        dense = parse_spec(obj[:2], path)
+        return tf.SparseTensorSpec(dense.shape, dense.dtype)
     if _is_single_spec(obj):
         return _checked_spec(obj[1], tf.as_dtype(obj[0]), path)
     if isinstance(obj, dict):
@@ -201,9 +216,10 @@ def flatten_with_paths(structure, path: str) -> List[Tuple[str, Any]]:
 
 
 def leaf_specs(structure, path: str) -> list:
-    """:class:`LeafSpec` of every ``tf.TensorSpec`` leaf of ``structure``, named from ``path``."""
+    """:class:`LeafSpec` of every ``tf.TensorSpec`` (or ``tf.SparseTensorSpec``) leaf of ``structure``, named from ``path``."""
     return [
-        LeafSpec(leaf_path, np.dtype(spec.dtype.as_numpy_dtype), tuple(spec.shape.as_list()))
+        LeafSpec(leaf_path, np.dtype(spec.dtype.as_numpy_dtype), tuple(spec.shape.as_list()),
+                 type(spec).__name__ == "SparseTensorSpec")
         for leaf_path, spec in flatten_with_paths(structure, path)
     ]
 

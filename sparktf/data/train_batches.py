@@ -36,6 +36,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from sparktf.data.sparse import concat_columns, take_rows
 from sparktf.errors import DataError, TrainingError
 
 __all__ = ["TrainBatches", "CHUNKS_PER_WINDOW"]
@@ -134,12 +135,12 @@ class TrainBatches:
                 self._next_window()
             take = min(needed, len(self._order) - self._position)
             indices = self._order[self._position : self._position + take]
-            pieces.append([np.take(array, indices, axis=0) for array in self._arrays])
+            pieces.append([take_rows(array, indices) for array in self._arrays])
             self._position += take
             needed -= take
         if len(pieces) == 1:
             return pieces[0]
-        return [np.concatenate(columns) for columns in zip(*pieces)]
+        return [concat_columns(columns) for columns in zip(*pieces)]
 
     def close(self) -> None:
         """Stop the reader thread (streamed mode); the batches end."""

@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from sparktf.data import specs
+from sparktf.data.sparse import SparseColumn, fed_value
 from sparktf.errors import DataError
 
 __all__ = ["SINGLE", "LIST", "DICT", "TensorInfo", "Feed", "plan_feed", "cast_to", "keras_feed", "keras_inputs", "feature_leaves"]
@@ -35,20 +36,24 @@ class TensorInfo:
     shape : tuple
         Shape of one record (no batch dimension); ``None`` for a dimension of
         any size.
+    sparse : bool
+        Whether the input takes a ``tf.SparseTensor`` (``keras.Input(sparse=True)``).
     """
 
     name: str
     dtype: np.dtype
     shape: Tuple[Optional[int], ...]
+    sparse: bool = False
 
     @classmethod
     def from_tensor(cls, name: str, tensor: Any) -> "TensorInfo":
-        """From a ``tf.TensorSpec`` or a ``KerasTensor`` with a batch dimension."""
+        """From a ``tf.TensorSpec`` (``tf.SparseTensorSpec``) or a ``KerasTensor`` with a batch dimension."""
         import tensorflow as tf
 
         dtype = np.dtype(tf.as_dtype(tensor.dtype).as_numpy_dtype)
         shape = tuple(tf.TensorShape(tensor.shape).as_list()[1:])
-        return cls(name, dtype, shape)
+        sparse = isinstance(tensor, tf.SparseTensorSpec) or bool(getattr(tensor, "sparse", False))
+        return cls(name, dtype, shape, sparse)
 
     def describe(self) -> str:
         return f"{self.name!r} {specs.dtype_name(self.dtype)} {list(self.shape)}"
@@ -76,8 +81,13 @@ class Feed:
     declared: bool = True
 
     def pack(self, leaves: Sequence[np.ndarray]) -> Any:
-        """The model's input for a batch of leaf arrays (numbers cast to the inputs' dtypes)."""
-        return self.structured([cast_to(leaves[i], info.dtype) for i, info in zip(self.order, self.inputs)])
+        """The model's input for a batch of leaf arrays (numbers cast to the inputs' dtypes).
+
+        A sparse leaf (:class:`~sparktf.data.sparse.SparseColumn`) becomes a
+        ``tf.SparseTensor`` for a sparse input, a dense array for a dense one;
+        a dense leaf of a sparse input a ``tf.SparseTensor``.
+        """
+        return self.structured([as_input(leaves[i], info) for i, info in zip(self.order, self.inputs)])
 
     def structured(self, values: List[Any]) -> Any:
         """``values`` (one per input, in input order) in the model's input nesting."""
@@ -97,6 +107,13 @@ def cast_to(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype == np.dtype(object) or array.dtype == dtype:
         return array
     return array.astype(dtype)
+
+
+def as_input(leaf: Any, info: TensorInfo) -> Any:
+    """One leaf of a batch as input ``info`` takes it: cast to its dtype, sparse or dense as it is."""
+    if isinstance(leaf, SparseColumn) or info.sparse:
+        return fed_value(leaf, info.sparse, info.dtype)
+    return cast_to(leaf, info.dtype)
 
 
 def plan_feed(
@@ -143,7 +160,7 @@ def keras_feed(model: Any, leaves: Sequence[specs.LeafSpec], names: Optional[Seq
     """
     declared = keras_inputs(model)
     if declared is None:
-        inputs = [TensorInfo(name, leaf.dtype, leaf.shape) for name, leaf in zip(names or [leaf.path for leaf in leaves], leaves)]
+        inputs = [TensorInfo(name, leaf.dtype, leaf.shape, leaf.sparse) for name, leaf in zip(names or [leaf.path for leaf in leaves], leaves)]
         structure = SINGLE if len(leaves) == 1 else DICT if names is not None else LIST
         return dataclasses.replace(plan_feed(inputs, structure, leaves, names), declared=False)
     return plan_feed(declared[0], declared[1], leaves, names)

@@ -43,7 +43,7 @@ class KerasRunner:
     def __call__(self, inputs: Any) -> Any:
         import tensorflow as tf
 
-        key = repr(tf.nest.map_structure(lambda a: (a.dtype.str, a.shape[1:]), inputs))
+        key = repr(tf.nest.map_structure(lambda a: (type(a).__name__, str(a.dtype), tuple(a.shape[1:])), inputs))
         call = self._calls.get(key)
         if call is None:
             call = self._trace(inputs)
@@ -59,9 +59,12 @@ class KerasRunner:
 
 
 def _any_batch_spec(array: np.ndarray) -> Any:
-    """The ``tf.TensorSpec`` of a batch like ``array`` with any number of records (object arrays: strings)."""
+    """The ``tf.TensorSpec`` of a batch like ``array`` with any number of records (object arrays: strings; a
+    ``tf.SparseTensor``: its ``tf.SparseTensorSpec``)."""
     import tensorflow as tf
 
+    if isinstance(array, tf.SparseTensor):
+        return tf.SparseTensorSpec([None] + array.shape[1:].as_list(), array.dtype)
     dtype = tf.string if array.dtype == np.dtype(object) else tf.as_dtype(array.dtype)
     return tf.TensorSpec((None,) + array.shape[1:], dtype)
 

@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 from pyspark.sql import DataFrame
 
-from sparktf.data.arrow_io import column_kind
+from sparktf.data.arrow_io import column_kind, is_vector_column
 from sparktf.data.specs import LeafSpec
 from sparktf.errors import DataError
 from sparktf.inference.feeds import TensorInfo
@@ -40,7 +40,8 @@ def feature_leaves(
     Returns
     -------
     list of LeafSpec or None
-        One per column (the column's dtype, the input's shape); None when
+        One per column (the column's dtype, the input's shape; sparse for
+        a Vector column of a ``sparse=True`` input); None when
         the model declares no inputs or an input has a dimension of any
         size (the rows' lengths then come from the data).
 
@@ -65,7 +66,8 @@ def feature_leaves(
     leaves = []
     for name, (dtype, depth), info in zip(columns, kinds, matched):
         _check_feature(df, name, dtype, depth, info, parameter)
-        leaves.append(LeafSpec(name, np.dtype(object if dtype == "string" else dtype), tuple(info.shape)))
+        sparse = info.sparse and is_vector_column(df, name)  # read as MLlib's indices and values
+        leaves.append(LeafSpec(name, np.dtype(object if dtype == "string" else dtype), tuple(info.shape), sparse))
     return None if any(None in leaf.shape for leaf in leaves) else leaves
 
 

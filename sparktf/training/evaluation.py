@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from sparktf.collective.channel_client import NoHeartbeat
+from sparktf.data.sparse import model_structure, model_values
 from sparktf.training.metric_state import build_metrics, load_metric_totals, metric_variables
 from sparktf.training.state_source import StateSource
 from sparktf.training.watchdog import DONE
@@ -85,6 +86,7 @@ def evaluate_blocks(
     from sparktf.training.watchdog import JobWatchdog
 
     secret = secrets.token_bytes(32)
+    element_structure = model_structure(model, element_structure)  # sparse features as the model's inputs take them
     session = blocks.kind
     partitions = blocks.num_partitions
     host = session.rendezvous_host() if state is not None else None
@@ -145,7 +147,7 @@ def _evaluate_partition(
                 heartbeat.phase = "state_fetch"
                 state.fetch(partition).apply_to(model)
             heartbeat.phase = "evaluate"
-            elements = (tuple(pack(element_structure, _keras_arrays(arrays)))
+            elements = (tuple(pack(element_structure, _keras_arrays(arrays, element_structure)))
                         for arrays in itertools.chain([first], batches))
             count_batches = keras.callbacks.LambdaCallback(
                 on_test_batch_end=lambda batch, logs: setattr(heartbeat, "iteration", batch + 1))
@@ -171,12 +173,17 @@ def _build_metrics(model: Any, element_structure: tuple) -> None:
         else np.zeros((1, *spec.shape), dtype=spec.dtype.as_numpy_dtype)
         for spec in flatten(element_structure)
     ]
-    element = pack(element_structure, _keras_arrays(leaves))
+    element = pack(element_structure, _keras_arrays(leaves, element_structure))
     build_metrics(model, element[0], element[1] if len(element) > 1 else None)
 
 
-def _keras_arrays(leaves: List[np.ndarray]) -> list:
-    """The leaves as Keras' fit/evaluate take them: string (object) arrays as ``tf.string`` tensors."""
+def _keras_arrays(leaves: List[np.ndarray], element_structure: tuple) -> list:
+    """The leaves as Keras' fit/evaluate take them: string (object) arrays as ``tf.string`` tensors, sparse ones
+    (:func:`~sparktf.data.sparse.model_values`) as their specs say."""
     import tensorflow as tf
 
-    return [tf.constant(leaf, tf.string) if leaf.dtype == np.dtype(object) else leaf for leaf in leaves]
+    from sparktf.data.specs import flatten
+
+    leaves = model_values(flatten(element_structure), leaves)
+    return [tf.constant(leaf, tf.string) if getattr(leaf, "dtype", None) == np.dtype(object) else leaf
+            for leaf in leaves]

@@ -55,6 +55,8 @@ import numpy as np
 
 from sparktf.collective.channel_client import ChannelClient, start_heartbeat
 from sparktf.data.block_feed import shards_for_claims
+from sparktf.data.sparse import model_values
+from sparktf.data.specs import flatten
 from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
@@ -400,6 +402,7 @@ def _features_labels(spec: SegmentSpec, arrays: List[np.ndarray]) -> tuple:
 
 def state_checksums(arrays: List[np.ndarray]) -> List[float]:
     """One float64 sum per array: the driver checks the state it received against rank 0's."""
+    arrays = model_values(flatten(spec.element_structure), arrays)  # sparse leaves as the model's inputs take them
     return [float(np.sum(a, dtype=np.float64)) for a in arrays]
 
 
