@@ -116,6 +116,7 @@ class TFOptimizer:
         self.last_loss: Optional[float] = None
         self.last_score: Optional[float] = None
         self.last_timings: Dict[str, float] = {}
+        self.last_traffic = None  # the last segment's gradient bytes on rank 0 (training.gradient_exchange.Traffic)
         self._metric_state: Any = None  # the compiled metrics' states over the epoch so far (workers' sums)
         self._payload = None
         self.history: Any = None
@@ -389,6 +390,7 @@ class TFOptimizer:
         first, per_epoch = self.iteration + 1, self.dataset.iterations_per_epoch(self.num_workers)
         self.iteration = result.iteration
         self.last_timings = result.timings
+        self.last_traffic = result.traffic
         self._metric_state = result.metric_state
         history["loss"].extend(float(loss) for loss in result.losses)
         for _, metrics in epoch_ends(first, per_epoch, result.metrics):

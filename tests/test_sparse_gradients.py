@@ -116,3 +116,14 @@ def test_two_ranks_end_with_one_process_weights(ranks_results, name, repeats, co
     assert traffic["sparse_tables"] == STEPS * (1 if repeats else 2)  # the user table travels as rows
     assert traffic["dense_tables"] == (STEPS if repeats else 0)  # 4 items touched by both ranks: dense
     assert traffic["sent"] < traffic["dense"]
+
+
+def test_optimizers_that_move_untouched_rows_are_told_apart():
+    import keras
+
+    from sparktf.training.update_form import updates_every_row
+
+    assert not updates_every_row(keras.optimizers.SGD(0.1))
+    assert not updates_every_row(keras.optimizers.Adagrad(0.1))
+    assert updates_every_row(keras.optimizers.SGD(0.1, momentum=0.9))
+    assert updates_every_row(keras.optimizers.Adam(0.1))

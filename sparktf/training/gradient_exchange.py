@@ -39,7 +39,7 @@ import ml_dtypes
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["GradientExchange", "GradientLayout", "SparseTable", "merge_rows"]
+__all__ = ["GradientExchange", "GradientLayout", "SparseTable", "Traffic", "merge_rows"]
 
 _INDEX_BYTES = 8
 # what a compressed exchange sends floating-point gradient values as

@@ -64,7 +64,7 @@ from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.errors import DataError, ModelError
 from sparktf.training.failures import classified_failures, failure_report
 from sparktf.training.state_source import StateSource
-from sparktf.training.gradient_exchange import GradientExchange
+from sparktf.training.gradient_exchange import GradientExchange, Traffic
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.training.weights import ClassWeights, batch_parts
 from sparktf.triggers import TrainingProgress, Trigger
@@ -169,6 +169,8 @@ class SegmentResult:
         the epoch up to that iteration, so an epoch's last is the epoch's.
     metric_state : numpy.ndarray, optional
         The metrics' states summed over the epoch after ``iteration``.
+    traffic : Traffic, optional
+        The gradient bytes rank 0 sent, and what a dense exchange would have sent.
     """
 
     iteration: int
@@ -182,6 +184,7 @@ class SegmentResult:
     workers: int = 0
     metrics: Dict[str, np.ndarray] = field(default_factory=dict)
     metric_state: Optional[np.ndarray] = None
+    traffic: Optional[Traffic] = None
 
 
 class _Stopwatch:
@@ -284,7 +287,7 @@ def _train(
     losses, learning_rates, wall_times, step_seconds, metrics = [], [], [], [], []
     progress = spec.start
     non_finite_iteration = None
-    exchange = _timed_exchange(communicator, watch, spec.gradient_compression)
+    exchange = _TimedExchange(communicator, spec.gradient_compression, watch)
     weight = spec.local_batches[shard] / sum(spec.local_batches)  # this rank's share of the global batch
     per_epoch = progress.iterations_per_epoch
     step.set_metric_state(spec.metric_state if progress.iteration % per_epoch else None)
@@ -328,21 +331,23 @@ def _train(
         metrics={name: np.array([row[i] for row in metrics], np.float64)
                  for i, name in enumerate(step.metric_names)},
         metric_state=step.metric_state(),
+        traffic=exchange.traffic,
     )
 
 
-def _timed_exchange(communicator: Any, watch: _Stopwatch, compression: Optional[str]) -> Callable[..., list]:
-    """The step's gradient exchange over ``communicator`` (see ``training.gradient_exchange``), timing ``compute``
-    before it and itself (``allreduce``)."""
-    exchange = GradientExchange(communicator, compression)
+class _TimedExchange(GradientExchange):
+    """The step's gradient exchange (see ``training.gradient_exchange``), timing ``compute`` before it and itself
+    (``allreduce``)."""
 
-    def timed(layout: Any, arrays: list) -> list:
-        watch.lap("compute")
-        summed = exchange(layout, arrays)
-        watch.lap("allreduce")
+    def __init__(self, communicator: Any, compression: Optional[str], watch: _Stopwatch):
+        super().__init__(communicator, compression)
+        self._watch = watch
+
+    def __call__(self, layout: Any, arrays: list) -> list:
+        self._watch.lap("compute")
+        summed = super().__call__(layout, arrays)
+        self._watch.lap("allreduce")
         return summed
-
-    return timed
 
 
 def _prepared_step(
@@ -397,12 +402,12 @@ def _hand_back(spec: SegmentSpec, state: ModelState, world_size: int) -> Optiona
 
 def _features_labels(spec: SegmentSpec, arrays: List[np.ndarray]) -> tuple:
     """``(features, labels, sample_weight)`` of one batch (see ``training.weights.batch_parts``)."""
+    arrays = model_values(flatten(spec.element_structure), arrays)  # sparse leaves as the model's inputs take them
     return batch_parts(spec.element_structure, arrays, spec.class_weight)
 
 
 def state_checksums(arrays: List[np.ndarray]) -> List[float]:
     """One float64 sum per array: the driver checks the state it received against rank 0's."""
-    arrays = model_values(flatten(spec.element_structure), arrays)  # sparse leaves as the model's inputs take them
     return [float(np.sum(a, dtype=np.float64)) for a in arrays]
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.training.gradient_exchange import GradientExchange, GradientLayout
+from sparktf.training.update_form import updates_every_row
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
 
@@ -121,6 +122,7 @@ class TrainStep:
         self.metric_names: List[str] = []
         self._exchange: Optional[Callable[[GradientLayout, list], list]] = None
         self._exchange_error: Optional[BaseException] = None
+        self._layout: Optional[GradientLayout] = None  # known once the step is traced
         self._update_fns: dict = {}  # by the positions of the gradients that travel as rows
         # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
         # scaled float32 gradients are exchanged, and its apply() unscales them, skips a
@@ -188,13 +190,15 @@ class TrainStep:
             self._weight.assign(weight)
             self._weight_value = weight
         try:
-            values = self._step_fn(features, labels, sample_weight).numpy()
+            outcome, update, sparse = self._step_fn(features, labels, sample_weight)
         except tf.errors.OpError as error:
             if self._exchange_error is not None:  # e.g. CollectiveError: re-raise it as such
                 raise self._exchange_error from error
             raise
-        loss, learning_rate, applied = values[:3]
-        return StepResult(float(loss), float(learning_rate), bool(applied), tuple(float(v) for v in values[3:]))
+        loss, learning_rate, finite, *metrics = outcome.numpy().tolist()
+        if finite:  # never apply an update that would poison the weights
+            self._update_function(self._layout)(update, sparse)
+        return StepResult(loss, learning_rate, bool(finite), tuple(metrics))
 
     def _build_metric_state(self, features: Any, labels: Any) -> None:
         """The compiled metrics' variables (built from this batch), their epoch sum, their result names."""
@@ -206,14 +210,15 @@ class TrainStep:
         self._metric_sizes = [int(np.prod(v.shape, dtype=np.int64)) for v in self._metric_variables]
         self._metric_state = tf.Variable(tf.zeros([sum(self._metric_sizes)], tf.float64), trainable=False)
 
-    def _step(self, features: Any, labels: Any, sample_weight: Any) -> tf.Tensor:
+    def _step(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[tf.Tensor, tf.Tensor, list]:
+        """``(loss, learning rate, finite, metrics)``, the dense global gradients and loss, the sparse ones."""
         for metric in self._metrics:  # the states of this batch alone
             metric.reset_state()
         gradients, loss, predictions = self._gradients_and_loss(features, labels, sample_weight)
         if self._metrics:
             self.model.compute_metrics(features, labels, predictions, sample_weight=sample_weight)
         batch_states = [tf.reshape(v, [-1]) for v in self._metric_variables]
-        layout = GradientLayout(self.variables, gradients)
+        self._layout = layout = GradientLayout(self.variables, gradients)
         packed = layout.pack(gradients, self._weight, [loss], batch_states)
         received = tf.numpy_function(lambda *arrays: self._exchange_numpy(layout, arrays), packed,
                                      layout.output_types, stateful=True)
@@ -223,13 +228,10 @@ class TrainStep:
         # a loss-scaled gradient may overflow (the optimizer skips that step); the loss may not
         checked = [loss] if self._loss_scaled else [update] + [slices.values for slices in sparse]
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in checked]))
-        # never apply an update that would poison the weights
-        update_fn = self._update_function(layout)
-        applied = tf.cond(finite, lambda: update_fn(update, sparse), lambda: tf.constant(False))
-        outcome = tf.stack([loss, learning_rate, tf.cast(applied, tf.float32)])
-        if not self._metrics:
-            return outcome
-        return tf.concat([outcome, self._epoch_metrics(fused[layout.gradient_size + 1 :])], axis=0)
+        outcome = tf.stack([loss, learning_rate, tf.cast(finite, tf.float32)])
+        if self._metrics:
+            outcome = tf.concat([outcome, self._epoch_metrics(fused[layout.gradient_size + 1 :])], axis=0)
+        return outcome, update, sparse
 
     def _epoch_metrics(self, global_states: tf.Tensor) -> tf.Tensor:
         """Add the global batch's metric states to the epoch's; the metrics' values on the sum, flat."""
@@ -259,29 +261,41 @@ class TrainStep:
         return tape.gradient(scaled, self.variables), loss, predictions
 
     def _update_function(self, layout: GradientLayout) -> Any:
-        """The update for ``layout``'s gradients as a ``tf.function``, XLA-compiled when XLA can compile it.
+        """The update for ``layout``'s global gradients as a ``tf.function``, XLA-compiled where XLA can compile it.
 
-        XLA fuses the optimizer's element-wise ops (2x faster on
-        parameter-heavy models); lowering to HLO checks that without running
-        the update. Gradients that travel as rows change shape at every step,
-        which XLA would compile anew each time: with them the update runs
-        as TensorFlow ops.
+        It runs as a call of its own after the step, once the step has let go
+        of the weights it read: a row update of a table while a read of it
+        is alive would copy the whole table first. XLA fuses the optimizer's
+        element-wise ops (2x faster on parameter-heavy models); lowering to
+        HLO checks that without running the update. Rows change in number at
+        every step, which XLA would compile anew each time: they reach an
+        optimizer that updates every row anyway (``updates_every_row``) as
+        the dense gradient of the same values, and the others as
+        ``tf.IndexedSlices`` through TensorFlow ops.
         """
         key = tuple(table.position for table in layout.sparse)
         if key in self._update_fns:
             return self._update_fns[key]
-        update = tf.function(lambda fused, sparse: self._update(layout, fused, sparse), autograph=False)
-        if not layout.sparse:
-            compiled = tf.function(lambda fused, sparse: self._update(layout, fused, sparse),
-                                   jit_compile=True, autograph=False)
+        fused = tf.TensorSpec([layout.gradient_size + 1], tf.float32)
+        rows = [tf.IndexedSlicesSpec(table.shape, tf.float32, tf.int64, tf.int64, [None]) for table in layout.sparse]
+
+        def update(fused: tf.Tensor, sparse: list) -> tf.Tensor:
+            return self._update(layout, fused, sparse)
+
+        function = tf.function(update, input_signature=[fused, rows], autograph=False)
+        if not layout.sparse or updates_every_row(self.optimizer):
+            dense = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse]
+            compiled = tf.function(update, input_signature=[fused, dense], jit_compile=True, autograph=False)
             try:
-                with tf.init_scope():  # lowered eagerly, outside the step being traced
-                    compiled.experimental_get_compiler_ir(tf.zeros([layout.gradient_size + 1]), [])(stage="hlo")
-                update = compiled
+                compiled.experimental_get_compiler_ir(tf.zeros(fused.shape),
+                                                      [tf.zeros(spec.shape) for spec in dense])(stage="hlo")
+                function = compiled if not layout.sparse else tf.function(
+                    lambda buffer, sparse: compiled(buffer, [tf.convert_to_tensor(slices) for slices in sparse]),
+                    input_signature=[fused, rows], autograph=False)
             except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
                 pass
-        self._update_fns[key] = update
-        return update
+        self._update_fns[key] = function
+        return function
 
     def _update(self, layout: GradientLayout, fused: tf.Tensor, sparse: List[tf.IndexedSlices]) -> tf.Tensor:
         gradients = [_map_values(lambda v: tf.cast(v, variable.dtype), g)
