@@ -115,9 +115,9 @@ def test_regression_predicts_a_double_and_wider_outputs_an_array(spark, sc):
     keras.utils.set_random_seed(0)
     regressor = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     regressor.compile(keras.optimizers.SGD(0.1), "mse")
-    fitted = KerasEstimator(model=regressor, featuresCol="x", labelCol="y", weightCol="w", epochs=2, batchSize=8,
-                            validationFraction=0.25).fit(df)  # rows weighted 0, 1 and 2, in training and validation
-    assert fitted.getTask() == "regression" and set(fitted.history) == {"loss", "val_loss"}
+    fitted = KerasEstimator(model=regressor, featuresCol="x", labelCol="y", weightCol="w", epochs=2,
+                            batchSize=8).fit(df)  # rows weighted 0, 1 and 2
+    assert fitted.getTask() == "regression"
     scored = fitted.transform(df)
     assert scored.columns == ["x", "y", "w", "prediction"] and scored.schema["prediction"].dataType == T.DoubleType()
     assert scored.count() == 64
