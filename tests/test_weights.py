@@ -83,7 +83,8 @@ def test_records_with_weights_become_blocks_whose_weights_are_checked_by_partiti
     records = [(np.full(2, i), i % 2, float(i)) for i in range(5)]
     blocks = list(WeightChecked(record_format.to_blocks)(3, records))
     np.testing.assert_array_equal(blocks[0][2], np.arange(5, dtype=np.float32))
-    assert [tuple(np.asarray(v).tolist() for v in r) for r in record_format.to_records(blocks[0])][1] == ([1.0, 1.0], 1, 1.0)
+    second = list(record_format.to_records(blocks[0]))[1]
+    assert tuple(np.asarray(v).tolist() for v in second) == ([1.0, 1.0], 1, 1.0)
     with pytest.raises(DataError, match=r"partition 3, record 4 \(0-based within the partition\): sample weight nan"):
         list(WeightChecked(record_format.to_blocks)(3, records[:4] + [(np.zeros(2), 0, float("nan"))]))
     with pytest.raises(DataError, match=r"should be \(features, labels, weight\)"):

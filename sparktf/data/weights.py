@@ -7,7 +7,8 @@ the Blocks' first leaves as before. A weight must be finite and >= 0;
 :class:`WeightChecked` checks the weights of every Block as a source makes
 them on the executors (naming the partition and the record), and
 :func:`check_weights` checks an array where it is at hand (the driver's arrays of
-``from_ndarrays``). TensorFlow-free (except :func:`weight_spec`, driver side).
+``from_ndarrays``). TensorFlow-free, except :func:`weight_spec` and
+:func:`check_weight_spec` (driver side).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def check_weight_spec(spec: Any, source: str) -> Any:
     """``spec`` when it fits a weight (a scalar number per record), else a ``DataError`` naming ``source``."""
     import tensorflow as tf
 
-    if not isinstance(spec, tf.TensorSpec) or spec.shape.rank != 0 or not (spec.dtype.is_floating or spec.dtype.is_integer):
+    scalar = isinstance(spec, tf.TensorSpec) and spec.shape.rank == 0
+    if not scalar or not (spec.dtype.is_floating or spec.dtype.is_integer):
         raise DataError(
             f"{source}: the sample weight must be one number per record (a scalar float or int tensor), got "
             f"{spec}. Return (features, labels, sample_weight) with a scalar sample_weight, e.g. "
