@@ -208,7 +208,7 @@ def test_a_wide_sparse_vector_column_stays_sparse_and_trains_evaluates_and_predi
     rows = [([f"w{j}" for j in rng.choice(40, size=int(rng.integers(1, 6)), replace=False)], float(i % 2))
             for i in range(32)]
     frame = HashingTF(numFeatures=width, inputCol="words", outputCol="tf").transform(
-        spark.createDataFrame(rows, ["words", "label"]).repartition(2)).cache()
+        spark.createDataFrame(rows, ["words", "label"]).repartition(3)).cache()  # 3 partitions: 2 workers' shuffle
     ds = TFDataset.from_dataframe(frame, "tf", "label", batch_size=32)
     assert ds.feature_spec == tf.SparseTensorSpec([width], tf.float32)
     stored = ds.block_rdd.map(lambda block: (len(block[0]), block[0].nbytes)).collect()

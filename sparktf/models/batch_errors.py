@@ -43,7 +43,8 @@ def rejected_batch(
         The inputs ``what`` expects per record, e.g. ``"['x' float32 [4]]"``.
     """
     size = len(leaves[0]) if len(leaves) and np.ndim(leaves[0]) else 1
-    got = ", ".join(f"{dtype_name(np.asarray(a).dtype)} {list(np.shape(a)[1:])}" for a in leaves)
+    got = ", ".join(f"{dtype_name(a.dtype if hasattr(a, 'dtype') else np.asarray(a).dtype)} {list(np.shape(a)[1:])}"
+                    for a in leaves)  # a SparseColumn: its values' dtype and dense shape
     message = essential_line(exc)
     return DataError(
         f"partition {partition}, records {first_record}..{first_record + size - 1}: the {what} rejected the "
