@@ -76,3 +76,17 @@ def test_mlflow_callback_logs_the_training_and_validation_metrics_per_epoch(sc, 
         assert [metric.step for metric in logged] == [0, 1], name
         np.testing.assert_allclose([metric.value for metric in logged], optimizer.history.history[name], atol=1e-6)
     np.testing.assert_allclose(optimizer.history.history["accuracy"], history["accuracy"], atol=1e-7)
+
+
+def test_metrics_are_built_once_however_often_validation_asks(caplog):
+    """The driver's model takes every validation's totals: building its metrics again would retrace each time."""
+    from sparktf.training.metric_state import build_metrics
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    features, labels = np.zeros((1, 3), np.float32), np.zeros((1,), np.int32)
+    with caplog.at_level("WARNING"):
+        for _ in range(7):
+            build_metrics(model, features, labels)
+    assert [v.shape for v in model.metrics[1].variables] == [(), ()]  # accuracy's total and count, built
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]

@@ -38,9 +38,16 @@ def build_metrics(model: Any, features: Any, labels: Any) -> None:
 
     Runs the model, its loss and its metrics on the batch in a graph (as the
     training and evaluation steps will: a batch that does not fit fails with
-    the same message), then resets the model's metric states.
+    the same message), then resets the model's metric states. A model whose
+    compiled loss and metrics are built already is left as it is: the
+    driver's model takes every validation's totals, and a new graph each
+    time would make TensorFlow warn about retracing.
     """
     import tensorflow as tf
+
+    compiled = [getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None)]
+    if all(part is None or part.built for part in compiled):
+        return
 
     def build(features: Any, labels: Any) -> Any:
         predictions = model(features, training=False)
