@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
@@ -13,14 +14,19 @@ $(PY):
 
 # One TensorFlow per environment: a .venv made with the former [cpu] extra holds tensorflow-cpu
 # beside tensorflow (both write site-packages/tensorflow), so both go before the install.
+# The demo needs sparktf and what it requires, nothing more; the suite adds the test extra.
 $(STAMP): $(PY) setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	@if $(PY) -m pip show --quiet tensorflow-cpu >/dev/null 2>&1; then \
 	  echo "removing tensorflow-cpu and tensorflow from $(VENV) (two TensorFlows; tensorflow is installed again)"; \
 	  $(PY) -m pip uninstall --quiet --yes tensorflow-cpu tensorflow; \
 	fi
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(TEST_STAMP)
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -34,7 +40,7 @@ check-java:
 demo: check-java $(STAMP)
 	$(PY) examples/train_digits.py
 
-test: check-java $(STAMP)
+test: check-java $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 # The oldest supported Spark (3.5), in an environment of its own: training, evaluate, both predict
@@ -51,11 +57,11 @@ test-spark35: check-java
 	$(SPARK35_VENV)/bin/python -m pip install --quiet -e . "pyspark>=3.5,<3.6" "pytest>=7" "pytest-timeout>=2"
 	$(SPARK35_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SPARK35_TESTS)
 
-docs: $(STAMP)
+docs: $(TEST_STAMP)
 	$(PY) -m mkdocs build --strict
 	@echo "open site/index.html"
 
-bench: check-java $(STAMP)
+bench: check-java $(TEST_STAMP)
 	for b in benchmarks/bench_*.py; do $(PY) $$b --quick || exit 1; done
 
 clean:
