@@ -128,6 +128,9 @@ class TFDataset(BlockDataset):
         label_spec = None if labels is None else specs.parse_spec(labels, "labels")
         weight_spec = _weight_spec(with_sample_weight, label_spec, "with_sample_weight=True")
         record_format = RecordFormat.from_specs(feature_spec, label_spec, weight_spec)
+        if any(leaf.sparse for leaf in record_format.leaves):
+            raise DataError("from_rdd takes dense (dtype, shape) specs: sparse leaves come from the SparseVector "
+                            "columns of from_dataframe")
         val_blocks = None
         if val_rdd is not None:
             check_is_rdd(val_rdd, "val_rdd")

@@ -211,6 +211,8 @@ def test_a_wide_sparse_vector_column_stays_sparse_and_trains_evaluates_and_predi
         spark.createDataFrame(rows, ["words", "label"]).repartition(3)).cache()  # 3 partitions: 2 workers' shuffle
     ds = TFDataset.from_dataframe(frame, "tf", "label", batch_size=32)
     assert ds.feature_spec == tf.SparseTensorSpec([width], tf.float32)
+    with pytest.raises(DataError, match="from_rdd takes dense"):
+        TFDataset.from_rdd(spark.sparkContext.parallelize([0]), features=ds.feature_spec)
     stored = ds.block_rdd.map(lambda block: (len(block[0]), block[0].nbytes)).collect()
     assert sum(size for size, _ in stored) == 32 and all(nbytes < 100 * size for size, nbytes in stored)
     collected = frame.select("tf", "label").collect()

@@ -83,6 +83,13 @@ def test_leaf_specs_are_tensorflow_free_descriptions():
     assert leaves[1].is_string and leaves[1].dtype_name == "string" and leaves[1].shape == ()
 
 
+def test_a_sparse_spec_is_a_sparse_leaf_estimated_by_its_non_zeros():
+    parsed = specs.parse_spec(("float64", [1 << 18], "sparse"), "features")
+    assert parsed == tf.SparseTensorSpec([1 << 18], tf.float64) == specs.parse_spec(parsed)
+    (leaf,) = specs.leaf_specs(parsed, "features")
+    assert leaf.sparse and leaf.shape == (1 << 18,) and leaf.record_nbytes == 8 + 12 * 64  # 64 non-zeros assumed
+
+
 def test_element_structure():
     assert specs.element_structure("f") == ("f",)
     assert specs.element_structure("f", "l") == ("f", "l")
