@@ -167,3 +167,20 @@ def test_viewfs_model_files(sc, viewfs, tmp_path):
     KerasModel.from_keras(small_model(seed=2)).write().overwrite().save(join(root, "stage"))
     loaded = KerasModel.load(join(root, "stage"))
     assert not np.array_equal(loaded.keras_model.get_weights()[0], model.get_weights()[0])
+
+
+def test_capturing_a_model_state_copies_without_numpy_2_warnings():
+    import warnings
+
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    model.optimizer.build(model.trainable_variables)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = ModelState.capture(model, 5)
+    assert [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)] == []
+    model.weights[0].assign(model.weights[0] + 1.0)  # the state holds copies, not views of the variables
+    assert not np.array_equal(state.weights[0], model.weights[0].numpy())
+    assert len(state.optimizer_variables) == len(model.optimizer.variables) and state.iteration == 5

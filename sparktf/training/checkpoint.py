@@ -46,8 +46,9 @@ class ModelState:
     def capture(cls, model, iteration: int = 0, include_optimizer: bool = True) -> "ModelState":
         """Copy the weights and (with ``include_optimizer``) the built optimizer's variables of ``model``."""
         optimizer = getattr(model, "optimizer", None) if include_optimizer else None
-        optimizer_values = [] if optimizer is None else [np.array(v) for v in optimizer.variables]
-        return cls([np.array(v) for v in model.weights], optimizer_values, int(iteration))
+        # .numpy() first: np.array(variable) goes through Keras' __array__, which NumPy 2 warns takes no copy keyword
+        optimizer_values = [] if optimizer is None else [np.array(v.numpy()) for v in optimizer.variables]
+        return cls([np.array(v.numpy()) for v in model.weights], optimizer_values, int(iteration))
 
     def to_wire(self) -> Tuple[Dict[str, Any], List[np.ndarray]]:
         """``(meta, arrays)`` for the job channel: the arrays are the state's own, not copies."""
