@@ -429,3 +429,33 @@ def test_small_frames_leave_from_the_posting_thread_and_large_ones_from_the_send
         sender.stop(1)
         ours.close()
 
+
+
+def _connected_pair():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        near = socket.create_connection(server.getsockname(), timeout=JOIN_SECONDS)
+        far, _ = server.accept()
+    return near, far
+
+
+def test_a_left_neighbour_that_closed_is_named_even_after_a_send_to_the_right_failed():
+    """Rank 2 dies, rank 1 aborts over it and closes, and only then does rank 0 read: it must name rank 2."""
+    from sparktf.collective.link import RingLink
+    from sparktf.collective.transport import PeerFailure
+
+    left, left_peer = _connected_pair()
+    right, right_peer = _connected_pair()
+    link = RingLink(0, 3, left, right, timeout=JOIN_SECONDS)
+    try:
+        right_peer.close()  # rank 1 is gone: the frames posted to it fail
+        left_peer.close()  # rank 2 closed without an abort notice
+        link.begin(1)
+        link.post(memoryview(bytearray(8 << 20)))
+        with pytest.raises(PeerFailure, match="rank 1"):
+            link.flush()
+        with pytest.raises(PeerFailure) as failure:
+            link.receive_into(memoryview(bytearray(16)))
+        assert failure.value.rank == 2
+        assert "rank 2 closed its connection" in str(failure.value) and "sending to rank 1 failed too" in str(failure.value)
+    finally:
+        link.close()

@@ -164,13 +164,32 @@ class RingLink:
         except TimeoutError:
             raise
         except OSError as exc:
-            raise self._sender.error or PeerFailure(self.left_rank, (
+            raise self._left_ended(PeerFailure(self.left_rank, (
                 f"the connection from rank {self.left_rank} failed ({exc}); it probably failed: "
-                "check its log")) from None
+                "check its log"))) from None
         if not complete:
-            raise self._sender.error or PeerFailure(self.left_rank, (
+            raise self._left_ended(PeerFailure(self.left_rank, (
                 f"rank {self.left_rank} closed its connection in the middle of a collective; "
-                "it probably failed: check its log"))
+                "it probably failed: check its log")))
+
+    def _left_ended(self, failure: PeerFailure) -> PeerFailure:
+        """What to raise when the connection from the left ended.
+
+        A failed send to the right wakes the receiver by ending its side of
+        that connection: then the send's failure is the news, unless the left
+        neighbour had closed the connection itself. A rank that fails closes
+        its connections at once, while one that aborts because of another's
+        failure sends its notice before it closes: so a left closed without
+        notice names the left, even when the right stopped accepting meanwhile
+        (it most likely aborted over the same failure).
+        """
+        sent = self._sender.error
+        if sent is None:
+            return failure
+        if not _closed_by_peer(self._left):
+            return sent
+        return PeerFailure(self.left_rank, f"{failure} (sending to rank {sent.rank} failed too: {sent.reason})",
+                           failure.reason)
 
     def _wake_receiver(self) -> None:
         try:
@@ -181,3 +200,18 @@ class RingLink:
     def _close_sockets(self) -> None:
         self._left.close()
         self._right.close()
+
+
+_TCP_ESTABLISHED = 1
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the peer closed or reset ``sock``'s connection (its TCP state left ESTABLISHED; Linux only).
+
+    Ending our own side for reading (``_wake_receiver``) leaves the state as
+    it is; where the state cannot be read, False.
+    """
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != _TCP_ESTABLISHED
+    except (AttributeError, OSError):
+        return False
