@@ -47,3 +47,20 @@ def test_evaluate_another_dataset_with_batch_per_thread(sc):
     expected = model.evaluate(x[:7], y[:7], verbose=0, return_dict=True)
     for name in ("loss", "mae"):
         np.testing.assert_allclose(result[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_evaluate_a_model_of_several_inputs_fed_a_list_of_features(sc):
+    # a list of feature arrays (from_ndarrays; from_dataframe with several feature_cols) feeds a model of
+    # several inputs; Keras' generator input once failed on it (tf.data takes a list for one tensor)
+    rng = np.random.default_rng(2)
+    users, items = rng.integers(0, 5, 12).astype(np.int32), rng.integers(0, 3, 12).astype(np.int32)
+    y = rng.integers(0, 2, (12, 1)).astype(np.float32)
+    user, item = keras.Input((), dtype="int32"), keras.Input((), dtype="int32")
+    both = keras.layers.Concatenate()([keras.layers.Embedding(5, 2)(user), keras.layers.Embedding(3, 2)(item)])
+    model = keras.Model([user, item], keras.layers.Dense(1, activation="sigmoid")(both))
+    model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy"])
+    dataset = TFDataset.from_ndarrays(([users, items], y), batch_size=4, num_partitions=2)
+    result = TFOptimizer.from_keras(model, dataset).evaluate()
+    expected = model.evaluate([users, items], y, verbose=0, return_dict=True)
+    for name in ("loss", "accuracy"):
+        np.testing.assert_allclose(result[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -147,7 +147,9 @@ def _evaluate_partition(
                 heartbeat.phase = "state_fetch"
                 state.fetch(partition).apply_to(model)
             heartbeat.phase = "evaluate"
-            elements = (tuple(pack(element_structure, _keras_arrays(arrays, element_structure)))
+            # lists as tuples: tf.data (under Keras' generator input) takes a list for one tensor, so a
+            # list of feature columns (a multi-input model) would fail to build the input signature
+            elements = (keras.tree.lists_to_tuples(pack(element_structure, _keras_arrays(arrays, element_structure)))
                         for arrays in itertools.chain([first], batches))
             count_batches = keras.callbacks.LambdaCallback(
                 on_test_batch_end=lambda batch, logs: setattr(heartbeat, "iteration", batch + 1))
