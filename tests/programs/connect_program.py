@@ -2,7 +2,7 @@
 
 Without an address, ``SPARK_REMOTE=local[2]`` starts a local Connect server.
 Prints one ``RESULT <case> <JSON object>`` line per case: ``session``
-(init_spark), ``train`` (from_dataframe with validation, a callback, live
+(init_spark), ``train`` (from_dataframe with a weight column and validation, a callback, live
 progress, checkpoints, a TrainSummary, evaluate, predict_dataframe), ``recover`` (from_ndarrays, a
 worker failure relaunched, against an uninterrupted run), ``tfrecord``
 (from_tfrecord_file in both cache modes; local only), ``pipeline`` (a
@@ -114,9 +114,12 @@ def regression_data(n, seed):
     return x, (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)).astype(np.float32)
 
 
-def frame(spark, x, y):
-    return spark.createDataFrame([(row.tolist(), float(label)) for row, label in zip(x, y)],
-                                 "features array<float>, label float")
+def frame(spark, x, y, weights=None):
+    if weights is None:
+        return spark.createDataFrame([(row.tolist(), float(label)) for row, label in zip(x, y)],
+                                     "features array<float>, label float")
+    return spark.createDataFrame([(row.tolist(), float(label), float(w)) for row, label, w in zip(x, y, weights)],
+                                 "features array<float>, label float, w float")
 
 
 def linear_model(*layers):
@@ -128,9 +131,10 @@ def linear_model(*layers):
 def train_case(spark, tmp):
     x, y = regression_data(256, 0)
     x_val, y_val = regression_data(64, 1)
-    val_df = frame(spark, x_val, y_val)
-    dataset = TFDataset.from_dataframe(frame(spark, x, y), "features", "label", batch_size=32,
-                                       validation_df=val_df)
+    w, w_val = np.linspace(0.5, 2.0, 256, dtype=np.float32), np.linspace(2.0, 0.5, 64, dtype=np.float32)
+    val_df = frame(spark, x_val, y_val, w_val)
+    dataset = TFDataset.from_dataframe(frame(spark, x, y, w), "features", "label", batch_size=32,
+                                       validation_df=val_df, weight_col="w")
     model = linear_model()
     recorder = EpochRecorder()
     model_dir = os.path.join(tmp, "checkpoints")
@@ -142,7 +146,7 @@ def train_case(spark, tmp):
         history = optimizer.optimize(MaxEpoch(3), checkpoint_trigger=EveryEpoch(), callbacks=[recorder], verbose=1)
     progress = [line.strip() for line in shown.getvalue().splitlines() if line.strip().startswith("Epoch")]
     evaluated = optimizer.evaluate(dataset.val_dataset)
-    local = model.evaluate(x_val, y_val, verbose=0, return_dict=True)
+    local = model.evaluate(x_val, y_val, sample_weight=w_val, verbose=0, return_dict=True)
     scored = TFPredictor.from_keras(model, dataset).predict_dataframe(val_df, "features").collect()
     predicted = np.array([row["prediction"] for row in scored], np.float32).reshape(-1)
     result("train", loss=[round(v, 5) for v in history["loss"]], iterations=history["iterations"],
