@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from sparktf.spark.session_kind import SessionKind
 from sparktf.spark.sessions import is_connect, session_kind
+from sparktf.spark.slot_planner import install_interrupt_handler
 
 __all__ = ["init_spark", "ship_package", "warm_up_workers", "current_session", "spark_context", "reject_connect"]
 
@@ -103,6 +104,7 @@ def init_spark(
         created = active is None if remote else SparkContext._active_spark_context is None
         session = builder.getOrCreate()
     kind = session_kind(session)
+    install_interrupt_handler()  # Ctrl-C cancels the sparktf calls of every thread (spark/slot_planner.py)
     ship_package(kind)
     if created:
         warm_up_workers(kind)

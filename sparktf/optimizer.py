@@ -19,9 +19,10 @@ from sparktf.data.sparse import model_structure
 from sparktf.data.specs import leaf_specs
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
+from sparktf.spark.slot_planner import call_scope, current_label
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint, save_checkpoint
-from sparktf.errors import DataError, TrainingError
+from sparktf.errors import DataError
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.inference.feeds import feature_leaves, keras_feed
 from sparktf.training.preflight import (check_labels, check_membership, check_optimize, check_settings,
@@ -31,7 +32,7 @@ from sparktf.training.callbacks import DriverCallbacks, default_verbose
 from sparktf.training.inputs import WorkerInputs
 from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.membership import Membership
-from sparktf.training.metric_state import epoch_ends
+from sparktf.training.segment_records import record_segment, record_validation
 from sparktf.training.segment_job import SegmentRunner
 from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr
 
@@ -321,13 +322,16 @@ class TFOptimizer:
         stops += [validation_trigger] if validation is not None else []
         verbose = default_verbose() if verbose is None else verbose
         callbacks = list(callbacks or [])
-        driver = self._driver_callbacks(callbacks, verbose, end_trigger)
+        driver = self._driver_callbacks(callbacks, verbose, end_trigger, current_label())  # labelled in threads
         stops += [EveryEpoch()] if callbacks else []  # callbacks see the model at every epoch end
         history: Dict[str, Any] = {"loss": []}
-        with WorkerInputs(self.dataset, self.collective_timeout + watchdog_slack(self.session)) as inputs:
+        with call_scope(self.session, "optimize") as call, \
+                WorkerInputs(self.dataset, self.collective_timeout + watchdog_slack(self.session)) as inputs:
+            profile = self.resource_profile  # its slots are held in the call: concurrent calls wait their turn
             membership = Membership(self.session, self.num_workers, self.min_workers, self.replace_wait,
-                                    inputs.prepare, probe=lambda: self.session.slots(self.resource_profile))
-            runner = SegmentRunner(self.session, inputs, membership, self.max_failures, self.resource_profile)
+                                    inputs.prepare, probe=lambda: call.slots(profile), busy_wait=call.busy_wait,
+                                    available=lambda: min(call.slots(profile).free, call.grantable(profile)))
+            runner = SegmentRunner(self.session, inputs, membership, self.max_failures, profile, call)
             runner.start(self.iteration)  # too few task slots: fails before any job
             progress = self._progress()
             if driver is not None:
@@ -358,8 +362,9 @@ class TFOptimizer:
         per_epoch = self.dataset.iterations_per_epoch(self.num_workers)
         return TrainingProgress(self.iteration, per_epoch, self.last_loss, self.last_score)
 
-    def _driver_callbacks(self, callbacks: List[Any], verbose: int, end_trigger: Trigger) -> Optional[DriverCallbacks]:
-        """The callbacks and progress display of an ``optimize`` call (None: neither)."""
+    def _driver_callbacks(self, callbacks: List[Any], verbose: int, end_trigger: Trigger,
+                          label: Optional[str] = None) -> Optional[DriverCallbacks]:
+        """The callbacks and progress display of an ``optimize`` call (None: neither); ``label``: labelled lines."""
         if not callbacks and not verbose:
             return None
         import keras
@@ -368,7 +373,7 @@ class TFOptimizer:
         self.history = keras.callbacks.History()
         elastic = self.num_workers if self.min_workers < self.num_workers else None
         return DriverCallbacks(callbacks, self.model, verbose, self.dataset.iterations_per_epoch(self.num_workers),
-                               self.dataset.batch_size, epochs, self.history, elastic)
+                               self.dataset.batch_size, epochs, self.history, elastic, label)
 
     def _run_segment(
         self, runner: SegmentRunner, progress: TrainingProgress, stop: Trigger,
@@ -388,26 +393,11 @@ class TFOptimizer:
         """Take the segment's state into the driver's model; log its iterations and the epochs it ended."""
         result.state.apply_to(self.model)
         first, per_epoch = self.iteration + 1, self.dataset.iterations_per_epoch(self.num_workers)
-        self.iteration = result.iteration
-        self.last_timings = result.timings
-        self.last_traffic = result.traffic
+        self.iteration, self.last_timings, self.last_traffic = result.iteration, result.timings, result.traffic
         self._metric_state = result.metric_state
-        history["loss"].extend(float(loss) for loss in result.losses)
-        for _, metrics in epoch_ends(first, per_epoch, result.metrics):
-            for name, value in metrics.items():
-                history.setdefault(name, []).append(value)
-        if len(result.losses):
-            self.last_loss = float(result.losses[-1])
-        if self.train_summary is not None:
-            columns = (result.losses, result.learning_rates, result.wall_times, result.step_seconds)
-            self.train_summary.add_iterations(first, per_epoch, self.dataset.batch_size, self.last_score, columns,
-                                              result.workers, result.metrics)
-        if result.non_finite_iteration is not None:
-            raise TrainingError(
-                f"the training loss or gradient is not finite at iteration {result.non_finite_iteration}: "
-                "check the learning rate, the input data (NaN/inf values) and the loss "
-                f"function; the model keeps the weights of iteration {self.iteration}"
-            )
+        last = record_segment(result, first, per_epoch, self.dataset.batch_size, history, self.train_summary,
+                              self.last_score)
+        self.last_loss = self.last_loss if last is None else last
         return self._progress()
 
     def _validate(
@@ -418,15 +408,7 @@ class TFOptimizer:
         except DataError:
             batch = self.dataset.local_batch_size(self.num_workers)
         results = self._evaluate_blocks(validation, batch, self.resource_profile)
-        for name, value in results.items():
-            history.setdefault(f"val_{name}", []).append(value)
-            if self.val_summary is not None:
-                tag = "Loss" if name == "loss" else name
-                self.val_summary.add_scalar(tag, value, progress)
-        if self.val_summary is not None:
-            self.val_summary.flush()
-        scores = [value for name, value in results.items() if name != "loss"]
-        self.last_score = scores[0] if scores else results.get("loss")
+        self.last_score = record_validation(results, progress, history, self.val_summary)
         return self._progress(), results
 
     # ------------------------------------------------------------------ evaluation and state
@@ -454,7 +436,8 @@ class TFOptimizer:
         dataset = self.dataset if dataset is None else dataset
         batch = batch_per_thread or dataset.inference_batch_size(self.num_workers)
         profile = self.resource_profile if resource_profile is None else stage_profile(self.session, resource_profile)
-        return self._evaluate_blocks(dataset, int(batch), profile)
+        with call_scope(self.session, "evaluate"):  # Ctrl-C in the driver cancels it, from any thread
+            return self._evaluate_blocks(dataset, int(batch), profile)
 
     def _evaluate_blocks(self, dataset: Any, batch: int, profile: Any) -> Dict[str, float]:
         from sparktf.training.evaluation import evaluate_blocks

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from sparktf.errors import DataError, SparkTFError, TrainingError
+from sparktf.spark import slot_planner
 from sparktf.spark.cluster import TaskSlots
 from sparktf.training import membership as membership_module
 from sparktf.training import segment_job
@@ -291,3 +292,98 @@ def test_busy_slots_are_waited_for_once_the_launch_data_is_ready(monkeypatch):
     runner = SegmentRunner(FakeSession(), LayoutInputs(), membership(cluster), max_failures=0)
     scripted_jobs(monkeypatch, [result()])
     assert runner.run(spec(), lambda: None).workers == 3
+
+
+# ---------------------------------------------------------------------- the slot planner (concurrent calls)
+
+class PlannerKind:
+    """A session for spark/slot_planner.py: ``total`` slots, no busy ones; cancelled tags recorded."""
+
+    def __init__(self, total, slot_wait="3600"):
+        self.total, self.cancelled, self.tags = total, [], []
+        self.holder = type("Holder", (), {})()
+        self._slot_wait = slot_wait
+
+    def setting(self, key, default):
+        return self._slot_wait if key == slot_planner.SLOT_WAIT_CONF else default
+
+    def slots(self, profile=None):
+        return TaskSlots(self.total, {})
+
+    def add_tag(self, tag):
+        self.tags.append(tag)
+
+    def remove_tag(self, tag):
+        self.tags.remove(tag)
+
+    def cancel_tag(self, tag):
+        self.cancelled.append(tag)
+
+
+def test_slot_requests_are_granted_in_order_and_never_hold_while_waiting():
+    import threading
+
+    kind = PlannerKind(total=3)
+    order, started = [], threading.Event()
+    with slot_planner.call_scope(kind, "first") as first:
+        assert first.hold(2) == 2 and slot_planner.planner_for(kind).held() == 2
+
+        def wait_for(name, slots):
+            with slot_planner.call_scope(kind, name) as call:
+                started.set()
+                call.hold(slots)
+                order.append((name, slot_planner.planner_for(kind).held()))
+
+        big = threading.Thread(target=wait_for, args=("big", 3))
+        big.start()
+        assert started.wait(10)
+        while not slot_planner.planner_for(kind)._queue:  # the big request queued (it holds nothing meanwhile)
+            pass
+        # a later small request that would fit now waits behind the big one (FIFO: no starvation)
+        assert slot_planner.planner_for(kind).grantable(3) == 0
+        assert not first.planner.try_grow(1, 3)
+    big.join(10)  # `first` ended and gave its slots back: the big one ran
+    assert order == [("big", 3)] and slot_planner.planner_for(kind).held() == 0 and kind.tags == []
+
+
+def test_a_request_beyond_the_cluster_fails_at_once_and_a_wait_past_slot_wait_names_the_holders():
+    kind = PlannerKind(total=2, slot_wait="0.3")
+    with slot_planner.call_scope(kind, "optimize") as call:
+        with pytest.raises(SparkTFError, match=r"optimize needs 3 task slots at once, but the cluster has only 2"):
+            call.hold(3)
+        assert call.hold(2) == 2
+        with slot_planner.call_scope(kind, "sparktf.run") as other:
+            with pytest.raises(SparkTFError, match=r"sparktf.run waited 0 s for 1 .* held by other calls of this "
+                                                   r"driver: optimize holds 2.*spark.sparktf.slotWait"):
+                other.hold(1)
+            assert other.held == 0 and call.busy_wait() >= slot_planner.BUSY_WAIT_SECONDS
+        assert call.busy_wait() == slot_planner.BUSY_WAIT_SECONDS  # alone again
+    assert slot_planner.planner_for(kind).held() == 0 and not slot_planner.planner_for(kind)._queue
+
+
+def test_an_interrupted_call_stops_waiting_and_has_its_jobs_cancelled():
+    import threading
+
+    kind = PlannerKind(total=1)
+    errors = []
+    with slot_planner.call_scope(kind, "first") as first:
+        first.hold(1)
+
+        def waiting():
+            with slot_planner.call_scope(kind, "second") as call:
+                try:
+                    call.hold(1)
+                except SparkTFError as error:
+                    errors.append((str(error), call.tag))
+
+        thread = threading.Thread(target=waiting)
+        thread.start()
+        while not slot_planner.planner_for(kind)._queue:
+            pass
+        slot_planner._interrupt_every_call()  # what Ctrl-C's handler does
+        thread.join(10)
+        for cancelling in [t for t in threading.enumerate() if t.name == "sparktf-interrupt"]:
+            cancelling.join(10)
+        assert first.interrupted
+    assert errors and "cancelled: Ctrl-C" in errors[0][0]
+    assert errors[0][1] in kind.cancelled and first.tag in kind.cancelled

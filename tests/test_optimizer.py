@@ -1,5 +1,9 @@
 """TFOptimizer training on real Spark barrier tasks: exactness, convergence, triggers, model kinds."""
 
+import os
+import sys
+import time
+
 import keras
 import ml_dtypes
 import numpy as np
@@ -19,6 +23,9 @@ from sparktf import (
     TFPredictor,
 )
 from sparktf.errors import SparkTFError
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs"))
+from hook_layers import PythonHook  # noqa: E402  (beside the test programs, which use it too)
 
 
 def linear_model(optimizer, inputs=3):
@@ -340,3 +347,83 @@ def test_sample_and_class_weights_train_validate_and_evaluate_as_keras_fit_and_e
         np.testing.assert_allclose(value, evaluated[name], atol=1e-5)
     predictions = np.stack(TFPredictor.from_keras(model, dataset).predict().collect())  # the weights are no input
     np.testing.assert_allclose(predictions, reference.predict(x, verbose=0), atol=1e-5)
+
+
+def _trials_in_threads(trials):
+    """Run ``{name: function}`` each in a thread named ``name``; return ``{name: result or exception}``."""
+    import threading
+
+    outcomes = {}
+
+    def run(name, function):
+        try:
+            outcomes[name] = function()
+        except Exception as error:  # the test looks at it
+            outcomes[name] = error
+
+    threads = [threading.Thread(target=run, args=item, name=item[0]) for item in trials.items()]
+    for thread in threads:
+        thread.start()
+    return threads, outcomes
+
+
+class MeetOnce(PythonHook):
+    """At its first step in a process, writes ``marker`` and waits (at most 60 s) for ``partner``'s: two calls
+    whose models meet train at once, if sparktf lets them."""
+
+    def __init__(self, marker, partner=None, **kwargs):
+        super().__init__(**kwargs)
+        self.marker, self.partner, self.met = marker, partner, False
+
+    def hook(self):
+        if not self.met:
+            self.met = True
+            open(self.marker, "w").close()
+            deadline = time.monotonic() + 60
+            while self.partner and not os.path.exists(self.partner) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    def get_config(self):
+        return {**super().get_config(), "marker": self.marker, "partner": self.partner}
+
+
+def test_concurrent_calls_overlap_and_a_third_waits_its_turn_for_slots(spark, tmp_path, capsys):
+    """Three 1-worker optimize calls from threads of the driver on local[2]: two train at once (their
+    iterations' wall times overlap), the third gets a slot when one of them ends, and all three end with
+    the same weights, as each would alone."""
+    from sparktf import TrainSummary
+    from sparktf.spark.sessions import session_kind
+    from sparktf.spark.slot_planner import planner_for
+
+    planner = planner_for(session_kind(spark))
+    x, y = regression_data(64)
+    partners = {"a": "b", "b": "a", "c": None}
+    optimizers = {}
+    for name, partner in partners.items():
+        dataset = TFDataset.from_ndarrays((x, y), batch_size=8, shuffle=False, sequential_order=True)
+        meet = MeetOnce(str(tmp_path / f"{name}.met"), partner and str(tmp_path / f"{partner}.met"))
+        model = keras.Sequential([keras.Input((3,)), meet, keras.layers.Dense(1, kernel_initializer="zeros")])
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        optimizers[name] = TFOptimizer.from_keras(model, dataset, num_workers=1)
+        optimizers[name].set_train_summary(TrainSummary(str(tmp_path), name))
+    train = {name: (lambda o=o: o.optimize(MaxIteration(200), verbose=2)) for name, o in optimizers.items()}
+    threads, outcomes = _trials_in_threads({"a": train["a"], "b": train["b"]})
+    deadline = time.monotonic() + 60
+    while planner.held() < 2 and not outcomes:  # both first calls hold their slot: the third must wait
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    more, _ = _trials_in_threads({"c": train["c"]})
+    for thread in threads + more:
+        thread.join(120)
+    outcomes.update(_)
+    assert all(isinstance(outcomes[name], dict) and outcomes[name]["iterations"] == 200 for name in "abc"), \
+        {name: str(outcome)[:3000] for name, outcome in outcomes.items()}
+    walls = {name: optimizers[name].train_summary.read_scalar("Loss")[:, 2] for name in "abc"}
+    assert walls["a"][0] < walls["b"][-1] and walls["b"][0] < walls["a"][-1]  # a and b trained at once
+    assert walls["c"][0] >= min(walls["a"][-1], walls["b"][-1])  # c's first step after a or b ended
+    for name in "bc":
+        for ours, theirs in zip(optimizers[name].model.get_weights(), optimizers["a"].model.get_weights()):
+            np.testing.assert_allclose(ours, theirs, atol=1e-6)
+    assert planner.held() == 0
+    printed = capsys.readouterr().out
+    assert "[a] Epoch 25 - " in printed and "[c] Epoch 25 - " in printed  # labelled lines, no bars

@@ -242,3 +242,75 @@ def assert_process_ends(pid, within=30):
             return
         assert time.monotonic() < deadline, f"the stuck Python worker {pid} is still alive"
         time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------- concurrent calls (model selection)
+
+def _in_threads(functions):
+    """Start ``{name: function}`` each in a thread named ``name``; return the threads and ``{name: result or error}``."""
+    import threading
+
+    outcomes = {}
+
+    def run(name, function):
+        try:
+            outcomes[name] = function()
+        except Exception as error:  # the test looks at it
+            outcomes[name] = error
+
+    threads = [threading.Thread(target=run, args=item, name=item[0]) for item in functions.items()]
+    for thread in threads:
+        thread.start()
+    return threads, outcomes
+
+
+def _planner(spark):
+    from sparktf.spark.sessions import session_kind
+    from sparktf.spark.slot_planner import planner_for
+
+    return planner_for(session_kind(spark))
+
+
+def test_one_concurrent_call_fails_while_the_other_completes(spark):
+    failing = keras.Sequential([keras.Input((3,)), AlwaysFails(), keras.layers.Dense(1)])
+    failing.compile(optimizer="sgd", loss="mse")
+    bad = TFOptimizer.from_keras(failing, TFDataset.from_ndarrays(data(), batch_size=8), num_workers=1, max_failures=0)
+    good = TFOptimizer.from_keras(compiled_model(), TFDataset.from_ndarrays(data(), batch_size=8), num_workers=1)
+    threads, outcomes = _in_threads({"bad": lambda: bad.optimize(MaxIteration(2), verbose=0),
+                                     "good": lambda: good.optimize(MaxIteration(60), verbose=0)})
+    for thread in threads:
+        thread.join(120)
+    assert isinstance(outcomes["bad"], TrainingError) and "the layer always fails" in str(outcomes["bad"])
+    assert "failed 1 time(s)" in str(outcomes["bad"])
+    assert outcomes["good"]["iterations"] == 60 and np.isfinite(outcomes["good"]["loss"]).all()
+    assert bad.iteration == 0 and good.iteration == 60 and _planner(spark).held() == 0
+
+
+def test_ctrl_c_during_two_calls_cancels_both_and_frees_every_slot(spark, sc):
+    import signal
+    import threading
+
+    from sparktf.spark.cluster import busy_task_slots
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    planner = _planner(spark)
+    optimizers = [TFOptimizer.from_keras(compiled_model(), TFDataset.from_ndarrays(data(), batch_size=8), num_workers=1)
+                  for _ in range(2)]
+    threads, outcomes = _in_threads({f"trial {i}": (lambda o=o: o.optimize(MaxIteration(10 ** 7), verbose=0))
+                                     for i, o in enumerate(optimizers)})
+    deadline = time.monotonic() + 120
+    while planner.held() < 2 or sum(busy_task_slots(sc).values()) < 2:  # both trials' tasks run
+        assert time.monotonic() < deadline and not outcomes, outcomes
+        time.sleep(0.05)
+    interrupted = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C: the main thread gets it, as in a script or notebook
+    for thread in threads:
+        thread.join(60)
+    ended = time.monotonic() - interrupted
+    assert all(isinstance(outcome, SparkTFError) and "cancelled: Ctrl-C" in str(outcome) for outcome in outcomes.values()), outcomes
+    assert len(outcomes) == 2 and ended < 30 and planner.held() == 0
+    while busy_task_slots(sc):  # the cancelled tasks end (their Python workers at the latest 3 s after the channel)
+        assert time.monotonic() - interrupted < 60, busy_task_slots(sc)
+        time.sleep(0.1)

@@ -22,6 +22,7 @@ from sparktf.launch.program import pickle_program
 from sparktf.launch.slots import check_task_slots
 from sparktf.launch.task import TaskSpec, run_barrier_task
 from sparktf.spark.sessions import session_kind
+from sparktf.spark.slot_planner import call_scope
 
 __all__ = ["run"]
 
@@ -30,8 +31,11 @@ _PRINT_LOCK = threading.Lock()
 _MAX_SPARK_ERROR_LINES = 30
 
 
-def _print_child_line(line: str) -> None:
-    """Show one line of a child on the driver: printed to stdout, and on the ``sparktf.run`` logger at DEBUG."""
+def _print_child_line(line: str, label: Optional[str] = None) -> None:
+    """Show one line of a child on the driver: printed to stdout (after ``[label]`` for a call running beside
+    others), and on the ``sparktf.run`` logger at DEBUG."""
+    if label is not None:
+        line = f"[{label}] {line}"
     with _PRINT_LOCK:
         print(line, file=sys.stdout, flush=True)
     _LOG.debug("%s", line)
@@ -147,11 +151,20 @@ def run(
     kind = session_kind(init_spark())
     num_tasks = int(kind.default_parallelism() if num_workers is None else num_workers)
     check_task_slots(kind, num_tasks)
+    with call_scope(kind, "sparktf.run") as call:
+        call.hold(num_tasks)  # beside other calls of this driver: waits its turn for the slots
+        return _run_program(kind, call, num_tasks, main_fun, args, master_node, tensorboard, log_dir, env, timeout)
+
+
+def _run_program(kind: Any, call: Any, num_tasks: int, main_fun: Callable[[Any, Any], Any], args: Any,
+                 master_node: Optional[str], tensorboard: bool, log_dir: Optional[str],
+                 env: Optional[Mapping[str, str]], timeout: Optional[float]) -> Any:
+    """The barrier job of :func:`run`, once its slots are held."""
     program = pickle_program(main_fun, args)
     default_fs = kind.default_fs()
     working_dir = os.getcwd()
     summaries = log_dir if log_dir is not None else ("tensorboard" if tensorboard else None)
-    with LogServer(kind.driver_host(), _print_child_line) as server:
+    with LogServer(kind.driver_host(), functools.partial(_print_child_line, label=call.label)) as server:
         spec = TaskSpec(
             program=program,
             num_tasks=num_tasks,

@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import sysconfig
+import threading
 import types
 from typing import Any, Dict, Iterable, Iterator, List
 
@@ -42,17 +43,36 @@ def _defining_modules(obj: Any) -> Iterator[types.ModuleType]:
             yield sys.modules[name]
 
 
+#: Modules this process registered with cloudpickle's (process-wide) by-value registry, with the number of
+#: pickles in flight that need them: concurrent calls from threads register and unregister a module once.
+_REGISTERED: Dict[str, int] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _registered_by_value(modules: Iterable[types.ModuleType]) -> Iterator[None]:
-    already = set(cloudpickle.list_registry_pickle_by_value())
-    added = [m for m in modules if m.__name__ not in already]
-    for module in added:
-        cloudpickle.register_pickle_by_value(module)
+    added = []
+    with _REGISTRY_LOCK:
+        already = set(cloudpickle.list_registry_pickle_by_value())
+        for module in modules:
+            name = module.__name__
+            if name in _REGISTERED:
+                _REGISTERED[name] += 1
+            elif name not in already:  # registered by the user: theirs to keep
+                cloudpickle.register_pickle_by_value(module)
+                _REGISTERED[name] = 1
+            else:
+                continue
+            added.append(module)
     try:
         yield
     finally:
-        for module in added:
-            cloudpickle.unregister_pickle_by_value(module)
+        with _REGISTRY_LOCK:
+            for module in added:
+                _REGISTERED[module.__name__] -= 1
+                if not _REGISTERED[module.__name__]:
+                    del _REGISTERED[module.__name__]
+                    cloudpickle.unregister_pickle_by_value(module)
 
 
 def _ships_by_value(module: types.ModuleType) -> bool:

@@ -30,7 +30,10 @@ optimizer variable) reach the workers with the next segment's state.
 The same object shows progress: ``verbose=1`` a ``keras.utils.Progbar`` per
 epoch fed by rank 0's reports (iteration in the epoch, running mean loss,
 records/s, ETA), ``verbose=2`` one line per epoch; each epoch is also logged
-on the ``sparktf.optimizer`` logger.
+on the ``sparktf.optimizer`` logger. A labelled call (one of several running
+from threads of the driver: model selection) shows no bar: one line per epoch,
+``[label] Epoch 2/5 - 1.3s - loss: ...``, written whole, so the lines of
+concurrent calls never interleave.
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ class DriverCallbacks:
     num_workers : int, optional
         Given for an elastic call: epochs log ``workers`` and changes of the
         worker count are shown.
+    label : str, optional
+        Given for a call that runs beside others (see
+        :func:`sparktf.spark.slot_planner.current_label`): every line starts
+        with ``[label]`` and ``verbose=1`` shows one line per epoch, no bar.
     """
 
     def __init__(
@@ -106,6 +113,7 @@ class DriverCallbacks:
         epochs: Optional[int],
         history: Any,
         num_workers: Optional[int] = None,
+        label: Optional[str] = None,
     ):
         import keras
 
@@ -140,6 +148,8 @@ class DriverCallbacks:
         self._workers: Optional[int] = None  # of the last launch
         self._epoch_workers: Optional[int] = None  # the fewest in the open epoch
         self._metric_names: set = set()  # running epoch values: shown as they are, not averaged again
+        self._label = label
+        self._bar = verbose == 1 and label is None  # a live Progbar
 
     # ------------------------------------------------------------------ optimize's hooks
 
@@ -160,8 +170,7 @@ class DriverCallbacks:
             return
         changed = workers != self._workers if self._workers is not None else workers < self._num_workers
         if changed and self._verbose:
-            print(f"continuing on {workers} of {self._num_workers} workers from iteration {iteration + 1}",
-                  flush=True)
+            self._say(f"continuing on {workers} of {self._num_workers} workers from iteration {iteration + 1}")
         self._workers = workers
 
     def report(self, reports: Dict[int, Any]) -> None:
@@ -190,7 +199,7 @@ class DriverCallbacks:
         rate = self._global_batch / step_seconds
         self._rate_mark = (latest.iteration, now)
         epoch, in_epoch = divmod(latest.iteration - 1, self._per_epoch)
-        if self._verbose == 1:
+        if self._bar:
             while self._shown_epoch < epoch:  # the segment went on into the next epoch
                 self._progbar.update(self._per_epoch, finalize=True)
                 done = self._per_epoch if self._shown_epoch + 1 < epoch else in_epoch + 1
@@ -230,7 +239,7 @@ class DriverCallbacks:
         return bool(getattr(self._model, "stop_training", False))
 
     def train_end(self) -> None:
-        if self._verbose == 1 and self._epoch is not None and self._epoch_losses:
+        if self._bar and self._epoch is not None and self._epoch_losses:
             self._progbar.update(len(self._epoch_losses) + self._epoch_start, finalize=True)
         self._list.on_train_end(self._logs)
 
@@ -246,12 +255,22 @@ class DriverCallbacks:
     def _show_epoch(self, epoch: int, start: int, seconds_ago: float = 0.0) -> None:
         """Print the epoch's header and open its bar, whose clock started ``seconds_ago``."""
         self._shown_epoch = epoch
+        if self._label is not None:  # one line at the epoch's end instead
+            return
         if self._verbose:
-            total = f"/{self._epochs}" if self._epochs else ""
-            print(f"Epoch {epoch + 1}{total}", flush=True)
+            self._say(f"Epoch {epoch + 1}{self._of_epochs()}")
         self._progbar = self._new_progbar(seconds_ago)
-        if self._verbose == 1 and start:
+        if self._bar and start:
             self._progbar.update(start)
+
+    def _of_epochs(self) -> str:
+        return f"/{self._epochs}" if self._epochs else ""
+
+    def _say(self, text: str) -> None:
+        """Print one line, ``[label] `` first when labelled, in one write (threads' lines do not interleave)."""
+        prefix = f"[{self._label}] " if self._label is not None else ""
+        sys.stdout.write(f"{prefix}{text}\n")
+        sys.stdout.flush()
 
     def _new_progbar(self, seconds_ago: float) -> Any:
         """A Keras ``Progbar`` whose elapsed time and time per step count from ``seconds_ago``.
@@ -275,7 +294,10 @@ class DriverCallbacks:
         logs.update({f"val_{name}": value for name, value in (validation or {}).items()})
         if self._num_workers is not None and self._epoch_workers is not None:
             logs["workers"] = self._epoch_workers
-        if self._verbose and self._shown_epoch <= self._epoch:  # verbose=1 closed the epochs it moved past
+        if self._verbose and self._label is not None:
+            shown = " - ".join(f"{name}: {value:.4g}" for name, value in logs.items())
+            self._say(f"Epoch {self._epoch + 1}{self._of_epochs()} - {self._epoch_seconds:.1f}s - {shown}")
+        elif self._verbose and self._shown_epoch <= self._epoch:  # verbose=1 closed the epochs it moved past
             fell_behind = self._shown_epoch < self._epoch  # no report came in this epoch
             if fell_behind:
                 self._show_epoch(self._epoch, 0)

@@ -74,6 +74,12 @@ class Membership:
         (default: ``session.slots()``).
     clock, sleep : callable, optional
         ``time.monotonic`` and ``time.sleep`` (replaceable in tests).
+    available : callable, optional
+        Slots a launch could grow to now (default: the probe's free ones);
+        with concurrent calls, what the slot planner would grant at once.
+    busy_wait : callable, optional
+        Seconds :meth:`wait_free` waits for busy slots (default
+        :data:`SLOT_WAIT_SECONDS`; longer while other calls of the driver run).
 
     Attributes
     ----------
@@ -93,6 +99,8 @@ class Membership:
         probe: Optional[Callable[[], TaskSlots]] = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        available: Optional[Callable[[], int]] = None,
+        busy_wait: Optional[Callable[[], float]] = None,
     ):
         if not 1 <= min_workers <= num_workers:
             raise ValueError(f"min_workers must be between 1 and num_workers={num_workers}, got {min_workers}")
@@ -104,6 +112,8 @@ class Membership:
         self._probe = probe or session.slots
         self._clock = clock
         self._sleep = sleep
+        self._available = available or (lambda: self._probe().free)
+        self._busy_wait = busy_wait or (lambda: SLOT_WAIT_SECONDS)
         self.current: Optional[int] = None
         self.changes = 0
         self._change_times: Deque[float] = collections.deque()
@@ -159,7 +169,7 @@ class Membership:
         """More workers than the last launch when slots are free for them now, else None."""
         if self.current >= self.num_workers:
             return None
-        grown = min(self.num_workers, self._probe().free)
+        grown = min(self.num_workers, self._available())
         return grown if grown > self.current else None
 
     def _wanted_or_fewer(self, wanted: int) -> int:
@@ -194,14 +204,14 @@ class Membership:
         return slots.total
 
     def wait_free(self, workers: int) -> None:
-        """Wait (at most :data:`SLOT_WAIT_SECONDS`) until ``workers`` slots are free of running tasks.
+        """Wait (at most :data:`SLOT_WAIT_SECONDS`, or ``busy_wait()``) until ``workers`` slots are free of running tasks.
 
         Raises
         ------
         SparkTFError
             The slots are not all free in time (naming the busy executors).
         """
-        wait_for_free_slots(self.session, workers, timeout=SLOT_WAIT_SECONDS, probe=self._probe)
+        wait_for_free_slots(self.session, workers, timeout=self._busy_wait(), probe=self._probe)
 
     # ------------------------------------------------------------------ changes
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 from sparktf.collective import JobChannel
 from sparktf.errors import DataError, DriverJVMGone, ModelError, SparkTFError, TrainingError
 from sparktf.spark.jobs import run_job
+from sparktf.spark.slot_planner import cancelled_error
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.failures import reported_failure
 from sparktf.training.inputs import WorkerInputs
@@ -63,6 +64,10 @@ class SegmentRunner:
         is a membership change instead (bounded by ``Membership`` itself).
     profile : pyspark.resource.ResourceProfile, optional
         The training stage's resource profile (see :mod:`sparktf.spark.resources`).
+    call : sparktf.spark.slot_planner.Call, optional
+        The ``optimize`` call: every launch first holds its workers' slots
+        there (the first one waits its turn among the driver's concurrent
+        calls), and a call cancelled by Ctrl-C is not relaunched.
 
     Attributes
     ----------
@@ -71,8 +76,9 @@ class SegmentRunner:
     """
 
     def __init__(self, session: Any, inputs: WorkerInputs, membership: Membership, max_failures: int,
-                 profile: Any = None):
+                 profile: Any = None, call: Any = None):
         self.session = session
+        self.call = call
         self.profile = profile
         self.inputs = inputs
         self.membership = membership
@@ -111,6 +117,7 @@ class SegmentRunner:
         """
         workers, self._next = self._next or self.membership.next_launch(spec.start.iteration), None
         while True:
+            workers = self._hold(workers)
             data, feed = self.inputs.get(workers)  # finishes (or cancels) a layout built while waiting
             self.membership.wait_free(workers)  # e.g. a failed job's tasks still ending
             if on_launch is not None:
@@ -125,12 +132,23 @@ class SegmentRunner:
             except Exception as error:  # a worker failed: relaunch from the last good state
                 workers = self._relaunch(spec, workers, error)
 
+    def _hold(self, workers: int) -> int:
+        """Hold the launch's slots in the call (waiting its turn); an elastic launch that cannot grow keeps its count."""
+        if self.call is None:
+            return workers
+        held = self.call.hold(workers, self.profile)
+        if held != workers:
+            self.membership.current = held
+        return held
+
     def _spec_for(self, spec: SegmentSpec, workers: int, feed: Any) -> SegmentSpec:
         stop = spec.stop if workers >= self.membership.num_workers else TriggerOr(spec.stop, EveryEpoch())
         return dataclasses.replace(spec, local_batches=self.inputs.local_batches(workers), feed=feed, stop=stop)
 
     def _relaunch(self, spec: SegmentSpec, workers: int, error: Exception) -> int:
         """The worker count of the relaunch after ``error``; raises when training cannot go on."""
+        if self.call is not None and self.call.interrupted:
+            raise cancelled_error("training") from error
         self.failures += 1
         if self.failures > self.max_failures and not self.membership.lost_slots():
             raise self._gave_up(spec, error) from error
