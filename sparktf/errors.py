@@ -4,6 +4,8 @@ Every message names the offending thing (partition, record index, expected vs
 actual shape or dtype, worker rank) and says what to do about it.
 """
 
+from typing import Optional
+
 __all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone", "StorageError"]
 
 
@@ -32,4 +34,20 @@ class DriverJVMGone(SparkTFError):
 
 
 class StorageError(SparkTFError, OSError):
-    """A path or URI that cannot be opened, read or written (unknown scheme, missing file, no permission)."""
+    """A path or URI that cannot be opened, read or written (unknown scheme, missing file, no permission, a store
+    that does not answer).
+
+    Attributes
+    ----------
+    path, route : str or None
+        The path as given, and how its store was reached (``"fsspec s3fs"``, ``"Hadoop FileSystem"``).
+    retries : int
+        The retries made before giving up (besides the store library's own).
+    transient : bool
+        True when the store broke off or did not answer: a later try may succeed.
+    """
+
+    def __init__(self, message: str = "", *, path: Optional[str] = None, route: Optional[str] = None,
+                 retries: int = 0, transient: bool = False):
+        super().__init__(message)
+        self.path, self.route, self.retries, self.transient = path, route, retries, transient

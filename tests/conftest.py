@@ -59,6 +59,21 @@ def sc(spark):
     return spark.sparkContext
 
 
+@pytest.fixture(scope="module")
+def s3_server():
+    """The URL of a local S3 server (moto's server mode on 127.0.0.1; in-memory buckets)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
 def save_module_with_two_signatures(module, method, directory):
     """Save a ``tf.Module`` with ``method`` as both "serving_default" and "other"; return the path."""
     import tensorflow as tf

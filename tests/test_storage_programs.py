@@ -7,7 +7,6 @@ while a checkpoint upload is in flight, and so is a driver writing
 checkpoints to ``viewfs://``: each leaves a loadable latest checkpoint.
 """
 
-import logging
 import os
 import re
 import subprocess
@@ -67,26 +66,39 @@ def kill_when(process, condition):
         process.wait(timeout=60)
 
 
+def reads_to_reset(key, first, count):
+    """A proxy rule: reset the ``first``-th to ``first + count - 1``-th GET of ``key`` (bytes, ``/bucket/key``)."""
+    gets = []
+
+    def rule(chunk):
+        if chunk.startswith(b"GET " + key + b" "):
+            gets.append(chunk)
+            return first <= len(gets) < first + count
+        return False
+
+    return rule
+
+
 @pytest.fixture(scope="module")
-def s3_server():
-    from moto.server import ThreadedMotoServer
+def s3_proxy(s3_server):
+    """The program's endpoint: the S3 server behind a proxy that resets the reads of one file in the second epoch
+    of its cache=False case (read 1: the record count, 2: the first epoch, 3-7: the second, 5 to spend s3fs's
+    retries; then the relaunch's)."""
+    from flaky_proxy import FlakyProxy
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with FlakyProxy(s3_server) as proxy:
+        proxy.reset_when = reads_to_reset(b"/sparktf/stream/train-1.tfrecord", first=3, count=5)
+        yield proxy
 
 
 @pytest.fixture(scope="module")
-def s3_run(s3_server):
+def s3_run(s3_server, s3_proxy):
     """The S3 program's results, and the upload it was killed under."""
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=s3_server, **{k.lower(): v for k, v in CREDENTIALS.items()
                                                        if k != "AWS_DEFAULT_REGION"}, region_name="us-east-1")
-    process = start_program("s3", s3_server)
+    process = start_program("s3", s3_proxy.url)
     results = results_until_kill_ready(process)
 
     def upload_in_flight():
@@ -119,10 +131,19 @@ def test_s3_summaries_are_uploaded_and_read_back(s3_run):
 
 def test_s3_tfrecords_stream_and_stage_save_load(s3_run):
     results, _ = s3_run
-    assert results["stream"]["iterations"] == "8" and results["stream"]["finite"] == "True"
+    assert results["stream"]["iterations"] == "16" and results["stream"]["finite"] == "True"
     assert np.isfinite(float(results["stream"]["evaluated_loss"]))
     assert results["stage"]["weights_equal"] == "True"
     assert results["stage"]["files"] == "sparktf/stage/metadata/part-00000,sparktf/stage/model.keras"
+
+
+def test_s3_tfrecord_reads_the_store_breaks_off_are_relaunched_to_the_exact_iteration(s3_run, s3_proxy):
+    """Five reads in a row of one file reset in the second epoch (cache=False): a task failure, relaunched once and
+    named in the driver's warning; the run ends at its exact iteration with one loss per iteration."""
+    results, _ = s3_run
+    assert s3_proxy.resets == 5
+    assert (results["stream"]["relaunches"], results["stream"]["named"]) == ("1", "1")
+    assert results["stream"]["iterations"] == results["stream"]["losses"] == "16"
 
 
 def test_s3_driver_killed_mid_upload_leaves_a_loadable_latest_checkpoint(s3_run, s3_env):

@@ -11,17 +11,21 @@ framing and each length's checksum are checked, the data checksums are not.
 from __future__ import annotations
 
 import struct
-from typing import Iterator, List, Sequence, Union
+import threading
+from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
 from sparktf.errors import DataError, StorageError
 from sparktf.storage import is_local, local_path, scheme_of, store_for
+from sparktf.storage.faults import storage_error, transport_error
 
-__all__ = ["expand_paths", "file_size", "record_dataset", "reads_natively", "read_records"]
+__all__ = ["expand_paths", "file_size", "record_dataset", "reads_natively", "read_records", "failed_read"]
 
 _HEADER = struct.Struct("<QI")
 _MASK_DELTA = 0xA282EAD8
+_FAILED_READS: Dict[str, StorageError] = {}  # path -> the transient failure its last read in this process ended with
+_FAILED_LOCK = threading.Lock()
 
 
 def expand_paths(paths: Union[str, Sequence[str]]) -> List[str]:
@@ -79,24 +83,53 @@ def read_records(uri: str) -> Iterator[bytes]:
     ------
     DataError
         Naming the file and the record, when the file is not a TFRecord file or is cut short.
+    StorageError
+        When the store fails the read (``transient`` when it broke off or did not answer).
     """
-    with store_for(uri, "TFRecord file").open_input(uri) as handle:
+    store = store_for(uri, "TFRecord file")
+    with store.open_input(uri) as handle:
         index = 0
-        while header := handle.read(_HEADER.size):
+        while header := _read(handle, _HEADER.size, uri, store.route):
             length, checksum = _HEADER.unpack(header) if len(header) == _HEADER.size else (0, None)
             if checksum is None or _masked_crc(header[:8]) != checksum:
                 raise DataError(f"TFRecord file {uri}: record {index} has no valid header (a truncated file, "
                                 "or not a TFRecord file): write it again with tf.io.TFRecordWriter")
-            data = handle.read(length)
-            if len(data) != length or len(handle.read(4)) != 4:
+            data = _read(handle, length, uri, store.route)
+            if len(data) != length or len(_read(handle, 4, uri, store.route)) != 4:
                 raise DataError(f"TFRecord file {uri}: record {index} is cut short ({len(data)} of {length} bytes): "
                                 "the file is truncated; write it again")
             yield data
             index += 1
 
 
+def _read(handle: BinaryIO, size: int, uri: str, route: str) -> bytes:
+    """``size`` bytes of the open file (fewer at its end); the store's transport errors as ``StorageError``."""
+    try:
+        return handle.read(size)
+    except Exception as exc:  # noqa: BLE001 - only the storage libraries' errors are translated
+        if isinstance(exc, OSError) or transport_error(exc):
+            raise storage_error("cannot read", uri, route, exc) from exc
+        raise
+
+
 def _records_of_path(path: bytes) -> Iterator[bytes]:
-    return read_records(path.decode("utf-8"))
+    uri = path.decode("utf-8")
+    try:
+        yield from read_records(uri)
+    except StorageError as exc:  # tf.data keeps only the text of what a generator raised: kept for failed_read
+        if exc.transient:
+            with _FAILED_LOCK:
+                _FAILED_READS[uri] = exc
+        raise
+
+
+def failed_read(paths: Sequence[str]) -> Optional[StorageError]:
+    """The transient store failure a read of one of ``paths`` in this process ended with, if any (taken)."""
+    with _FAILED_LOCK:
+        for path in paths:
+            if path in _FAILED_READS:
+                return _FAILED_READS.pop(path)
+    return None
 
 
 def _tensorflow_reads(path: str) -> bool:

@@ -28,9 +28,9 @@ from sparktf.data.block_feed import FeedStream
 from sparktf.data.columnar import RecordFormat
 from sparktf.data.sources import item_partitions
 from sparktf.data.tfrecord_io import load_parse_fn
-from sparktf.data.tfrecord_files import file_size, record_dataset, reads_natively
+from sparktf.data.tfrecord_files import failed_read, file_size, record_dataset, reads_natively
 from sparktf.data.weights import check_weights
-from sparktf.errors import DataError
+from sparktf.errors import DataError, SparkTFError, StorageError
 from sparktf.spark.task_devices import GpuPlan, gpu_plan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
 
@@ -39,6 +39,8 @@ __all__ = ["TFRecordStream", "TFRecordFeed", "assign_files"]
 #: Most raw records in a worker's shuffle buffer (the memory budget may allow fewer).
 MAX_SHUFFLE_BUFFER = 10_000
 _SEED_STRIDE = 1_000_003
+# What TensorFlow's own readers (gs://) raise when the store breaks off or does not answer.
+_STORE_FAILURES = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError)
 
 
 def assign_files(counts: Sequence[int], num_workers: int) -> List[List[int]]:
@@ -259,10 +261,18 @@ def _close(batches: Iterator) -> None:
 _PARKED = _ParkedStream()
 
 
-def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> DataError:
+def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> SparkTFError:
+    """A ``DataError`` (relaunching cannot help), or a transient ``StorageError`` (a task failure, relaunched)."""
     message = " ".join(exc.message.split())
     named = [path for path in files if path in message]
     where = f"TFRecord file {named[0]}" if named else f"one of the TFRecord files {files}"
+    # fsspec's reader: tf.data kept only the text of the StorageError its generator raised
+    store_failure = failed_read(files) if "StorageError" in message else None
+    if store_failure is not None or isinstance(exc, _STORE_FAILURES):
+        failure = store_failure or StorageError(f"cannot read {where}: {message[:400]}", transient=True)
+        return StorageError(f"training worker rank {rank} could not read its TFRecord files mid-epoch, a task "
+                            f"failure that training relaunches: {failure}", path=failure.path, route=failure.route,
+                            retries=failure.retries, transient=True)
     return DataError(
         f"training worker rank {rank}: reading or parsing {where} failed: {message[:400]}. "
         "Check that the file exists and is readable on every executor and that parse_fn accepts its records"

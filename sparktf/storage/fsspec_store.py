@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, BinaryIO, Callable, List, TypeVar
 
-from sparktf.errors import StorageError
+from sparktf.storage import faults
 from sparktf.storage.base import Store, temp_name
 from sparktf.storage.uri import OBJECT_STORE_SCHEMES
 
@@ -44,14 +44,8 @@ class FsspecStore(Store):
         return f"{self.scheme}://{path}"
 
     def _call(self, what: str, uri: str, action: Callable[[], T]) -> T:
-        try:
-            return action()
-        except FileNotFoundError:
-            raise StorageError(f"{what} {uri!r}: it does not exist. Check the path.") from None
-        except PermissionError as exc:
-            raise StorageError(f"{what} {uri!r}: permission denied ({exc}). Check the credentials.") from None
-        except OSError as exc:
-            raise StorageError(f"{what} {uri!r} through {self.route}: {str(exc)[:300]}") from None
+        """``action()`` through the one seam to the storage libraries (transient failures retried, errors named)."""
+        return faults.call(what, uri, self.route, action)
 
     def _fresh(self, uri: str) -> str:
         """The path of ``uri``, with fsspec's cached listings dropped (other processes write here too)."""

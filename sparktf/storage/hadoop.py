@@ -13,6 +13,7 @@ import tempfile
 from typing import Any, BinaryIO, Callable, List, TypeVar
 
 from sparktf.errors import StorageError
+from sparktf.storage import faults
 from sparktf.storage.base import Store, temp_name
 from sparktf.storage.uri import OBJECT_STORE_SCHEMES, parent, scheme_of
 
@@ -57,18 +58,8 @@ class HadoopStore(Store):
         return self._path(uri).getFileSystem(self._conf)
 
     def _call(self, what: str, uri: str, action: Callable[[], T]) -> T:
-        from py4j.protocol import Py4JJavaError
-
-        try:
-            return action()
-        except Py4JJavaError as exc:
-            java = exc.java_exception
-            kind = java.getClass().getSimpleName()
-            reason = "it does not exist" if kind == "FileNotFoundException" else f"{kind}: {java.getMessage()}"
-            raise StorageError(
-                f"{what} {uri!r} through Hadoop's FileSystem: {str(reason)[:300]}. Check the path, the "
-                "cluster's credentials, and the spark.hadoop.* settings of its scheme."
-            ) from None
+        """``action()`` through the one seam to the storage libraries (transient failures retried, errors named)."""
+        return faults.call(what, uri, self.route, action)
 
     # --------------------------------------------------------------- Store
 

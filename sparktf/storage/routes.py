@@ -15,6 +15,8 @@ storage it runs with:
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 from typing import Dict, Optional, Tuple
 
@@ -32,7 +34,9 @@ LOCAL = LocalStore()
 
 _lock = threading.Lock()
 _hadoop: Dict[Tuple[int, str], Optional[HadoopStore]] = {}
-_fsspec: Dict[str, FsspecStore] = {}
+_fsspec: Dict[Tuple[str, str], FsspecStore] = {}  # (scheme, digest of the storage environment) -> store
+#: Environment variables that name an endpoint, a credential or a setting of a storage library.
+_ENVIRONMENT_PREFIXES = ("AWS_", "GOOGLE_", "GCE_", "GCSFS_", "AZURE_", "FSSPEC_", "HADOOP_", "ARROW_", "LIBHDFS")
 
 
 def store_for(path: str, what: str = "path") -> Store:
@@ -74,17 +78,32 @@ def _hadoop_store(scheme: str) -> Optional[HadoopStore]:
 
 
 def _fsspec_store(scheme: str, path: str, what: str) -> FsspecStore:
+    """The fsspec store of ``scheme`` for the process's current storage environment.
+
+    fsspec's own instance cache would keep the first file system made, with the endpoint and keys it
+    read then: a later ``AWS_ENDPOINT_URL``, or credentials refreshed in a notebook kernel, would be
+    ignored. Stores are kept per scheme and environment instead, and made bypassing that cache.
+    """
+    key = (scheme, _storage_environment())
     with _lock:
-        if scheme in _fsspec:
-            return _fsspec[scheme]
+        if key in _fsspec:
+            return _fsspec[key]
     import fsspec
 
     try:
-        store = FsspecStore(scheme, fsspec.filesystem(scheme))
+        store = FsspecStore(scheme, fsspec.filesystem(scheme, skip_instance_cache=True))
     except (ImportError, ValueError) as exc:
         raise StorageError(_no_route_message(scheme, path, what, exc)) from None
     with _lock:
-        return _fsspec.setdefault(scheme, store)
+        for stale in [old for old in _fsspec if old[0] == scheme]:  # made for an environment since changed
+            del _fsspec[stale]
+        return _fsspec.setdefault(key, store)
+
+
+def _storage_environment() -> str:
+    """A digest of the environment variables storage libraries read (endpoints, keys, tokens, regions)."""
+    found = sorted((name, value) for name, value in os.environ.items() if name.startswith(_ENVIRONMENT_PREFIXES))
+    return hashlib.sha256(repr(found).encode("utf-8")).hexdigest()
 
 
 def _no_route_message(scheme: str, path: str, what: str, exc: Exception) -> str:

@@ -19,13 +19,14 @@ from typing import Iterable, Iterator, Optional
 
 import tensorflow as tf
 
-from sparktf.errors import DataError, ModelError, SparkTFError
+from sparktf.errors import DataError, ModelError, SparkTFError, StorageError
 from sparktf.models.batch_errors import essential_line
 
 __all__ = ["classified_failures", "deterministic_failure", "failure_report", "reported_failure"]
 
 _REPORT = "failed "
-_REPORTABLE = {cls.__name__: cls for cls in (DataError, ModelError)}
+# What a rank names to the driver: deterministic failures (raised at once) and its store's (relaunched).
+_REPORTABLE = {cls.__name__: cls for cls in (DataError, ModelError, StorageError)}
 
 # What a batch that does not fit the model raises, at trace time or at run time.
 _BATCH_ERRORS = (
@@ -97,17 +98,19 @@ def deterministic_failure(
 
 
 def failure_report(error: SparkTFError) -> str:
-    """A rank's last heartbeat phase for a deterministic failure: its class and message.
+    """A rank's last heartbeat phase for a failure it knows the cause of: its class and message.
 
     The rank that failed sends it to the driver's job channel before its task
     ends; its peers only see a connection close, and Spark may report one of
-    their errors first.
+    their errors first. A deterministic failure (``DataError``, ``ModelError``)
+    is raised at once; a ``StorageError`` (its store broke off) is relaunched,
+    named in the driver's warning.
     """
     return f"{_REPORT}{type(error).__name__}: {str(error)[:4000]}"
 
 
 def reported_failure(phases: Iterable[str]) -> Optional[SparkTFError]:
-    """The deterministic error a rank reported with :func:`failure_report`, if any phase is one."""
+    """The error a rank reported with :func:`failure_report`, if any phase is one."""
     for phase in phases:
         name, _, message = phase[len(_REPORT):].partition(": ")
         if phase.startswith(_REPORT) and name in _REPORTABLE:

@@ -61,7 +61,7 @@ from sparktf.models.cache import cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
-from sparktf.errors import DataError, ModelError
+from sparktf.errors import DataError, ModelError, StorageError
 from sparktf.training.failures import classified_failures, failure_report
 from sparktf.training.state_source import StateSource
 from sparktf.training.gradient_exchange import GradientExchange, Traffic
@@ -264,7 +264,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             communicator.close()
             stream.close(wait=finished, timeout=spec.collective_timeout)  # the task's input read to its end
             watch.lap("input_close")
-    except (DataError, ModelError) as error:  # told to the driver: the other ranks only see a peer vanish
+    except (DataError, ModelError, StorageError) as error:  # told to the driver: the others see a peer vanish
         failure = failure_report(error)
         raise
     finally:

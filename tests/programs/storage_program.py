@@ -3,7 +3,10 @@
 ``s3``: a local S3 server (moto) at ENDPOINT holds the TFRecords, the
 checkpoints, the summaries and a saved stage. The executors get the endpoint
 and keys only from ``spark.executorEnv.*`` (the driver sets its own after its
-JVM started). Cases print ``RESULT <case> key=value ...``; the last case
+JVM started). ENDPOINT is the test's proxy, which resets five reads in a row
+of ``stream/train-1.tfrecord`` in the second epoch of the ``cache=False``
+case (botocore's retries are off, s3fs's five spent): the task fails and
+training relaunches. Cases print ``RESULT <case> key=value ...``; the last case
 trains a 128 MB model with a checkpoint every iteration until the test kills
 this process (SIGKILL) while a checkpoint upload is in flight.
 
@@ -12,6 +15,7 @@ Hadoop configuration; trains the same model with checkpoints there until
 killed.
 """
 
+import logging
 import os
 import sys
 
@@ -71,13 +75,24 @@ def train_until_killed(model_dir: str) -> None:
     print("RESULT kill_missed (training ended before the test killed the driver)", flush=True)
 
 
+class _Collect(logging.Handler):
+    """Keeps the messages logged (the driver's relaunch warnings)."""
+
+    def __init__(self, messages):
+        super().__init__(logging.WARNING)
+        self.messages = messages
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 def s3(endpoint: str) -> None:
     import sparktf
     from sparktf import MaxEpoch, TFDataset, TFOptimizer, TrainSummary
     from sparktf.ml import KerasModel
 
     credentials = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                   "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+                   "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "AWS_MAX_ATTEMPTS": "1"}
     conf = dict(CONF, **{f"spark.executorEnv.{name}": value for name, value in credentials.items()})
     spark = sparktf.init_spark("local[2]", conf=conf)
     os.environ.update(credentials)  # the driver's own, after its JVM (and so the executors) started
@@ -106,12 +121,19 @@ def s3(endpoint: str) -> None:
     resumed.optimize(MaxEpoch(4), verbose=0)
     print(f"RESULT resume from={optimizer.iteration} weights_equal={same} to={resumed.iteration}", flush=True)
 
-    streamed = TFDataset.from_tfrecord_file(data, parse, batch_size=32, cache=False)
-    stream_optimizer = TFOptimizer.from_keras(small_model(), streamed, num_workers=2)
-    history = stream_optimizer.optimize(MaxEpoch(1), verbose=0)
+    write_records(fs, "sparktf/stream", files=4, per_file=64)  # files of their own: the proxy counts their reads
+    streamed = TFDataset.from_tfrecord_file("s3a://sparktf/stream/train-*.tfrecord", parse, batch_size=32,
+                                            cache=False)
+    stream_optimizer = TFOptimizer.from_keras(small_model(), streamed, num_workers=2, max_failures=1)
+    relaunches = []
+    logging.getLogger("sparktf.optimizer").addHandler(_Collect(relaunches))
+    history = stream_optimizer.optimize(MaxEpoch(2), verbose=0)
     evaluated = stream_optimizer.evaluate(cached)
-    print(f"RESULT stream iterations={history['iterations']} finite={bool(np.isfinite(history['loss']).all())} "
-          f"evaluated_loss={evaluated['loss']:.4f}", flush=True)
+    named = [message for message in relaunches if "relaunching" in message and "stream/train-1.tfrecord" in message
+             and "could not read its TFRecord files mid-epoch" in message]
+    print(f"RESULT stream iterations={history['iterations']} losses={len(history['loss'])} "
+          f"finite={bool(np.isfinite(history['loss']).all())} evaluated_loss={evaluated['loss']:.4f} "
+          f"relaunches={len([m for m in relaunches if 'relaunching' in m])} named={len(named)}", flush=True)
 
     KerasModel.from_keras(model).write().save("s3a://sparktf/stage")
     loaded = KerasModel.load("s3a://sparktf/stage")
