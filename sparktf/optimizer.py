@@ -21,7 +21,7 @@ from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
 from sparktf.spark.slot_planner import call_scope, current_label
 from sparktf.spark.task_devices import gpu_plan
-from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint, save_checkpoint
+from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint
 from sparktf.errors import DataError
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.inference.feeds import feature_leaves, keras_feed
@@ -29,6 +29,7 @@ from sparktf.training.preflight import (check_labels, check_membership, check_op
                                         compile_with_loss, recompile)
 from sparktf.training.step import GradientClipping
 from sparktf.training.callbacks import DriverCallbacks, default_verbose
+from sparktf.training.checkpoint_writer import CheckpointWriter
 from sparktf.training.inputs import WorkerInputs
 from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.membership import Membership
@@ -267,6 +268,7 @@ class TFOptimizer:
         callbacks: Optional[Sequence[Any]] = None,
         verbose: Optional[int] = None,
         class_weight: Optional[Dict[int, float]] = None,
+        *, checkpoint_failures: int = 3,
     ) -> Dict[str, Any]:
         """Train until ``end_trigger`` fires (or a callback sets ``model.stop_training``).
 
@@ -291,6 +293,8 @@ class TFOptimizer:
             Class index -> weight, as ``fit``'s: a record's loss is weighted by
             its label's class weight (times its sample weight, if the dataset
             has them). Training only, not validation; single-output models.
+        checkpoint_failures : int
+            Failed checkpoint writes in a row that stop training (default 3); fewer are logged and retried.
 
         Returns
         -------
@@ -313,9 +317,12 @@ class TFOptimizer:
             When the loss becomes non-finite, training failed more than
             ``max_failures`` times, or fewer than ``min_workers`` slots are
             left after ``replace_wait``.
+        StorageError
+            After ``checkpoint_failures`` failed checkpoint writes in a row, or when the last one was never written.
         """
         end_trigger, checkpoint_trigger, validation_trigger, class_weight = check_optimize(
             self, (end_trigger, checkpoint_trigger, validation_trigger), class_weight)
+        checkpoints = CheckpointWriter(self.model_dir, self.keep_checkpoints, checkpoint_trigger, checkpoint_failures)
         validation = self.dataset.val_dataset
         stops = [end_trigger]
         stops += [checkpoint_trigger] if self.model_dir else []
@@ -342,9 +349,7 @@ class TFOptimizer:
                 first = progress.iteration + 1
                 result = self._run_segment(runner, progress, TriggerOr(*stops), driver, class_weight)
                 progress = self._finish_segment(result, history)
-                if self.model_dir and checkpoint_trigger(progress):
-                    save_checkpoint(ModelState.capture(self.model, self.iteration), self.model_dir,
-                                    self.keep_checkpoints)
+                checkpoints.after_segment(progress, lambda: ModelState.capture(self.model, self.iteration))
                 results = None
                 epoch_end = bool(callbacks) and progress.epoch_finished
                 if validation is not None and (validation_trigger(progress) or epoch_end):
@@ -352,6 +357,7 @@ class TFOptimizer:
                 if driver is not None and driver.segment_ends(first, result.losses, result.step_seconds, progress,
                                                               results, result.workers, result.metrics):
                     break
+            checkpoints.finish(lambda: ModelState.capture(self.model, self.iteration))
             if driver is not None:
                 driver.train_end()
         history["iterations"] = self.iteration

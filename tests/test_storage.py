@@ -184,3 +184,189 @@ def test_capturing_a_model_state_copies_without_numpy_2_warnings():
     model.weights[0].assign(model.weights[0] + 1.0)  # the state holds copies, not views of the variables
     assert not np.array_equal(state.weights[0], model.weights[0].numpy())
     assert len(state.optimizer_variables) == len(model.optimizer.variables) and state.iteration == 5
+
+
+# ---------------------------------------------------------------- storage faults (issue 41, item 2)
+
+def _botocore_reset():
+    from botocore.exceptions import EndpointConnectionError
+
+    return EndpointConnectionError(endpoint_url="http://127.0.0.1:1/flaky")
+
+
+class FlakyMemory(__import__("fsspec.implementations.memory", fromlist=["x"]).MemoryFileSystem):
+    """fsspec's in-memory store (``flakymem://``) whose writes of the paths ``fail_put`` picks fail like a reset
+    S3 connection (the driver's side: checkpoints)."""
+
+    protocol = "flakymem"
+    store, pseudo_dirs = {}, [""]
+    fail_put = staticmethod(lambda path: False)
+    puts = []
+
+    def put_file(self, lpath, rpath, **kwargs):
+        FlakyMemory.puts.append(rpath)
+        if FlakyMemory.fail_put(rpath):
+            raise _botocore_reset()
+        return super().put_file(lpath, rpath, **kwargs)
+
+
+@pytest.fixture
+def flaky_memory(monkeypatch):
+    import fsspec
+
+    from sparktf.storage import faults
+
+    fsspec.register_implementation("flakymem", FlakyMemory, clobber=True)
+    monkeypatch.setattr(faults, "BACKOFF_SECONDS", 0.0)  # the retries' pauses, not what is tested
+    FlakyMemory.store.clear()
+    FlakyMemory.puts.clear()
+    monkeypatch.setattr(FlakyMemory, "fail_put", staticmethod(lambda path: False))
+    return FlakyMemory
+
+
+def _iteration_in(path):
+    import re
+
+    found = re.search(r"checkpoint-(\d+)\.npz", path)
+    return int(found.group(1)) if found else None
+
+
+def test_a_stores_transport_error_is_a_storage_error_naming_path_route_and_retries(flaky_memory):
+    uri = "flakymem://faults/a.bin"
+    store = store_for(uri)
+    flaky_memory.fail_put = staticmethod(lambda path: True)
+    with pytest.raises(StorageError) as raised:
+        store.write_bytes(uri, b"x")
+    error = raised.value
+    assert (error.path, error.route, error.retries, error.transient) == (uri, store.route, 2, True)
+    for named in (uri, store.route, "retried 2 times", "EndpointConnectionError"):
+        assert named in str(error)
+    assert len(flaky_memory.puts) == 3  # the first try and 2 retries
+    failures = iter([True, True])  # a blip: the third try goes through
+    flaky_memory.fail_put = staticmethod(lambda path: next(failures, False))
+    store.write_bytes(uri, b"y")
+    assert store.read_bytes(uri) == b"y"
+
+
+def _status_error(module, name, code):
+    return type(name, (Exception,), {"__module__": module, "code": code})("a library that is not installed here")
+
+
+@pytest.mark.parametrize("make, transient", [
+    (_botocore_reset, True),
+    (lambda: __import__("botocore.exceptions", fromlist=["x"]).NoCredentialsError(), False),
+    (lambda: __import__("botocore.exceptions", fromlist=["x"]).ClientError(
+        {"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"), True),
+    (lambda: __import__("botocore.exceptions", fromlist=["x"]).ClientError(
+        {"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject"), False),
+    (lambda: __import__("aiohttp").ClientPayloadError("cut short"), True),
+    (lambda: _status_error("gcsfs.retry", "HttpError", 503), True),  # classified by module name
+    (lambda: _status_error("gcsfs.retry", "HttpError", 404), False),
+    (lambda: type("ServiceRequestError", (Exception,), {"__module__": "azure.core.exceptions"})("no answer"), True),
+], ids=["botocore-endpoint", "botocore-credentials", "s3-slowdown", "s3-denied", "aiohttp-payload", "gcsfs-503",
+        "gcsfs-404", "adlfs-request"])
+def test_storage_libraries_errors_are_classified(make, transient):
+    from sparktf.storage.faults import is_transient, storage_error, transport_error
+
+    error = make()
+    wrapped = OSError("s3fs's translation")  # a library that wraps the transport's error keeps it as the cause
+    wrapped.__cause__ = error
+    assert transport_error(error) and transport_error(wrapped)
+    assert is_transient(error) is transient and is_transient(wrapped) is transient
+    named = storage_error("cannot write", "s3://b/k", "fsspec s3fs", error, retries=2 if transient else 0)
+    assert named.transient is transient and "s3://b/k" in str(named) and type(error).__name__ in str(named)
+    assert not transport_error(ValueError("a bug of the caller"))
+
+
+def test_a_failed_checkpoint_write_warns_and_the_next_trigger_writes(flaky_memory, caplog):
+    from sparktf.training.checkpoint_writer import CheckpointWriter
+
+    model_dir = "flakymem://writer/ckpt"
+    flaky_memory.fail_put = staticmethod(lambda path: _iteration_in(path) in {1, 2, 4, 5, 6})
+    writer = CheckpointWriter(model_dir, keep=None, trigger=lambda progress: True, failures=3)
+    with caplog.at_level("WARNING", logger="sparktf.optimizer"):
+        for iteration in range(1, 6):
+            writer.after_segment(None, lambda: state(iteration))
+        with pytest.raises(StorageError, match=r"3 checkpoints in a row could not be written .*checkpoint_failures=3"):
+            writer.after_segment(None, lambda: state(6))
+    warned = [record.getMessage() for record in caplog.records if "could not be written" in record.getMessage()]
+    assert [_iteration_in(message) for message in warned] == [1, 2, 4, 5]
+    assert all("EndpointConnectionError" in message and "tries again" in message for message in warned)
+    assert store_for(model_dir).listdir(model_dir) == ["checkpoint-3.npz"]
+
+
+def test_optimize_ends_with_a_storage_error_when_its_last_checkpoint_was_never_written(flaky_memory):
+    from sparktf.training.checkpoint_writer import CheckpointWriter
+
+    model_dir = "flakymem://finish/ckpt"
+    flaky_memory.fail_put = staticmethod(lambda path: _iteration_in(path) == 1)
+    writer = CheckpointWriter(model_dir, keep=None, trigger=lambda progress: True)
+    writer.after_segment(None, lambda: state(1))
+    writer.finish(lambda: state(2))  # the final state, tried once more at the end: written
+    assert store_for(model_dir).listdir(model_dir) == ["checkpoint-2.npz"]
+    flaky_memory.fail_put = staticmethod(lambda path: True)
+    writer.after_segment(None, lambda: state(3))
+    with pytest.raises(StorageError, match=r"last checkpoint of this optimize call was never written.*checkpoint-4"):
+        writer.finish(lambda: state(4))
+    with pytest.raises(ValueError, match="checkpoint_failures"):
+        CheckpointWriter(model_dir, None, lambda progress: True, failures=0)
+
+
+def test_training_goes_on_past_failed_checkpoints_until_too_many_in_a_row(sc, flaky_memory, caplog):
+    model_dir = "flakymem://train/ckpt"
+    flaky_memory.fail_put = staticmethod(lambda path: _iteration_in(path) in {2, 6, 8})  # epochs 1, 3 and 4
+    dataset = TFDataset.from_ndarrays(arrays(64), batch_size=32)
+    optimizer = TFOptimizer.from_keras(small_model(), dataset, model_dir=model_dir, num_workers=2)
+    with caplog.at_level("WARNING", logger="sparktf.optimizer"):
+        with pytest.raises(StorageError, match="2 checkpoints in a row") as raised:
+            optimizer.optimize(MaxEpoch(4), verbose=0, checkpoint_failures=2)
+    assert optimizer.iteration == 8  # trained to the end through the failed writes
+    assert raised.value.__cause__ is not None and "checkpoint-8.npz" in str(raised.value.__cause__)
+    assert [_iteration_in(record.getMessage()) for record in caplog.records
+            if "could not be written" in record.getMessage()] == [2, 6]
+    assert store_for(model_dir).listdir(model_dir) == ["checkpoint-4.npz"]
+
+
+@pytest.fixture
+def s3_driver(s3_server, monkeypatch):
+    """The test process's AWS variables for the local S3 server; a bucket; s3fs's own retries down to one try."""
+    import s3fs
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_server,
+                        "AWS_MAX_ATTEMPTS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    store_for("s3://sparktf-faults").makedirs("s3://sparktf-faults")
+    return s3_server
+
+
+def test_the_driver_follows_a_second_endpoint_and_refreshed_credentials(s3_driver, monkeypatch):
+    from flaky_proxy import FlakyProxy
+
+    uri = "s3://sparktf-faults/endpoint.txt"
+    first = store_for(uri)
+    first.write_bytes(uri, b"on the store")
+    with FlakyProxy(s3_driver) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # a second endpoint, after the first was used
+        assert store_for(uri).read_bytes(uri) == b"on the store"
+        assert proxy.connections >= 1  # the read went to the second endpoint
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "refreshed")
+        assert store_for(uri).fs is not first.fs and store_for(uri) is store_for(uri)
+
+
+def test_a_store_that_resets_every_connection_raises_a_storage_error(s3_driver, monkeypatch, flaky_memory):
+    from flaky_proxy import FlakyProxy
+
+    uri = "s3://sparktf-faults/reset.txt"
+    store_for(uri).write_bytes(uri, b"x")
+    with FlakyProxy(s3_driver) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        proxy.reset_all = True
+        store = store_for(uri)
+        with pytest.raises(StorageError) as raised:
+            store.read_bytes(uri)
+    error = raised.value
+    assert (error.path, error.route, error.retries, error.transient) == (uri, "fsspec s3fs", 2, True)
+    assert "retried 2 times" in str(error) and proxy.resets >= 3
+

@@ -18,7 +18,8 @@ import numpy as np
 from sparktf.errors import SparkTFError
 from sparktf.storage import join, local_copy, store_for
 
-__all__ = ["ModelState", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint", "load_checkpoint"]
+__all__ = ["ModelState", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint", "write_checkpoint",
+           "prune_checkpoints", "load_checkpoint"]
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\.npz$")
 _TEMP_RE = re.compile(r"^checkpoint-\d+\.npz\.tmp-\d+$")
@@ -123,6 +124,13 @@ def save_checkpoint(state: ModelState, model_dir: str, keep: Optional[int] = Non
     Then, with ``keep``, delete all but the ``keep`` newest checkpoints, and
     what an earlier writer killed mid-write left behind.
     """
+    path = write_checkpoint(state, model_dir)
+    prune_checkpoints(model_dir, keep)
+    return path
+
+
+def write_checkpoint(state: ModelState, model_dir: str) -> str:
+    """Write ``state`` to ``model_dir/checkpoint-<iteration>.npz``, complete or not at all; return the path."""
     store = store_for(model_dir, "model_dir")
     store.makedirs(model_dir)
     path = checkpoint_path(model_dir, state.iteration)
@@ -136,12 +144,12 @@ def save_checkpoint(state: ModelState, model_dir: str, keep: Optional[int] = Non
                 counts=np.array([len(state.weights), len(state.optimizer_variables)]),
                 **arrays,
             )
-    _prune(store, model_dir, keep)
     return path
 
 
-def _prune(store: Any, model_dir: str, keep: Optional[int]) -> None:
+def prune_checkpoints(model_dir: str, keep: Optional[int]) -> None:
     """Remove old checkpoints beyond ``keep`` and in-progress files of writers that died (one writer per folder)."""
+    store = store_for(model_dir, "model_dir")
     names = store.listdir(model_dir)
     stale = [name for name in names if _TEMP_RE.match(name)]
     if keep is not None:
