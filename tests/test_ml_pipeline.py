@@ -1,4 +1,4 @@
-"""sparktf.ml: KerasEstimator / KerasModel in Pipelines, CrossValidator, save/load, evaluators and errors."""
+"""sparktf.ml: KerasEstimator / KerasModel in Pipelines, validators in parallel, save/load, evaluators and errors."""
 
 import os
 
@@ -10,7 +10,7 @@ from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClass
 from pyspark.ml.feature import StringIndexer, VectorAssembler
 from pyspark.ml.functions import array_to_vector
 from pyspark.ml.linalg import Vector
-from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+from pyspark.ml.tuning import ParamGridBuilder, TrainValidationSplit
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -95,16 +95,28 @@ def test_pipeline_fits_scores_evaluates_and_round_trips(spark, flowers, tmp_path
     assert keras.saving.load_model(os.path.join(stage_dir, "model.keras")).count_params() == model.count_params()
 
 
-def test_cross_validator_over_epochs_with_parallel_evaluation(indexed):
-    estimator = KerasEstimator(model=_classifier(), batchSize=16)
-    grid = ParamGridBuilder().addGrid(estimator.epochs, [1, 2]).build()
-    validator = CrossValidator(estimator=estimator, estimatorParamMaps=grid, numFolds=2, parallelism=2,
-                               evaluator=MulticlassClassificationEvaluator(metricName="accuracy"), seed=1)
-    best = validator.fit(indexed)
-    assert len(best.avgMetrics) == 2 and all(0 <= m <= 1 for m in best.avgMetrics)
-    assert isinstance(best.bestModel, KerasModel)
-    assert best.bestModel.transform(indexed).count() == indexed.count()
-    assert estimator.getEpochs() == 1  # the grid's values went to copies
+def test_a_validator_trains_in_parallel_and_chooses_as_a_serial_run(indexed, caplog):
+    """TrainValidationSplit(parallelism=2) on local[2] (CrossValidator's path too: fitMultiple): two models
+    train at once, each on 1 worker (numWorkers unset: the free slots over the parallelism); every metric and
+    the chosen model equal a serial run on 1 worker."""
+    import logging
+
+    metrics, best_params = [], []
+    for parallelism, workers in ((2, None), (1, 1)):
+        estimator = KerasEstimator(model=_classifier(), batchSize=16, numWorkers=workers)
+        grid = ParamGridBuilder().addGrid(estimator.learningRate, [0.003, 0.05]).build()
+        validator = TrainValidationSplit(estimator=estimator, estimatorParamMaps=grid, parallelism=parallelism,
+                                         evaluator=MulticlassClassificationEvaluator(metricName="logLoss"), seed=1)
+        with caplog.at_level(logging.INFO, logger="sparktf.ml.estimator"):
+            best = validator.fit(indexed)
+        metrics.append(best.validationMetrics)
+        best_params.append(best.bestModel.keras_model.optimizer.learning_rate.numpy())
+        assert isinstance(best.bestModel, KerasModel) and best.bestModel.transform(indexed).count() == indexed.count()
+        assert estimator.getLearningRate() is None  # the grid's values went to copies
+    assert "2 models, 2 at a time, each on 1 workers" in caplog.text
+    np.testing.assert_allclose(metrics[0], metrics[1], atol=1e-6)
+    assert metrics[0][0] != pytest.approx(metrics[0][1], abs=1e-3)  # the choice means something
+    np.testing.assert_allclose(best_params[0], best_params[1], atol=1e-9)
 
 
 def test_regression_predicts_a_double_and_wider_outputs_an_array(spark, sc):

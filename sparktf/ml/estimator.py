@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import sys
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -22,14 +22,14 @@ from sparktf.ml.params import EstimatorParams, init_params
 from sparktf.ml.persistence import SavedStage
 from sparktf.models.payload import ModelPayload
 from sparktf.optimizer import TFOptimizer
+from sparktf.spark.slot_planner import free_task_slots, install_interrupt_handler, labelled
 from sparktf.triggers import MaxEpoch
 
 __all__ = ["KerasEstimator"]
 
 _LOG = logging.getLogger(__name__)
-#: One fit trains at a time in a driver: a barrier job takes the task slots it needs all at once.
-_TRAINING = threading.Lock()
 _KERAS_FILE = "model.keras"
+_VALIDATOR_FRAMES = 6  # fitMultiple <- pyspark.ml.tuning._parallelFitTasks <- the validator's _fit
 _CLASS_INDEX_LOSSES = ("sparse_categorical_crossentropy",)
 _BINARY_LOSSES = ("binary_crossentropy", "binary_focal_crossentropy")
 
@@ -117,8 +117,7 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         check_label_column(dataset, self.getLabelCol(), model_output(model), loss, task == CLASSIFICATION)
         if self.getWeightCol():
             check_weight_column(dataset, self.getWeightCol(), "weightCol")
-        with _one_training_at_a_time():
-            trained, history = self._train(model, dataset, columns, loss)
+        trained, history = self._train(model, dataset, columns, loss)  # concurrent fits: optimize plans the slots
         fitted = KerasModel.from_keras(
             trained, task=task, fromLogits=from_logits, featuresCol=self.getFeaturesCol(),
             featureCols=self.getFeatureCols(), predictionCol=self.getPredictionCol(),
@@ -128,15 +127,24 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         return fitted
 
     def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[Dict[Any, Any]]) -> Iterator[Tuple[int, KerasModel]]:
-        """Fit one model per param map, one after the other, all on the first ``next()``.
+        """Fit one model per param map; every ``next()`` trains the next one in the calling thread.
 
-        ``CrossValidator`` and ``TrainValidationSplit`` with ``parallelism > 1``
-        call ``next()`` from several threads and evaluate each model as soon
-        as they get it. Training every model first keeps the training jobs
-        (which need their task slots all at once) from competing with those
-        evaluations; the evaluations still run in parallel.
+        ``CrossValidator`` and ``TrainValidationSplit`` with ``parallelism=k``
+        call ``next()`` from ``k`` threads, so up to ``k`` models train at once,
+        each as soon as its task slots are free (trials that do not fit wait
+        their turn, in order). With ``numWorkers`` unset (in the estimator
+        and the param map) each model trains on ``free slots // k`` workers
+        (at least 1), the free slots counted once, here, for every model.
         """
-        return _SequentialFits(self, dataset, list(paramMaps))
+        install_interrupt_handler()  # called from the validator's thread: Ctrl-C then cancels every trial
+        param_maps = list(paramMaps)
+        parallelism = min(_validator_parallelism(), max(1, len(param_maps)))
+        workers = None
+        if parallelism > 1 and self.getNumWorkers() is None:
+            workers = max(1, free_task_slots(dataset.sparkSession) // parallelism)
+            _LOG.info("KerasEstimator.fitMultiple: %d models, %d at a time, each on %d workers (numWorkers unset)",
+                      len(param_maps), parallelism, workers)
+        return _ConcurrentFits(self, dataset, param_maps, workers)
 
     def _compiled_model(self) -> Any:
         import keras
@@ -205,22 +213,6 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
             self._set(model=load_keras_file(local_file))
 
 
-@contextlib.contextmanager
-def _one_training_at_a_time() -> Iterator[None]:
-    """Hold the driver's training lock; a fit that has to wait for another one says so."""
-    if not _TRAINING.acquire(blocking=False):
-        _LOG.warning(
-            "KerasEstimator.fit waits for another fit in this driver to finish: sparktf trains one model at a "
-            "time (a training job needs its task slots all at once). CrossValidator over a Pipeline with "
-            "parallelism > 1 gets here; parallelism=1 does the same work without the wait"
-        )
-        _TRAINING.acquire()
-    try:
-        yield
-    finally:
-        _TRAINING.release()
-
-
 def _label_column(label: str, loss: Optional[str]) -> Column:
     """The label as the loss takes it: class indices as int, binary targets as float."""
     if loss in _CLASS_INDEX_LOSSES:
@@ -252,34 +244,46 @@ def _chunks(values: List[float], size: int) -> Iterator[List[float]]:
         yield values[start:start + size]
 
 
-class _SequentialFits:
-    """``fitMultiple``'s thread-safe iterator: every model trained, in order, on the first ``next()``."""
+def _validator_parallelism() -> int:
+    """The ``parallelism`` of the ``CrossValidator`` / ``TrainValidationSplit`` calling ``fitMultiple``, else 1.
 
-    def __init__(self, estimator: KerasEstimator, dataset: DataFrame, param_maps: List[Dict[Any, Any]]):
+    The validators call ``est.fitMultiple(train, paramMaps)`` without saying
+    how many threads will draw from it; their ``_fit`` is a few frames up.
+    """
+    frame = sys._getframe(1)
+    for _ in range(_VALIDATOR_FRAMES):
+        frame = frame.f_back
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if owner is not None and hasattr(owner, "getParallelism") and hasattr(owner, "getEstimatorParamMaps"):
+            return max(1, int(owner.getParallelism()))
+    return 1
+
+
+class _ConcurrentFits:
+    """``fitMultiple``'s thread-safe iterator: each ``next()`` takes the next param map and trains it in its thread."""
+
+    def __init__(self, estimator: KerasEstimator, dataset: DataFrame, param_maps: List[Dict[Any, Any]],
+                 workers: Optional[int]):
         self._estimator = estimator
         self._dataset = dataset
         self._param_maps = param_maps
+        self._workers = workers
         self._lock = threading.Lock()
-        self._models: Optional[List[Optional[KerasModel]]] = None
-        self._error: Optional[BaseException] = None
-        self._handed_out = 0
+        self._next = 0
 
-    def __iter__(self) -> "_SequentialFits":
+    def __iter__(self) -> "_ConcurrentFits":
         return self
 
     def __next__(self) -> Tuple[int, KerasModel]:
         with self._lock:
-            if self._error is not None:
-                raise self._error
-            if self._models is None:
-                try:
-                    self._models = [self._estimator.fit(self._dataset, params) for params in self._param_maps]
-                except BaseException as error:
-                    self._error = error
-                    raise
-            index = self._handed_out
-            if index >= len(self._models):
+            index = self._next
+            if index >= len(self._param_maps):
                 raise StopIteration
-            self._handed_out += 1
-            model, self._models[index] = self._models[index], None  # the caller keeps it, not us
-            return index, model
+            self._next += 1
+        params = dict(self._param_maps[index])
+        if self._workers is not None and not any(param.name == "numWorkers" for param in params):
+            params[self._estimator.numWorkers] = self._workers
+        with labelled(f"model {index + 1}/{len(self._param_maps)}"):
+            return index, self._estimator.fit(self._dataset, params)
