@@ -18,6 +18,25 @@ import pytest
 from ring_harness import run_ranks
 
 OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
+
+
+def _lazy_momentum():
+    import keras
+
+    class LazyMomentum(keras.optimizers.SGD):
+        """Momentum kept and applied on the rows a gradient touches only (as TF 1's lazy optimizers did)."""
+
+        def update_step(self, gradient, variable, learning_rate):
+            import tensorflow as tf
+
+            if not isinstance(gradient, tf.IndexedSlices):
+                return super().update_step(gradient, variable, learning_rate)
+            m = self.momentums[self._get_variable_index(variable)]
+            rows = tf.gather(m, gradient.indices) * 0.9 - gradient.values * learning_rate
+            m.scatter_update(tf.IndexedSlices(rows, gradient.indices))
+            variable.scatter_add(tf.IndexedSlices(rows, gradient.indices))
+
+    return LazyMomentum
 USERS, ITEMS, GLOBAL_BATCH, STEPS = 1000, 4, 32, 3
 CLIP_NORM = 0.05
 
@@ -130,12 +149,28 @@ def test_two_ranks_end_with_one_process_weights(ranks_results, name, repeats, va
     assert traffic["sent"] < traffic["dense"]
 
 
-def test_optimizers_that_move_untouched_rows_are_told_apart():
+def test_each_optimizer_gets_its_rows_in_the_form_that_updates_alike():
     import keras
 
-    from sparktf.training.update_form import updates_every_row
+    from sparktf.training.update_form import update_form
 
-    assert not updates_every_row(keras.optimizers.SGD(0.1))
-    assert not updates_every_row(keras.optimizers.Adagrad(0.1))
-    assert updates_every_row(keras.optimizers.SGD(0.1, momentum=0.9))
-    assert updates_every_row(keras.optimizers.Adam(0.1))
+    assert update_form(keras.optimizers.SGD(0.1)) == "padded"
+    assert update_form(keras.optimizers.Adagrad(0.1)) == "padded"
+    assert update_form(keras.optimizers.SGD(0.1, momentum=0.9)) == "dense"
+    assert update_form(keras.optimizers.Adam(0.1)) == "dense"
+    assert update_form(_lazy_momentum()(0.1, momentum=0.9)) == "rows"  # a zero row would decay its momentum: padding would not do
+
+
+def test_padded_rows_keep_the_rows_and_add_zero_rows_of_untouched_indices():
+    import tensorflow as tf
+
+    from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows
+
+    rows = tf.IndexedSlices(tf.ones([70, 2]), tf.range(0, 140, 2, dtype=tf.int64), tf.constant([1000, 2], tf.int64))
+    padded = padded_rows(rows, 1000)
+    indices = padded.indices.numpy()
+    assert len(indices) == 128 and len(set(indices.tolist())) == 128 and indices[:70].tolist() == list(range(0, 140, 2))
+    assert padded.values.numpy()[:70].min() == 1 and not padded.values.numpy()[70:].any()
+    small = tf.IndexedSlices(tf.ones([3, 2]), tf.constant([4, 1, 0], tf.int64), tf.constant([5, 2], tf.int64))
+    assert sorted(padded_rows(small, 5).indices.numpy().tolist()) == [0, 1, 2, 3, 4]  # at most the table
+    assert MIN_PADDED_ROWS == 64

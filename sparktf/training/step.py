@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.training.gradient_exchange import GradientExchange, GradientLayout
-from sparktf.training.update_form import updates_every_row
+from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
 
@@ -264,14 +264,14 @@ class TrainStep:
         """The update for ``layout``'s global gradients as a ``tf.function``, XLA-compiled where XLA can compile it.
 
         It runs as a call of its own after the step, once the step has let go
-        of the weights it read: a row update of a table while a read of it
-        is alive would copy the whole table first. XLA fuses the optimizer's
-        element-wise ops (2x faster on parameter-heavy models); lowering to
-        HLO checks that without running the update. Rows change in number at
-        every step, which XLA would compile anew each time: they reach an
-        optimizer that updates every row anyway (``updates_every_row``) as
-        the dense gradient of the same values, and the others as
-        ``tf.IndexedSlices`` through TensorFlow ops.
+        of the weights it read. XLA fuses the optimizer's element-wise ops
+        (2x faster on parameter-heavy models), and it updates a table's rows
+        without switching the table to copy-on-read (see
+        ``training.update_form``); lowering to HLO checks that it can compile
+        the update without running it. Rows change in number at every step:
+        they reach the compiled update as ``update_form`` says (the dense
+        gradient, or rows padded to a few shapes), or as they are through
+        TensorFlow ops.
         """
         key = tuple(table.position for table in layout.sparse)
         if key in self._update_fns:
@@ -279,21 +279,21 @@ class TrainStep:
         fused = tf.TensorSpec([layout.gradient_size + 1], tf.float32)
         rows = [tf.IndexedSlicesSpec(table.shape, tf.float32, tf.int64, tf.int64, [None]) for table in layout.sparse]
 
-        def update(fused: tf.Tensor, sparse: list) -> tf.Tensor:
-            return self._update(layout, fused, sparse)
+        def update(buffer: tf.Tensor, sparse: list) -> tf.Tensor:
+            return self._update(layout, buffer, sparse)
 
         function = tf.function(update, input_signature=[fused, rows], autograph=False)
-        if not layout.sparse or updates_every_row(self.optimizer):
-            dense = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse]
-            compiled = tf.function(update, input_signature=[fused, dense], jit_compile=True, autograph=False)
-            try:
-                compiled.experimental_get_compiler_ir(tf.zeros(fused.shape),
-                                                      [tf.zeros(spec.shape) for spec in dense])(stage="hlo")
+        form = update_form(self.optimizer) if layout.sparse else "dense"
+        if form != "rows":
+            dense = form == "dense"
+            specs = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse] if dense else rows
+            compiled = tf.function(update, input_signature=[fused, specs], jit_compile=True, autograph=False)
+            if _compiles(compiled, layout, dense):
                 function = compiled if not layout.sparse else tf.function(
-                    lambda buffer, sparse: compiled(buffer, [tf.convert_to_tensor(slices) for slices in sparse]),
+                    lambda buffer, sparse: compiled(buffer, [
+                        tf.convert_to_tensor(slices) if dense else padded_rows(slices, table.rows)
+                        for slices, table in zip(sparse, layout.sparse)]),
                     input_signature=[fused, rows], autograph=False)
-            except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
-                pass
         self._update_fns[key] = function
         return function
 
@@ -308,6 +308,20 @@ class TrainStep:
             gradients = [_map_values(lambda v: v * scale, g) for g in unscaled]
         self.optimizer.apply(gradients, self.variables)
         return tf.constant(True)
+
+
+def _compiles(compiled: Any, layout: GradientLayout, dense: bool) -> bool:
+    """Whether XLA lowers ``compiled`` (an update of ``layout``'s gradients, the rows dense or as
+    :data:`MIN_PADDED_ROWS` rows) to HLO."""
+    sample = [tf.zeros(table.shape) if dense else tf.IndexedSlices(
+        tf.zeros([min(MIN_PADDED_ROWS, table.rows), *table.shape[1:]]),
+        tf.range(min(MIN_PADDED_ROWS, table.rows), dtype=tf.int64), tf.constant(table.shape, tf.int64))
+        for table in layout.sparse]
+    try:
+        compiled.experimental_get_compiler_ir(tf.zeros([layout.gradient_size + 1]), sample)(stage="hlo")
+    except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+        return False
+    return True
 
 
 def _map_values(function: Callable[[tf.Tensor], tf.Tensor], gradient: Any) -> Any:
