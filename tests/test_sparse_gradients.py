@@ -155,7 +155,7 @@ def test_each_optimizer_gets_its_rows_in_the_form_that_updates_alike():
     from sparktf.training.update_form import update_form
 
     assert update_form(keras.optimizers.SGD(0.1)) == "padded"
-    assert update_form(keras.optimizers.Adagrad(0.1)) == "padded"
+    assert update_form(keras.optimizers.Adagrad(0.1)) == "rows"  # a slot per row: see update_form
     assert update_form(keras.optimizers.SGD(0.1, momentum=0.9)) == "dense"
     assert update_form(keras.optimizers.Adam(0.1)) == "dense"
     assert update_form(_lazy_momentum()(0.1, momentum=0.9)) == "rows"  # a zero row would decay its momentum: padding would not do
