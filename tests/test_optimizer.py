@@ -24,6 +24,8 @@ from sparktf import (
 )
 from sparktf.errors import SparkTFError
 
+from concurrent_calls import in_threads
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs"))
 from hook_layers import PythonHook  # noqa: E402  (beside the test programs, which use it too)
 
@@ -349,24 +351,6 @@ def test_sample_and_class_weights_train_validate_and_evaluate_as_keras_fit_and_e
     np.testing.assert_allclose(predictions, reference.predict(x, verbose=0), atol=1e-5)
 
 
-def _trials_in_threads(trials):
-    """Run ``{name: function}`` each in a thread named ``name``; return ``{name: result or exception}``."""
-    import threading
-
-    outcomes = {}
-
-    def run(name, function):
-        try:
-            outcomes[name] = function()
-        except Exception as error:  # the test looks at it
-            outcomes[name] = error
-
-    threads = [threading.Thread(target=run, args=item, name=item[0]) for item in trials.items()]
-    for thread in threads:
-        thread.start()
-    return threads, outcomes
-
-
 class MeetOnce(PythonHook):
     """At its first step in a process, writes ``marker`` and waits (at most 60 s) for ``partner``'s: two calls
     whose models meet train at once, if sparktf lets them."""
@@ -407,12 +391,12 @@ def test_concurrent_calls_overlap_and_a_third_waits_its_turn_for_slots(spark, tm
         optimizers[name] = TFOptimizer.from_keras(model, dataset, num_workers=1)
         optimizers[name].set_train_summary(TrainSummary(str(tmp_path), name))
     train = {name: (lambda o=o: o.optimize(MaxIteration(200), verbose=2)) for name, o in optimizers.items()}
-    threads, outcomes = _trials_in_threads({"a": train["a"], "b": train["b"]})
+    threads, outcomes = in_threads({"a": train["a"], "b": train["b"]})
     deadline = time.monotonic() + 60
     while planner.held() < 2 and not outcomes:  # both first calls hold their slot: the third must wait
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    more, _ = _trials_in_threads({"c": train["c"]})
+    more, _ = in_threads({"c": train["c"]})
     for thread in threads + more:
         thread.join(120)
     outcomes.update(_)

@@ -20,6 +20,8 @@ from sparktf import (
 )
 from sparktf.spark.cluster import WATCHDOG_SLACK_CONF
 
+from concurrent_calls import in_threads
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs"))
 from hook_layers import PythonHook  # noqa: E402  (beside the test programs, which use it too)
 
@@ -246,24 +248,6 @@ def assert_process_ends(pid, within=30):
 
 # ---------------------------------------------------------------------- concurrent calls (model selection)
 
-def _in_threads(functions):
-    """Start ``{name: function}`` each in a thread named ``name``; return the threads and ``{name: result or error}``."""
-    import threading
-
-    outcomes = {}
-
-    def run(name, function):
-        try:
-            outcomes[name] = function()
-        except Exception as error:  # the test looks at it
-            outcomes[name] = error
-
-    threads = [threading.Thread(target=run, args=item, name=item[0]) for item in functions.items()]
-    for thread in threads:
-        thread.start()
-    return threads, outcomes
-
-
 def _planner(spark):
     from sparktf.spark.sessions import session_kind
     from sparktf.spark.slot_planner import planner_for
@@ -276,7 +260,7 @@ def test_one_concurrent_call_fails_while_the_other_completes(spark):
     failing.compile(optimizer="sgd", loss="mse")
     bad = TFOptimizer.from_keras(failing, TFDataset.from_ndarrays(data(), batch_size=8), num_workers=1, max_failures=0)
     good = TFOptimizer.from_keras(compiled_model(), TFDataset.from_ndarrays(data(), batch_size=8), num_workers=1)
-    threads, outcomes = _in_threads({"bad": lambda: bad.optimize(MaxIteration(2), verbose=0),
+    threads, outcomes = in_threads({"bad": lambda: bad.optimize(MaxIteration(2), verbose=0),
                                      "good": lambda: good.optimize(MaxIteration(60), verbose=0)})
     for thread in threads:
         thread.join(120)
@@ -297,7 +281,7 @@ def test_ctrl_c_during_two_calls_cancels_both_and_frees_every_slot(spark, sc):
     planner = _planner(spark)
     optimizers = [TFOptimizer.from_keras(compiled_model(), TFDataset.from_ndarrays(data(), batch_size=8), num_workers=1)
                   for _ in range(2)]
-    threads, outcomes = _in_threads({f"trial {i}": (lambda o=o: o.optimize(MaxIteration(10 ** 7), verbose=0))
+    threads, outcomes = in_threads({f"trial {i}": (lambda o=o: o.optimize(MaxIteration(10 ** 7), verbose=0))
                                      for i, o in enumerate(optimizers)})
     deadline = time.monotonic() + 120
     while planner.held() < 2 or sum(busy_task_slots(sc).values()) < 2:  # both trials' tasks run

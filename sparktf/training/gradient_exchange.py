@@ -153,14 +153,21 @@ def merge_rows(indices: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.nd
     """Sum the rows of equal indices: ``(sorted unique indices, their summed rows)``.
 
     The sums run in the order the rows come (a stable sort), so every rank
-    that merges the same arrays gets the same bits.
+    that merges the same arrays gets the same bits. Made for the rows of a
+    few ranks, each holding an index at most once: an index repeats a few
+    times at most, and the sum adds its k-th rows for each k in turn.
     """
     if indices.size == 0:
         return indices, rows
     order = np.argsort(indices, kind="stable")
     ordered = indices[order]
     starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    return ordered[starts], np.add.reduceat(rows[order], starts, axis=0)
+    lengths = np.diff(np.append(starts, ordered.size))
+    summed = rows[order[starts]]
+    for k in range(1, int(lengths.max())):
+        repeated = lengths > k
+        summed[repeated] += rows[order[starts[repeated] + k]]
+    return ordered[starts], summed
 
 
 @dataclass
@@ -287,9 +294,9 @@ class GradientExchange:
         offset = 0
         for k, table, indices, rows in gathered:
             end = offset + indices.size * _INDEX_BYTES
-            part[offset:end] = indices.astype(np.int64).view(np.uint8)
+            part[offset:end] = indices.astype(np.int64, copy=False).view(np.uint8)
             offset, end = end, end + rows.size * self._wire.itemsize
-            part[offset:end] = rows.astype(self._wire).reshape(-1).view(np.uint8)
+            part[offset:end] = np.ascontiguousarray(rows, self._wire).reshape(-1).view(np.uint8)
             offset = end
         received = comm.allgatherv(part, part_bytes.sum(axis=1))
         rank_offsets = np.concatenate(([0], np.cumsum(part_bytes.sum(axis=1))))
@@ -302,7 +309,8 @@ class GradientExchange:
                 all_indices.append(received[start:middle].view(np.int64))
                 end = middle + count * table.row_size * self._wire.itemsize
                 all_rows.append(received[middle:end].view(self._wire).reshape(count, table.row_size))
-            indices, rows = merge_rows(np.concatenate(all_indices), np.concatenate(all_rows).astype(np.float32))
+            indices, rows = merge_rows(np.concatenate(all_indices),
+                                       np.concatenate(all_rows).astype(np.float32, copy=False))
             outputs[1 + 2 * k] = indices
             outputs[2 + 2 * k] = rows.reshape((len(indices), *table.shape[1:]))
             self.traffic.sparse_tables += 1
