@@ -182,6 +182,10 @@ class TFRecordFeed:
         native = reads_natively(self.files[rank])
 
         def one_pass(pass_number: tf.Tensor) -> tf.data.Dataset:
+            # the shuffles' seeds are ours alone; and TensorFlow's seed helper compares (global seed, op seed)
+            # with (0, 0), which fails on a tensor op seed when the process's global seed is 0
+            # (keras.utils.set_random_seed(0)): this pass's graph takes none
+            tf.compat.v1.get_default_graph().seed = None
             pass_seed = tf.cast(rank * _SEED_STRIDE, tf.int64) + pass_number
             order = files
             if shuffle:
