@@ -15,7 +15,8 @@ global batch, so 1 and 2 workers compute the same updates), with ``sparktf.ml.Ke
     each) against serial on 4 workers; ``RESULT tuning_speedup_4`` (printed for reference).
 
 Each run's models get names of their own, so no run finds another's traced steps cached in the Python
-workers; untimed warm-ups first (a fit, then a 2-configuration grid in each mode, 1 epoch) start the
+workers; the run timed second was faster whichever mode it was, so the two modes alternate their order
+over 2 rounds and each mode's fastest round counts; untimed warm-ups first (a fit, then a 2-configuration grid in each mode, 1 epoch) start the
 workers, import TensorFlow and take every code path once: without them the first timed run took twice
 as long, whichever it was. Run
 ``python benchmarks/bench_tuning.py [--quick] [--part a|b] [--parallel-first]`` (``--quick``: 5 epochs
@@ -80,7 +81,7 @@ def _grid_run(df, run: str, parallelism: int, workers, epochs: int, rates=RATES)
     return time.perf_counter() - started, list(fitted.avgMetrics), list(fitted.stdMetrics)
 
 
-def part(master: str, parallelism: int, epochs: int, parallel_first: bool = False) -> dict:
+def part(master: str, parallelism: int, epochs: int, parallel_first: bool = False, rounds: int = 2) -> dict:
     import sparktf
     from sparktf.ml import KerasEstimator
 
@@ -91,20 +92,26 @@ def part(master: str, parallelism: int, epochs: int, parallel_first: bool = Fals
     KerasEstimator(model=_model(8, "warm"), batchSize=256, numWorkers=slots).fit(df)  # workers up, TF imported
     for warm_parallelism, warm_workers in ((parallelism, None), (1, slots)):  # every code path once, untimed
         _grid_run(df, f"warm{warm_parallelism}", warm_parallelism, warm_workers, 1, RATES[:1])
-    if parallel_first:  # the run that goes second finds warmer Python workers (not its models: names differ)
-        parallel = _grid_run(df, "parallel", parallelism, None, epochs)
-        serial = _grid_run(df, "serial", 1, slots, epochs)
-    else:
-        serial = _grid_run(df, "serial", 1, slots, epochs)
-        parallel = _grid_run(df, "parallel", parallelism, None, epochs)
+    # the run timed second finds warmer Python workers (not its models: names differ): the modes alternate
+    # their order over the rounds, and each mode's fastest round counts
+    runs = {"serial": [], "parallel": []}
+    for index in range(rounds):
+        order = ["serial", "parallel"] if (index % 2 == 0) != parallel_first else ["parallel", "serial"]
+        for mode in order:
+            serial = mode == "serial"
+            runs[mode].append(_grid_run(df, f"{mode}{index}", 1 if serial else parallelism, slots if serial else None,
+                                        epochs))
+    serial, parallel = (min(runs[mode], key=lambda run: run[0]) for mode in ("serial", "parallel"))
     spark.stop()
-    return {"master": master, "slots": slots, "parallelism": parallelism, "serial": serial, "parallel": parallel}
+    return {"master": master, "slots": slots, "parallelism": parallelism, "serial": serial, "parallel": parallel,
+            "rounds": {mode: [round(run[0], 1) for run in timed] for mode, timed in runs.items()}}
 
 
 def _report(name: str, result: dict) -> float:
     serial_s, serial_avg, serial_std = result["serial"]
     parallel_s, parallel_avg, parallel_std = result["parallel"]
-    print(f"{result['master']}: 8 configurations x 2 folds (+ the refit of the best)")
+    print(f"{result['master']}: 8 configurations x 2 folds (+ the refit of the best); seconds per round "
+          f"(orders alternating): {result['rounds']}, the fastest of each mode counts")
     print(f"  serial, each model on {result['slots']} workers:          {serial_s:7.1f} s")
     print(f"  parallelism={result['parallelism']}, each on "
           f"{max(1, result['slots'] // result['parallelism'])} worker(s):   {parallel_s:7.1f} s")
