@@ -35,15 +35,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
-import ml_dtypes
 import numpy as np
 import tensorflow as tf
+
+from sparktf.collective import WIRE_DTYPES
 
 __all__ = ["GradientExchange", "GradientLayout", "SparseTable", "Traffic", "merge_rows"]
 
 _INDEX_BYTES = 8
-# what a compressed exchange sends floating-point gradient values as
-_WIRE_DTYPES = {None: np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16), "fp16": np.dtype(np.float16)}
 
 
 @dataclass(frozen=True)
@@ -213,7 +212,7 @@ class GradientExchange:
     def __init__(self, communicator: Any = None, compression: Optional[str] = None):
         self._communicator = communicator
         self._compression = compression
-        self._wire = _WIRE_DTYPES[compression]
+        self._wire = np.dtype(np.float32) if compression is None else WIRE_DTYPES[compression]
         self._tables: dict = {}  # densified tables' buffers, by position, reused across steps
         self.traffic = Traffic()
 
@@ -236,7 +235,7 @@ class GradientExchange:
         ring_share = 2 * (world - 1) / world
         exact_bytes = (fused.size - layout.gradient_size) * 4
         sent = ring_share * (layout.gradient_size * self._wire.itemsize + exact_bytes)
-        dense = ring_share * (sum(t.rows * t.row_size for t in layout.sparse) * self._wire.itemsize)
+        dense = sent + ring_share * sum(t.rows * t.row_size for t in layout.sparse) * self._wire.itemsize
         outputs = [fused]
         if layout.sparse:
             counts = np.zeros((world, len(layout.sparse)), np.int64)
@@ -256,7 +255,7 @@ class GradientExchange:
                 sent += self._gather_rows(gathered, counts, outputs)
         self.traffic.steps += 1
         self.traffic.sent += sent
-        self.traffic.dense += dense + ring_share * (layout.gradient_size * self._wire.itemsize + exact_bytes)
+        self.traffic.dense += dense
         return outputs
 
     def _travels_as_rows(self, table: SparseTable, total_rows: int) -> bool:

@@ -19,7 +19,7 @@ each (see ``docs/design/training.md``). In a segment every barrier task:
    (``TrainStep.warm_up``), and assigns the segment's start state (weights,
    optimizer variables), streamed from the driver's job channel (or, without
    one, read from a broadcast);
-4. loops, one graph call per iteration (``TrainStep.run``): local batch ->
+4. loops, a step and an update call per iteration (``TrainStep.run``): local batch ->
    gradients + loss, weighted by the rank's share of the global batch, and
    the compiled metrics' states of the batch -> exchange (sum: the
    record-weighted mean, called from the graph; dense gradients fused and

@@ -1,23 +1,25 @@
 """The compiled training step of one worker, with the gradient exchange inside the graph.
 
-:meth:`TrainStep.run` is ONE ``tf.function`` call per iteration: forward pass,
-loss (the compiled loss plus ``model.losses``, weighted by the batch's sample
-weights), backward pass and the compiled metrics' update on this batch
-alone; the gradients, the loss and the batch's metric states
+:meth:`TrainStep.run` is two ``tf.function`` calls per iteration. The step:
+forward pass, loss (the compiled loss plus ``model.losses``, weighted by the
+batch's sample weights), backward pass and the compiled metrics' update on
+this batch alone; the gradients, the loss and the batch's metric states
 (:mod:`sparktf.training.metric_state`) packed for the exchange
 (:mod:`sparktf.training.gradient_exchange`: dense gradients fused in one
 buffer, ``Embedding`` gradients as the rows they touch), gradients and loss
 scaled by the worker's share of the global batch; the caller's exchange (sum
 over workers: the record-weighted mean of gradients and loss, the global
 batch's metric states), called from the graph through
-``tf.numpy_function``; then, only if every global gradient and the loss are
-finite, clipping of the global gradient and ``optimizer.apply`` (which
-advances ``optimizer.iterations`` and with it any learning-rate schedule).
-The update is XLA-compiled when every gradient is dense and XLA can compile
-it. Every worker applies the same global gradient to the same weights, so
-the weights stay identical everywhere. Like Keras' own train function, the
-step is traced without AutoGraph (the model's Python runs as it is; tracing
-ResNet-50's step took 3 CPU-s less).
+``tf.numpy_function``. Then, only if every global gradient and the loss are
+finite, the update: clipping of the global gradient and ``optimizer.apply``
+(which advances ``optimizer.iterations`` and with it any learning-rate
+schedule), a call of its own once the step has let go of the weights it
+read, XLA-compiled where XLA can compile it (rows in the form
+:mod:`sparktf.training.update_form` finds for the optimizer). Every worker
+applies the same global gradient to the same weights, so the weights stay
+identical everywhere. Like Keras' own train function, the step is traced
+without AutoGraph (the model's Python runs as it is; tracing ResNet-50's
+step took 3 CPU-s less).
 
 The global metric states add up over the epoch in a float64 variable of the
 step; the metrics' values on that sum (the running epoch value ``fit``
@@ -98,7 +100,7 @@ class StepResult:
 
 
 class TrainStep:
-    """Gradients, external exchange and update of a compiled Keras model in one graph call.
+    """Gradients and external exchange of a compiled Keras model in one graph call, then its update in another.
 
     Parameters
     ----------

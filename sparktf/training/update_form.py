@@ -95,12 +95,11 @@ def _probe(optimizer: Any, gradient: Any) -> tuple:
     """The table and slot values after the first step and after all ``_STEPS`` of a copy of ``optimizer``."""
     import keras
 
-    with tf.init_scope():  # eager, also when asked while a step is traced
-        copy = type(optimizer).from_config(optimizer.get_config())
-        table = keras.Variable(np.arange(12, dtype=np.float32).reshape(_SHAPE) / 10.0)
-        copy.build([table])
-        snapshots = []
-        for row, value in _STEPS:
-            copy.apply([gradient(row, value)], [table])
-            snapshots.append([np.array(table.numpy())] + [np.array(v.numpy()) for v in copy.variables])
+    copy = type(optimizer).from_config(optimizer.get_config())
+    table = keras.Variable(np.arange(12, dtype=np.float32).reshape(_SHAPE) / 10.0)
+    copy.build([table])
+    snapshots = []
+    for row, value in _STEPS:
+        copy.apply([gradient(row, value)], [table])
+        snapshots.append([np.array(table.numpy())] + [np.array(v.numpy()) for v in copy.variables])
     return snapshots[0], snapshots[-1]
