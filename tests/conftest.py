@@ -29,6 +29,8 @@ SPARK_TEST_CONF = {
     "spark.default.parallelism": "2",
     "spark.python.worker.reuse": "true",
     "spark.driver.memory": "2g",
+    # a call that leaked its slots (a bug) fails the tests after it with the planner's message, not pytest's timeout
+    "spark.sparktf.slotWait": "240",
 }
 
 

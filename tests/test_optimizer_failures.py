@@ -298,3 +298,33 @@ def test_ctrl_c_during_two_calls_cancels_both_and_frees_every_slot(spark, sc):
     while busy_task_slots(sc):  # the cancelled tasks end (their Python workers at the latest 3 s after the channel)
         assert time.monotonic() - interrupted < 60, busy_task_slots(sc)
         time.sleep(0.1)
+
+
+def test_a_job_a_call_submits_after_ctrl_c_is_cancelled_too(spark, sc):
+    """Ctrl-C may come while a call is between two jobs: the job it submits next, before it sees its flag, is cancelled."""
+    import signal
+    import threading
+
+    from sparktf.spark.sessions import session_kind
+    from sparktf.spark.slot_planner import call_scope, install_interrupt_handler
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    install_interrupt_handler()
+    in_scope, interrupted = threading.Event(), threading.Event()
+
+    def call_between_jobs():
+        with call_scope(session_kind(spark), "a late call"):
+            in_scope.set()
+            assert interrupted.wait(60)
+            return sc.parallelize([0], 1).map(lambda x: time.sleep(90) or x).collect()  # submitted after the Ctrl-C
+
+    threads, outcomes = in_threads({"late": call_between_jobs})
+    assert in_scope.wait(60), outcomes
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    interrupted.set()
+    threads[0].join(60)
+    assert isinstance(outcomes.get("late"), SparkTFError) and "cancelled: Ctrl-C" in str(outcomes["late"]), outcomes
+    assert time.monotonic() - started < 30 and _planner(spark).held() == 0

@@ -33,6 +33,10 @@ the main thread, chained to the one it finds: PySpark's cancels the
 SparkContext's jobs) marks every call of every planner cancelled and cancels
 their jobs by their call tags, so calls running in other threads stop
 instead of relaunching, and the interrupt goes on in the main thread at once.
+A call may be between two jobs when Ctrl-C comes, and submit its next one
+before it sees its flag: the cancelling goes on, every
+:data:`_POLL_SECONDS`, until every cancelled call has ended (at most
+:data:`INTERRUPT_CANCEL_SECONDS`).
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ DEFAULT_SLOT_WAIT = 3600.0
 #: Seconds a call waits for slots busy with tasks while no other call of this driver runs (a failed job's).
 BUSY_WAIT_SECONDS = 30.0
 _POLL_SECONDS = 0.25
+#: Seconds the jobs of cancelled calls that have not ended yet are cancelled again (jobs they submit late).
+INTERRUPT_CANCEL_SECONDS = 300.0
 _PLANNER_ATTR = "_sparktf_slot_planner"
 _PLANNERS: "weakref.WeakSet[SlotPlanner]" = weakref.WeakSet()
 _THREAD = threading.local()  # the label of this thread's calls (see labelled)
@@ -162,15 +168,15 @@ class SlotPlanner:
         for call in list(self._calls):
             call.interrupted = True
 
-    def cancel_jobs(self) -> None:
-        """Cancel the jobs of every interrupted call and wake the waiting ones."""
+    def cancel_jobs(self) -> int:
+        """Cancel the jobs of every interrupted call and wake the waiting ones; returns how many such calls run."""
         with self._cond:
-            calls = list(self._calls)
+            calls = [call for call in self._calls if call.interrupted]
         for call in calls:
-            if call.interrupted:
-                call.cancel_jobs()
+            call.cancel_jobs()
         with self._cond:
             self._cond.notify_all()
+        return len(calls)
 
     # ------------------------------------------------------------------ slots
 
@@ -299,7 +305,13 @@ class Call:
         they fit and nobody waits; otherwise a call that holds some keeps
         them (an elastic call goes on with what it has), and one that holds
         none waits its turn (:meth:`SlotPlanner.acquire`).
+
+        Raises
+        ------
+        SparkTFError
+            Ctrl-C cancelled the call: it launches nothing more.
         """
+        self.check()
         if self.held and _key(profile) != self.key:
             self.release()
         if slots <= self.held:
@@ -366,7 +378,7 @@ def call_scope(kind: Any, what: str) -> Iterator[Call]:
         yield call
     except KeyboardInterrupt:
         planner.interrupt()
-        planner.cancel_jobs()
+        _cancel_in_background([planner])
         raise
     except Exception as error:
         if call.interrupted and not getattr(error, "_sparktf_cancelled", False):
@@ -385,9 +397,17 @@ def _interrupt_every_call() -> None:
     planners = list(_PLANNERS)
     for planner in planners:
         planner.interrupt()  # flags first, in the handler itself: the calls must not relaunch what gets cancelled
-    worker = threading.Thread(target=lambda: [p.cancel_jobs() for p in planners], name="sparktf-interrupt",
-                              daemon=True)
-    worker.start()
+    _cancel_in_background(planners)
+
+
+def _cancel_in_background(planners: List[SlotPlanner]) -> None:
+    """Cancel the interrupted calls' jobs now and again until those calls end (see the module docstring)."""
+    def cancel_until_ended() -> None:
+        deadline = time.monotonic() + INTERRUPT_CANCEL_SECONDS
+        while sum(planner.cancel_jobs() for planner in planners) and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
+
+    threading.Thread(target=cancel_until_ended, name="sparktf-interrupt", daemon=True).start()
 
 
 class _InterruptHandler:
