@@ -6,7 +6,8 @@ actual shape or dtype, worker rank) and says what to do about it.
 
 from typing import Optional
 
-__all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone", "StorageError"]
+__all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone", "StorageError",
+           "ConfigurationError"]
 
 
 class SparkTFError(Exception):
@@ -51,3 +52,9 @@ class StorageError(SparkTFError, OSError):
                  retries: int = 0, transient: bool = False):
         super().__init__(message)
         self.path, self.route, self.retries, self.transient = path, route, retries, transient
+
+
+class ConfigurationError(SparkTFError):
+    """A setting or the session cannot work as configured (an address this process cannot listen on or the
+    executors cannot reach, a ``spark.sparktf.*`` value out of range): it fails the same way on every try, so it is
+    raised at once, never relaunched."""

@@ -182,7 +182,9 @@ def test_entry_points_that_need_rdds_name_the_dataframe_alternative(results):
     assert rdd_only["TFNet_local"][0] == [[2.0, 2.0]] * 4
 
 
-def test_an_address_this_client_cannot_listen_on_fails_at_once_naming_the_setting(results):
+def test_an_address_this_client_cannot_listen_on_fails_at_once_naming_the_setting_and_is_not_relaunched(results):
     driver_host = results["driver_host"]
-    assert driver_host["error"] == "SparkTFError" and "spark.sparktf.driverHost" in driver_host["message"]
+    assert driver_host["error"] == "ConfigurationError" and "spark.sparktf.driverHost" in driver_host["message"]
     assert "192.0.2.1" in driver_host["message"] and driver_host["seconds"] < 5
+    name, message, seconds = driver_host["optimize"]  # a setting that cannot work is never relaunched
+    assert name == "ConfigurationError" and "cannot bind '192.0.2.1'" in message and seconds < 5, driver_host

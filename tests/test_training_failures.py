@@ -141,3 +141,17 @@ def test_model_dir_under_a_regular_file_is_refused_at_construction(sc, tmp_path)
     dataset = TFDataset.from_ndarrays((features(), np.zeros(16, np.int32)), batch_size=8)
     with pytest.raises(ValueError, match=r"model_dir .*a-file.* is a file"):
         TFOptimizer.from_keras(classifier(), dataset, model_dir=str(blocker / "checkpoints"))
+
+
+def test_only_failures_a_relaunch_can_mend_are_relaunched_and_a_ranks_report_keeps_whether_its_store_broke_off():
+    from sparktf.errors import ConfigurationError, DriverJVMGone, StorageError
+    from sparktf.training.failures import failure_report, relaunch_helps, reported_failure
+
+    never = [DataError("x"), ModelError("x"), ConfigurationError("x"), DriverJVMGone("x"), StorageError("no such key")]
+    assert not any(relaunch_helps(error) for error in never)
+    assert all(relaunch_helps(error) for error in (TrainingError("lost peer"), OSError("reset"), RuntimeError("x"),
+                                                   StorageError("reset", transient=True)))
+    for transient in (True, False):
+        reported = reported_failure([failure_report(StorageError("s3://b/k: reset", transient=transient))])
+        assert type(reported) is StorageError and reported.transient is transient and str(reported) == "s3://b/k: reset"
+    assert type(reported_failure(["training", failure_report(DataError("bad record 3"))])) is DataError

@@ -266,7 +266,7 @@ _PARKED = _ParkedStream()
 
 
 def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> SparkTFError:
-    """A ``DataError`` (relaunching cannot help), or a transient ``StorageError`` (a task failure, relaunched)."""
+    """A ``DataError`` (relaunching cannot help), or a ``StorageError`` (a task failure, relaunched when transient)."""
     message = " ".join(exc.message.split())
     named = [path for path in files if path in message]
     where = f"TFRecord file {named[0]}" if named else f"one of the TFRecord files {files}"
@@ -274,9 +274,10 @@ def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> SparkTFE
     store_failure = failed_read(files) if "StorageError" in message else None
     if store_failure is not None or isinstance(exc, _STORE_FAILURES):
         failure = store_failure or StorageError(f"cannot read {where}: {message[:400]}", transient=True)
-        return StorageError(f"training worker rank {rank} could not read its TFRecord files mid-epoch, a task "
-                            f"failure that training relaunches: {failure}", path=failure.path, route=failure.route,
-                            retries=failure.retries, transient=True)
+        relaunched = ", a task failure that training relaunches" if failure.transient else ""
+        return StorageError(f"training worker rank {rank} could not read its TFRecord files mid-epoch{relaunched}: "
+                            f"{failure}", path=failure.path, route=failure.route, retries=failure.retries,
+                            transient=failure.transient)
     return DataError(
         f"training worker rank {rank}: reading or parsing {where} failed: {message[:400]}. "
         "Check that the file exists and is readable on every executor and that parse_fn accepts its records"

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Optional
 
 from pyspark import SparkContext
 
-from sparktf.errors import SparkTFError
+from sparktf.errors import ConfigurationError, SparkTFError
 from sparktf.spark.resources import describe_profile
 
 __all__ = [
@@ -206,7 +206,7 @@ def watchdog_slack(kind: Any) -> float:
 
     Raises
     ------
-    SparkTFError
+    ConfigurationError
         The value is not a number of seconds >= 0.
     """
     text = kind.setting(WATCHDOG_SLACK_CONF, "30")
@@ -215,7 +215,7 @@ def watchdog_slack(kind: Any) -> float:
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds >= 0):
-        raise SparkTFError(f"{WATCHDOG_SLACK_CONF} must be a number of seconds >= 0, got {text!r}")
+        raise ConfigurationError(f"{WATCHDOG_SLACK_CONF} must be a number of seconds >= 0, got {text!r}")
     return seconds
 
 
@@ -234,14 +234,14 @@ def train_data_memory(kind: Any) -> int:
 
     Raises
     ------
-    SparkTFError
+    ConfigurationError
         The value is not a positive size.
     """
     text = kind.setting(TRAIN_DATA_MEMORY_CONF, DEFAULT_TRAIN_DATA_MEMORY)
     match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", text.lower())
     size = int(match.group(1)) * _SIZE_UNITS[match.group(2)] if match else 0
     if size <= 0:
-        raise SparkTFError(
+        raise ConfigurationError(
             f"{TRAIN_DATA_MEMORY_CONF} must be a positive size such as 512m or 2g, got {text!r}"
         )
     return size

@@ -16,7 +16,7 @@ import uuid
 from functools import partial
 from typing import Any, Iterable, Iterator, List, Optional
 
-from sparktf.errors import SparkTFError
+from sparktf.errors import ConfigurationError, SparkTFError
 from sparktf.spark.cluster import TaskSlots
 from sparktf.spark.resources import describe_profile
 from sparktf.spark.session_kind import DRIVER_HOST_CONF, SessionKind, Shared, TaskFunction
@@ -117,11 +117,11 @@ class ConnectSession(SessionKind):
 
         Raises
         ------
-        SparkTFError
+        ConfigurationError
             For ``spark.sparktf.rendezvous=barrier``, or an address this machine does not have.
         """
         if super().rendezvous_host() is None:
-            raise SparkTFError(
+            raise ConfigurationError(
                 "spark.sparktf.rendezvous=barrier needs a classic session: in Spark Connect the tasks get the "
                 "model state from sparktf's job channel in this process. Unset it, and set "
                 "spark.sparktf.driverHost to an address of this machine that the executors reach"
@@ -135,7 +135,7 @@ class ConnectSession(SessionKind):
 
         Raises
         ------
-        SparkTFError
+        ConfigurationError
             The task could not connect within :data:`REACH_SECONDS`, naming
             ``spark.sparktf.driverHost``.
         """
@@ -156,7 +156,7 @@ class ConnectSession(SessionKind):
             finally:
                 timer.cancel()
         if error:
-            raise SparkTFError(
+            raise ConfigurationError(
                 f"the executors cannot reach this process at {host}:{port} ({error.decode()}): sparktf's tasks "
                 f"connect to it for the model state and their progress. Set {DRIVER_HOST_CONF} to an address "
                 "of this machine that the executors can reach, and let them connect to it (docs/guides/connect.md)"

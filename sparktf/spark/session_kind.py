@@ -8,7 +8,7 @@ import socket
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
-from sparktf.errors import SparkTFError
+from sparktf.errors import ConfigurationError, SparkTFError
 from sparktf.spark.jobs import jvm_gone
 
 __all__ = ["SessionKind", "TaskFunction", "Shared", "DRIVER_HOST_CONF", "RENDEZVOUS_CONF"]
@@ -103,15 +103,15 @@ class SessionKind(ABC):
 
         Raises
         ------
-        SparkTFError
+        ConfigurationError
             Any other value.
         """
         mode = self.conf.get(RENDEZVOUS_CONF, "driver")
         if mode == "barrier":
             return None
         if mode != "driver":
-            raise SparkTFError(f"{RENDEZVOUS_CONF} must be 'driver' or 'barrier', got {mode!r}")
-        return self.listen_host()
+            raise ConfigurationError(f"{RENDEZVOUS_CONF} must be 'driver' or 'barrier', got {mode!r}")
+        return self.driver_host()
 
     def listen_host(self) -> str:
         """The address job channels bind (``spark.sparktf.driverHost``, else ``spark.driver.host``), unchecked."""
@@ -124,7 +124,7 @@ class SessionKind(ABC):
 
         Raises
         ------
-        SparkTFError
+        ConfigurationError
             When that address is not one of this machine's, so nothing
             could listen on it (naming ``spark.sparktf.driverHost``).
         """
@@ -136,7 +136,7 @@ class SessionKind(ABC):
         except OSError as error:
             where = (f"{DRIVER_HOST_CONF}={host!r} is not an address of this machine" if chosen else
                      f"spark.driver.host={host!r}: the {self.name} session's driver runs on another machine")
-            raise SparkTFError(
+            raise ConfigurationError(
                 f"sparktf listens for its tasks in this process, but cannot bind {host!r} "
                 f"({error.strerror or error}): {where}. Set {DRIVER_HOST_CONF} to an address of this machine "
                 "that the executors can reach (docs/guides/connect.md)"

@@ -52,7 +52,7 @@ import uuid
 import weakref
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional
 
-from sparktf.errors import SparkTFError
+from sparktf.errors import ConfigurationError, SparkTFError
 from sparktf.spark.cluster import TaskSlots
 from sparktf.spark.resources import describe_profile
 
@@ -78,7 +78,7 @@ def slot_wait(kind: Any) -> float:
 
     Raises
     ------
-    SparkTFError
+    ConfigurationError
         The value is not a number of seconds >= 0.
     """
     text = kind.setting(SLOT_WAIT_CONF, str(DEFAULT_SLOT_WAIT))
@@ -87,7 +87,7 @@ def slot_wait(kind: Any) -> float:
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds >= 0):
-        raise SparkTFError(f"{SLOT_WAIT_CONF} must be a number of seconds >= 0, got {text!r}")
+        raise ConfigurationError(f"{SLOT_WAIT_CONF} must be a number of seconds >= 0, got {text!r}")
     return seconds
 
 

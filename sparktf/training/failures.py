@@ -19,14 +19,15 @@ from typing import Iterable, Iterator, Optional
 
 import tensorflow as tf
 
-from sparktf.errors import DataError, ModelError, SparkTFError, StorageError
+from sparktf.errors import ConfigurationError, DataError, DriverJVMGone, ModelError, SparkTFError, StorageError
 from sparktf.models.batch_errors import essential_line
 
-__all__ = ["classified_failures", "deterministic_failure", "failure_report", "reported_failure"]
+__all__ = ["classified_failures", "deterministic_failure", "failure_report", "reported_failure", "relaunch_helps"]
 
 _REPORT = "failed "
 # What a rank names to the driver: deterministic failures (raised at once) and its store's (relaunched).
 _REPORTABLE = {cls.__name__: cls for cls in (DataError, ModelError, StorageError)}
+_TRANSIENT = " (transient)"  # after a reported StorageError's class: the store broke off, a relaunch may succeed
 
 # What a batch that does not fit the model raises, at trace time or at run time.
 _BATCH_ERRORS = (
@@ -97,24 +98,42 @@ def deterministic_failure(
     return None
 
 
+def relaunch_helps(error: BaseException) -> bool:
+    """Whether relaunching a training segment after ``error`` may succeed (the driver's one rule).
+
+    Not for bad data (``DataError``), a failing model (``ModelError``), a
+    setting that cannot work (``ConfigurationError``), a path its store
+    refuses (a ``StorageError`` that is not transient) or a dead driver JVM:
+    those fail the same way again, so they are raised at once. Everything
+    else (a lost worker or peer, a timeout, a store that broke off) may not.
+    """
+    if isinstance(error, StorageError):
+        return error.transient
+    return not isinstance(error, (DataError, ModelError, ConfigurationError, DriverJVMGone))
+
+
 def failure_report(error: SparkTFError) -> str:
     """A rank's last heartbeat phase for a failure it knows the cause of: its class and message.
 
     The rank that failed sends it to the driver's job channel before its task
     ends; its peers only see a connection close, and Spark may report one of
     their errors first. A deterministic failure (``DataError``, ``ModelError``)
-    is raised at once; a ``StorageError`` (its store broke off) is relaunched,
-    named in the driver's warning.
+    is raised at once, and so is a ``StorageError`` for a path the store
+    refuses; one whose store broke off (``transient``) is relaunched, named
+    in the driver's warning.
     """
-    return f"{_REPORT}{type(error).__name__}: {str(error)[:4000]}"
+    transient = _TRANSIENT if getattr(error, "transient", False) else ""
+    return f"{_REPORT}{type(error).__name__}{transient}: {str(error)[:4000]}"
 
 
 def reported_failure(phases: Iterable[str]) -> Optional[SparkTFError]:
     """The error a rank reported with :func:`failure_report`, if any phase is one."""
     for phase in phases:
         name, _, message = phase[len(_REPORT):].partition(": ")
+        transient = name.endswith(_TRANSIENT)
+        name = name.removesuffix(_TRANSIENT)
         if phase.startswith(_REPORT) and name in _REPORTABLE:
-            return _REPORTABLE[name](message)
+            return StorageError(message, transient=transient) if name == "StorageError" else _REPORTABLE[name](message)
     return None
 
 

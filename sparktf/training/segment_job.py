@@ -31,11 +31,11 @@ from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 from sparktf.collective import JobChannel
-from sparktf.errors import DataError, DriverJVMGone, ModelError, SparkTFError, TrainingError
+from sparktf.errors import SparkTFError, TrainingError
 from sparktf.spark.jobs import run_job
 from sparktf.spark.slot_planner import cancelled_error
 from sparktf.training.checkpoint import ModelState
-from sparktf.training.failures import reported_failure
+from sparktf.training.failures import relaunch_helps, reported_failure
 from sparktf.training.inputs import WorkerInputs
 from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment, state_checksums
 from sparktf.training.membership import Membership
@@ -87,13 +87,22 @@ class SegmentRunner:
         self._next: Optional[int] = None
 
     def start(self, iteration: int) -> int:
-        """Decide the first launch's worker count now, before any job (too few task slots fail here).
+        """Check the rendezvous address and decide the first launch's worker count, before any training job.
 
         Parameters
         ----------
         iteration : int
             The driver's iteration (the first segment starts after it).
+
+        Raises
+        ------
+        ConfigurationError
+            This process cannot listen on the address its tasks connect to,
+            or (Spark Connect) the executors cannot reach it.
+        SparkTFError
+            Too few task slots.
         """
+        self.session.rendezvous_host()
         self._next = self.membership.next_launch(iteration)
         return self._next
 
@@ -109,8 +118,10 @@ class SegmentRunner:
 
         Raises
         ------
-        DataError, ModelError, DriverJVMGone
-            At once: the data or the model would fail again, or there is no JVM.
+        DataError, ModelError, ConfigurationError, StorageError, DriverJVMGone
+            At once, as themselves, whatever ``max_failures`` is: the data, the
+            model, a setting or a path the store refuses would fail again, or
+            there is no JVM (see :func:`sparktf.training.failures.relaunch_helps`).
         TrainingError
             After more than ``max_failures`` failures (the last one as
             cause), or when fewer than ``min_workers`` task slots are left.
@@ -127,9 +138,9 @@ class SegmentRunner:
                                          on_reports, self.profile)
                 result.workers = workers
                 return result
-            except (DataError, ModelError, DriverJVMGone):
-                raise
-            except Exception as error:  # a worker failed: relaunch from the last good state
+            except Exception as error:  # a worker failed: relaunch from the last good state, if that can help
+                if not relaunch_helps(error):
+                    raise
                 workers = self._relaunch(spec, workers, error)
 
     def _hold(self, workers: int) -> int:
@@ -222,9 +233,9 @@ def run_segment_job(
             watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout, on_reports)
             try:
                 result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
-            except (DataError, ModelError):
-                raise
             except Exception as error:  # a rank that failed deterministically said so before its peers failed
+                if not relaunch_helps(error):
+                    raise
                 reported = reported_failure(report.phase for _, report in sorted(channel.reports().items()))
                 if reported is not None:
                     raise reported from error

@@ -306,7 +306,10 @@ def main():
 
     spark.conf.set("spark.sparktf.driverHost", "192.0.2.1")  # TEST-NET-1: never an address of this machine
     name, message, seconds = error_of(lambda: sparktf.run(ranks, num_workers=1))
-    result("driver_host", error=name, message=message, seconds=seconds)
+    x, y = regression_data(64, 4)
+    training = TFOptimizer.from_keras(linear_model(), TFDataset.from_ndarrays((x, y), batch_size=32), max_failures=3)
+    trained = error_of(lambda: training.optimize(MaxEpoch(1), verbose=0))  # raised once, before any training job
+    result("driver_host", error=name, message=message, seconds=seconds, optimize=trained)
     spark.stop()
 
 
