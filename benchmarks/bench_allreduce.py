@@ -19,8 +19,23 @@ physical bound of this machine for its traffic pattern; ``raw_uni`` is shown
 for reference.  The last two lines are ``RESULT bf16_speedup_64MiB=<float32
 time / bf16 time>`` and ``RESULT busbw_ratio_64MiB=<ratio>``.
 
-Run ``python benchmarks/bench_allreduce.py [--quick]`` (``--quick`` stops at
-64 MiB with fewer repetitions and takes well under a minute).
+Two more columns explain the gap to ``raw_bidi`` (they change no result):
+
+* ``into``  ``raw_bidi`` receiving into a second buffer of ``bytes`` instead of
+  the reused sink, as the all-gather must write into the buffer itself;
+* ``local%`` the all-reduce's own work without any I/O (the same
+  ``ring_allreduce`` over a link that moves nothing: additions, the mean's
+  scaling, the per-segment Python), as a share of ``time``.
+
+``--wire-mbit RATE`` (root only) runs the two ranks in two network namespaces
+joined by a veth pair capped at ``RATE`` Mbit/s each way (``wire_cap.py``), so
+the wire rather than the CPU is the limit; it measures 1 MiB and up and ends
+with ``RESULT wire_bf16_speedup_64MiB=`` and ``RESULT wire_busbw_ratio_64MiB=``
+instead.  Without root it says so and exits.
+
+Run ``python benchmarks/bench_allreduce.py [--quick] [--wire-mbit RATE]``
+(``--quick`` stops at 64 MiB with fewer repetitions and takes well under a
+minute on loopback).
 """
 
 from __future__ import annotations
@@ -38,16 +53,18 @@ import numpy as np
 
 from sparktf.collective import WIRE_DTYPES, Communicator, bind_listener, format_peer
 from sparktf.collective.rendezvous import parse_peer
+from sparktf.collective.ring import SEGMENT_BYTES, ring_allreduce
 from sparktf.collective.transport import configure_socket
+from wire_cap import HOSTS, capped_wire, enter_namespace, unavailable
 
 KIB, MIB = 1 << 10, 1 << 20
 WORLD_SIZE = 2
 ROUNDS = 5
 
 
-def _sizes(quick: bool) -> list[int]:
+def _sizes(quick: bool, wire: bool) -> list[int]:
     top = 64 * MIB if quick else 256 * MIB
-    sizes, size = [], 4 * KIB
+    sizes, size = [], MIB if wire else 4 * KIB
     while size <= top:
         sizes.append(size)
         size *= 4
@@ -102,10 +119,14 @@ class RawPair:
             self._receive(data.nbytes)
             self._sock.sendall(b"k")
 
-    def exchange(self, data: memoryview) -> None:
-        """Both ranks send ``data`` and receive as many bytes at once."""
+    def exchange(self, data: memoryview, into: memoryview | None = None) -> None:
+        """Both ranks send ``data`` and receive as many bytes at once, into the sink or into ``into``."""
         self._jobs.put(data)
-        self._receive(data.nbytes)
+        if into is None:
+            self._receive(data.nbytes)
+        else:
+            for offset in range(0, into.nbytes, self.PIECE_BYTES):
+                self._receive_into(into[offset:offset + self.PIECE_BYTES])
         self._done.get()
 
     def close(self) -> None:
@@ -117,6 +138,10 @@ class RawPair:
         while size:
             size -= self._sock.recv_into(self._sink[:min(size, self._sink.nbytes)])
 
+    def _receive_into(self, view: memoryview) -> None:
+        while view.nbytes:
+            view = view[self._sock.recv_into(view):]
+
     def _send_jobs(self) -> None:
         while (data := self._jobs.get()) is not None:
             self._send(data)
@@ -125,6 +150,26 @@ class RawPair:
     def _send(self, data: memoryview) -> None:
         for offset in range(0, data.nbytes, self.PIECE_BYTES):
             self._sock.sendall(data[offset:offset + self.PIECE_BYTES])
+
+
+class NoWire:
+    """A stand-in for ``RingLink`` that moves nothing: ``ring_allreduce`` over it times the ring's local work.
+
+    Every frame "received" leaves the destination as it is; the scratch a
+    caller passes should hold float32 ones, so that repeated means converge
+    to 1 instead of sinking into slow subnormals.
+    """
+
+    rank = 0
+
+    def post(self, payload: memoryview) -> None:
+        """Send nothing."""
+
+    def receive_into(self, payload: memoryview) -> None:
+        """Receive nothing."""
+
+    def flush(self) -> None:
+        """Wait for nothing."""
 
 
 def _timed(function, repetitions: int, comm: Communicator) -> float:
@@ -139,28 +184,37 @@ def _timed(function, repetitions: int, comm: Communicator) -> float:
     return elapsed / repetitions
 
 
-def _rank_main(rank: int, secret: bytes, quick: bool, addresses, peers_in, results) -> None:
-    listener, raw_listener = bind_listener(), bind_listener()
+def _rank_main(rank: int, secret: bytes, quick: bool, namespace: str | None, addresses, peers_in,
+               results) -> None:
+    if namespace is not None:
+        enter_namespace(namespace)
+    host = "127.0.0.1" if namespace is None else HOSTS[rank]
+    listener, raw_listener = bind_listener(host), bind_listener(host)
     addresses.put((rank, format_peer(listener), format_peer(raw_listener)))
     peers, raw_peers = peers_in.get()
-    raw = RawPair(rank, _raw_socket(rank, raw_peers, raw_listener), max(_sizes(quick)))
+    sizes = _sizes(quick, namespace is not None)
+    raw = RawPair(rank, _raw_socket(rank, raw_peers, raw_listener), max(sizes))
+    scratch = np.ones(SEGMENT_BYTES // 4, dtype=np.float32).view(np.uint8)
     with Communicator.from_peers(rank, peers, secret, timeout=120, listener=listener) as comm:
-        for size in _sizes(quick):
-            buffer = np.ones(size // 4, dtype=np.float32)
+        for size in sizes:
+            buffer, into = np.ones(size // 4, dtype=np.float32), np.empty(size, dtype=np.uint8)
             data = memoryview(buffer).cast("B")
             repetitions = _repetitions(size, quick)
-            timings = {"time": [], "raw_uni": [], "raw_bidi": [], **{name: [] for name in WIRE_DTYPES}}
+            operations = {
+                "time": lambda: comm.allreduce(buffer, op="mean"),
+                **{name: lambda name=name: comm.allreduce(buffer, op="mean", compression=name)
+                   for name in WIRE_DTYPES},
+                "raw_uni": lambda: raw.one_way(data),
+                "raw_bidi": lambda: raw.exchange(data),
+                "into": lambda: raw.exchange(data, memoryview(into)),
+                "local": lambda: ring_allreduce(NoWire(), buffer, WORLD_SIZE, True, scratch),
+            }
+            timings = {name: [] for name in operations}
             for _ in range(ROUNDS):  # interleaved rounds, median of each: other jobs share the 2 cores
-                timings["time"].append(_timed(lambda: comm.allreduce(buffer, op="mean"), repetitions, comm))
-                for name in WIRE_DTYPES:
-                    timings[name].append(_timed(lambda: comm.allreduce(buffer, op="mean", compression=name),
-                                                repetitions, comm))
-                timings["raw_uni"].append(_timed(lambda: raw.one_way(data), repetitions, comm))
-                timings["raw_bidi"].append(_timed(lambda: raw.exchange(data), repetitions, comm))
-            row = {"size": size, "time": statistics.median(timings["time"]),
-                   "raw_uni": size / statistics.median(timings["raw_uni"]),
-                   "raw_bidi": size / statistics.median(timings["raw_bidi"]),
-                   **{name: statistics.median(timings[name]) for name in WIRE_DTYPES}}
+                for name, operation in operations.items():
+                    timings[name].append(_timed(operation, repetitions, comm))
+            row = {name: statistics.median(seconds) for name, seconds in timings.items()}
+            row.update(size=size, **{name: size / row[name] for name in ("raw_uni", "raw_bidi", "into")})
             if rank == 0:
                 results.put(row)
     raw.close()
@@ -171,7 +225,7 @@ def _rank_main(rank: int, secret: bytes, quick: bool, addresses, peers_in, resul
 def _print_table(rows: list[dict]) -> None:
     print(f"{'size':>10} {'time(us)':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} "
           f"{'raw_uni GB/s':>13} {'raw_bidi GB/s':>14} {'busbw/bidi':>11} {'busbw/uni':>10} "
-          + " ".join(f"{name + ' x':>7}" for name in WIRE_DTYPES))
+          + " ".join(f"{name + ' x':>7}" for name in WIRE_DTYPES) + f" {'into GB/s':>10} {'local%':>7}")
     for row in rows:
         algbw = row["size"] / row["time"]
         busbw = algbw * 2 * (WORLD_SIZE - 1) / WORLD_SIZE
@@ -180,19 +234,34 @@ def _print_table(rows: list[dict]) -> None:
         speedups = " ".join(f"{row['time'] / row[name]:>7.2f}" for name in WIRE_DTYPES)
         print(f"{size:>10} {row['time'] * 1e6:>10.1f} {algbw / 1e9:>11.3f} {busbw / 1e9:>11.3f} "
               f"{row['raw_uni'] / 1e9:>13.3f} {row['raw_bidi'] / 1e9:>14.3f} {row['ratio']:>11.2f} "
-              f"{busbw / row['raw_uni']:>10.2f} {speedups}", flush=True)
+              f"{busbw / row['raw_uni']:>10.2f} {speedups} {row['into'] / 1e9:>10.3f} "
+              f"{100 * row['local'] / row['time']:>7.1f}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="sizes up to 64 MiB, fewer repetitions (< 1 min)")
+    parser.add_argument("--wire-mbit", type=float, metavar="RATE",
+                        help="run the ranks over a veth pair capped at RATE Mbit/s each way (root only)")
     args = parser.parse_args()
+    if args.wire_mbit is None:
+        _run(args.quick, None)
+    elif (reason := unavailable()) is not None:
+        print(f"--wire-mbit skipped: {reason}")
+    else:
+        with capped_wire(args.wire_mbit) as namespaces:
+            _run(args.quick, namespaces)
+
+
+def _run(quick: bool, namespaces: tuple[str, str] | None) -> None:
+    """Run both ranks (in ``namespaces``, one each, when given), print the table and the RESULT lines."""
     context = multiprocessing.get_context("spawn")
     addresses, results = context.Queue(), context.Queue()
     peer_queues = [context.Queue() for _ in range(WORLD_SIZE)]
     secret = secrets.token_bytes(32)
     processes = [
-        context.Process(target=_rank_main, args=(rank, secret, args.quick, addresses, peer_queues[rank], results))
+        context.Process(target=_rank_main, args=(rank, secret, quick, namespaces and namespaces[rank], addresses,
+                                                 peer_queues[rank], results))
         for rank in range(WORLD_SIZE)]
     for process in processes:
         process.start()
@@ -206,8 +275,9 @@ def main() -> None:
         process.join(60)
     _print_table(rows)
     at_64mib = next(row for row in rows if row["size"] == 64 * MIB)
-    print(f"RESULT bf16_speedup_64MiB={at_64mib['time'] / at_64mib['bf16']:.3f}")
-    print(f"RESULT busbw_ratio_64MiB={at_64mib['ratio']:.3f}")
+    prefix = "" if namespaces is None else "wire_"
+    print(f"RESULT {prefix}bf16_speedup_64MiB={at_64mib['time'] / at_64mib['bf16']:.3f}")
+    print(f"RESULT {prefix}busbw_ratio_64MiB={at_64mib['ratio']:.3f}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pytest
 from sparktf.collective import WIRE_DTYPES, Communicator
 from sparktf.collective.auth import HandshakeError, client_handshake
 from sparktf.collective.rendezvous import parse_peer
+from sparktf.collective.ring import _divide
 from sparktf.errors import CollectiveError
 
 from ring_harness import CONTEXT, JOIN_SECONDS, Ranks, collective_threads, run_ranks
@@ -222,6 +223,20 @@ def test_allreduce_matches_numpy_for_every_dtype_and_size(world_size):
     for rank, (failures, _) in enumerate(reports):
         assert failures == [], f"rank {rank} got wrong results for {failures}"
     assert all(digests == reports[0][1] for _, digests in reports), "ranks ended with different bits"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_mean_divides_exactly_also_where_it_multiplies(dtype):
+    """Over a power-of-two world the mean multiplies by 1 / n: bit for bit the quotient, subnormals included."""
+    info = np.finfo(dtype)
+    values = np.concatenate([
+        np.random.default_rng(0).standard_normal(4096).astype(dtype) * np.logspace(-40, 30, 4096, dtype=dtype),
+        np.array([info.max, -info.max, info.tiny, 3 * info.smallest_subnormal, 0.0, -0.0, np.inf, -np.inf],
+                 dtype=dtype)])
+    for world_size in (2, 3, 4, 8):
+        segment = values.copy()
+        _divide(segment, world_size)
+        assert segment.tobytes() == np.divide(values, world_size).tobytes(), world_size
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
