@@ -113,10 +113,10 @@ def test_bad_registrations_are_dropped():
         assert directory_peers(directory.address, 0, 1, "127.0.0.1:5", SECRET, WAIT, WAIT, 0) == (["127.0.0.1:5"], [0])
 
 
-def test_rendezvous_setting_picks_the_driver_directory_or_allgather(spark):
+def test_rendezvous_setting_picks_the_driver_directory_or_allgather_and_an_address_not_here_fails_at_once(spark):
     from pyspark import SparkConf
 
-    from sparktf.errors import SparkTFError
+    from sparktf.errors import ConfigurationError
     from sparktf.spark.classic_session import ClassicSession
 
     class SessionWithConf(ClassicSession):
@@ -128,12 +128,16 @@ def test_rendezvous_setting_picks_the_driver_directory_or_allgather(spark):
             return self._conf
 
     assert ClassicSession(spark).rendezvous_host() == "127.0.0.1"  # the default: a directory on spark.driver.host
-    conf = SparkConf(loadDefaults=False).set("spark.driver.host", "10.1.2.3")
-    assert SessionWithConf(conf).rendezvous_host() == "10.1.2.3"
-    chosen = SparkConf(loadDefaults=False).setAll(conf.getAll()).set("spark.sparktf.driverHost", "10.9.9.9")
-    assert SessionWithConf(chosen).rendezvous_host() == "10.9.9.9"
+    conf = SparkConf(loadDefaults=False).set("spark.driver.host", "127.0.0.1")
+    chosen = SparkConf(loadDefaults=False).setAll(conf.getAll()).set("spark.sparktf.driverHost", "127.0.0.2")
+    assert SessionWithConf(chosen).rendezvous_host() == "127.0.0.2"  # another address of this machine (lo's /8)
+    for key, where in (("spark.sparktf.driverHost", "spark.sparktf.driverHost='192.0.2.1' is not an address of "
+                                                    "this machine"), ("spark.driver.host", "spark.driver.host='192.0.2.1'")):
+        elsewhere = SparkConf(loadDefaults=False).setAll(conf.getAll()).set(key, "192.0.2.1")  # TEST-NET-1
+        with pytest.raises(ConfigurationError, match=f"cannot bind '192.0.2.1' .*{where}"):
+            SessionWithConf(elsewhere).rendezvous_host()
     assert SessionWithConf(conf.set("spark.sparktf.rendezvous", "barrier")).rendezvous_host() is None
-    with pytest.raises(SparkTFError, match="'driver' or 'barrier', got 'ring'"):
+    with pytest.raises(ConfigurationError, match="'driver' or 'barrier', got 'ring'"):
         SessionWithConf(conf.set("spark.sparktf.rendezvous", "ring")).rendezvous_host()
 
 
