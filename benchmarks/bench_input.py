@@ -27,12 +27,17 @@ Side by side in one run on ``local[2]``:
     ``RESULT stream_feed_ratio`` = 2 GB records/s / 200 MB records/s (goal >= 0.8).
 
 (c) **The same JPEG TFRecords on S3**: the files of (a) on a local S3 server
-    (moto's server mode on 127.0.0.1, reached through ``AWS_ENDPOINT_URL``;
-    the executors get it from ``spark.executorEnv.*``), read by the workers
-    through fsspec, against the same files on local disk read by
-    ``TFRecordDataset``; sparktf 2 workers with ``cache=False`` both, best of
-    3 interleaved rounds. ``RESULT s3_stream_ratio`` = S3 images/s / local
-    images/s.
+    (moto's server mode on 127.0.0.1 in a process of its own, behind a TCP
+    proxy, reached through ``AWS_ENDPOINT_URL``; the executors get it from
+    ``spark.executorEnv.*``), read by the workers through fsspec, against
+    the same files on local disk read by ``TFRecordDataset``; sparktf 2
+    workers with ``cache=False`` all, 3 rounds taking the three sides in
+    turn: local files, S3 (the proxy passes everything on), and S3 as from a
+    cloud VM (the proxy holds each request 20 ms and caps each connection at
+    100 MB/s: ``s3_store.py``). ``RESULT s3_stream_ratio`` = the distant S3's
+    best images/s / local files' best (goal >= 0.9); ``s3_direct_ratio``
+    the same without the latency; ``s3_server_cpu_share`` the median share
+    of the 2 cores the S3 server's process took while S3 was read directly.
 
 Run ``python benchmarks/bench_input.py [--quick] [--part a|b|c]`` (``--quick``: 800 JPEGs,
 one round of (a)'s 20 s windows, 200 MB at trainDataMemory=32m against 20 MB).
@@ -182,41 +187,74 @@ def compare_jpeg_pipelines(folder: str, jpegs: int, rounds: int) -> Tuple[float,
     return single, distributed, float(np.median(overheads)), epochs, optimizer.last_timings
 
 
-def compare_storage(folder: str, epochs: int, rounds: int) -> Tuple[float, float]:
-    """Best images/s of sparktf ``cache=False`` over the files on local disk and on a local S3 server."""
-    import logging
-
+def compare_storage(folder: str, epochs: int, rounds: int) -> Dict[str, List[dict]]:
+    """sparktf ``cache=False`` over the files on local disk, on a local S3 server, and on that server behind the
+    latency proxy, the three in turn each round: per side, each round's images/s and, for S3, the seconds of
+    CPU the server's process and the proxy's thread spent in it."""
     import fsspec
-    from moto.server import ThreadedMotoServer
 
     import sparktf
+    from s3_store import LocalS3
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    credentials = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench",
-                   "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-    conf = {**SPARK_CONF, **{f"spark.executorEnv.{name}": value for name, value in credentials.items()}}
-    spark = sparktf.init_spark("local[2]", app_name="bench-input-s3", conf=conf)
-    spark.sparkContext.setLogLevel("ERROR")
-    os.environ.update(credentials)
-    try:
-        fs = fsspec.filesystem("s3")
-        fs.mkdir("bench")
-        local = sorted(os.path.join(folder, name) for name in os.listdir(folder))
-        for path in local:
-            fs.put_file(path, f"bench/jpeg/{os.path.basename(path)}")
-        on_disk, _ = sparktf_optimizer(local)
-        on_s3, _ = sparktf_optimizer(["s3://bench/jpeg/*"])
-        disk_rate = s3_rate = 0.0
-        for _ in range(rounds):
-            disk_rate = max(disk_rate, sparktf_images_per_second(on_disk, epochs)[0])
-            s3_rate = max(s3_rate, sparktf_images_per_second(on_s3, epochs)[0])
-        return disk_rate, s3_rate
-    finally:
-        spark.stop()
-        server.stop()
+    with LocalS3() as store:
+        credentials = {"AWS_ENDPOINT_URL": store.url, "AWS_ACCESS_KEY_ID": "bench",
+                       "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+        conf = {**SPARK_CONF, **{f"spark.executorEnv.{name}": value for name, value in credentials.items()}}
+        spark = sparktf.init_spark("local[2]", app_name="bench-input-s3", conf=conf)
+        spark.sparkContext.setLogLevel("ERROR")
+        os.environ.update(credentials)
+        try:
+            fs = fsspec.filesystem("s3")
+            fs.mkdir("bench")
+            local = sorted(os.path.join(folder, name) for name in os.listdir(folder))
+            for path in local:
+                fs.put_file(path, f"bench/jpeg/{os.path.basename(path)}")
+            sides = {"local": (local, False), "s3": (["s3://bench/jpeg/*"], False),
+                     "s3_distant": (["s3://bench/jpeg/*"], True)}
+            optimizers = {}
+            for name, (paths, distant) in sides.items():
+                store.distant(distant)
+                optimizers[name] = sparktf_optimizer(paths)[0]
+            runs: Dict[str, List[dict]] = {name: [] for name in sides}
+            for _ in range(rounds):
+                for name, (_, distant) in sides.items():
+                    store.distant(distant)
+                    server_before, proxy_before = store.cpu_seconds()
+                    started = time.perf_counter()
+                    rate = sparktf_images_per_second(optimizers[name], epochs)[0]
+                    seconds = time.perf_counter() - started
+                    server, proxy = (after - before for after, before in
+                                     zip(store.cpu_seconds(), (server_before, proxy_before)))
+                    timings = optimizers[name].last_timings
+                    runs[name].append({"images_per_second": rate, "seconds": seconds, "server_cpu_s": server,
+                                       "proxy_cpu_s": proxy, "batches_s": timings.get("batches", 0.0),
+                                       "first_step_s": sum(timings.get(phase, 0.0) for phase in FIRST_STEP_PHASES)})
+            return runs
+        finally:
+            spark.stop()
+
+
+def report_storage(runs: Dict[str, List[dict]], jpegs: int) -> List[str]:
+    """Print (c)'s rounds and the S3 server's share of the 2 cores; its RESULT lines."""
+    best = {name: max(run["images_per_second"] for run in side) for name, side in runs.items()}
+    print(f"(c) {jpegs} JPEG records, cache=False, 2 workers, {len(runs['local'])} interleaved rounds "
+          f"(images/s; S3: the server's and the proxy's CPU seconds, the server's share of 2 cores):")
+    for name, side in runs.items():
+        print(f"    {name:>10} rank 0 waited for batches " + ", ".join(f"{run['batches_s']:.2f}" for run in side)
+              + " s, to its first step " + ", ".join(f"{run['first_step_s']:.2f}" for run in side) + " s")
+    for name, side in runs.items():
+        print(f"    {name:>10}: " + ", ".join(
+            f"{run['images_per_second']:.0f}" + ("" if name == "local" else
+                                                  f" ({run['server_cpu_s']:.1f}+{run['proxy_cpu_s']:.1f} s, "
+                                                  f"{run['server_cpu_s'] / (2 * run['seconds']):.0%})")
+            for run in side) + f"; best {best[name]:.0f}")
+    for name in ("s3", "s3_distant"):
+        ratios = [run["images_per_second"] / local["images_per_second"] for run, local in zip(runs[name], runs["local"])]
+        print(f"    {name:>10} / local, round by round: " + ", ".join(f"{ratio:.3f}" for ratio in ratios))
+    share = float(np.median([run["server_cpu_s"] / (2 * run["seconds"]) for run in runs["s3"]]))
+    return [f"RESULT s3_server_cpu_share={share:.3f}",
+            f"RESULT s3_direct_ratio={best['s3'] / best['local']:.3f}",
+            f"RESULT s3_stream_ratio={best['s3_distant'] / best['local']:.3f}"]
 
 
 # ---------------------------------------------------------------------------------------- (b) larger than memory
@@ -324,10 +362,7 @@ def main() -> None:
     if args.part in ("c", "both"):
         with tempfile.TemporaryDirectory() as folder:
             write_jpeg_records(folder, jpegs)
-            disk_rate, s3_rate = compare_storage(folder, epochs, rounds=3)
-        print(f"(c) {jpegs} JPEG records, cache=False, 2 workers, best of 3 interleaved rounds: local files "
-              f"{disk_rate:.0f} images/s, local S3 server {s3_rate:.0f} images/s")
-        results.append(f"RESULT s3_stream_ratio={s3_rate / disk_rate:.3f}")
+            results += report_storage(compare_storage(folder, epochs, rounds=3), jpegs)
     print("\n".join(results))
 
 

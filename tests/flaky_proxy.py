@@ -3,18 +3,26 @@
 A flaky store as the tests model it: ``reset_all`` resets every new
 connection at once (a store that is gone); ``reset_when(chunk)`` resets a
 connection (both ends, RST) when a chunk the client sends makes it true (one
-request of one object). It counts connections and resets, and runs an asyncio
-loop on a thread of its own.
+request of one object). A distant store as the benchmarks model it:
+``delay_seconds`` holds each request that long before passing it on, and
+``bytes_per_second`` caps what each connection passes back. It counts
+connections and resets, and runs an asyncio loop on a thread of its own
+(``native_id``: its thread's id, whose CPU time a benchmark reads).
 """
 
 import asyncio
 import socket
 import struct
 import threading
+import time
 from typing import Callable, Optional
 from urllib.parse import urlparse
 
 START_SECONDS = 10
+# How an HTTP request starts: a chunk the client sends that starts with one of these begins a request.
+_METHODS = (b"GET ", b"HEAD ", b"PUT ", b"POST ", b"DELETE ")
+# A capped connection runs up this much time ahead of its rate before it pauses.
+_LEAST_PAUSE_SECONDS = 0.005
 
 
 class FlakyProxy:
@@ -25,11 +33,18 @@ class FlakyProxy:
         self.target = (parsed.hostname, parsed.port)
         self.reset_all = False
         self.reset_when: Optional[Callable[[bytes], bool]] = None
+        self.delay_seconds = 0.0
+        self.bytes_per_second: Optional[float] = None
         self.connections = 0
         self.resets = 0
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="flaky-proxy", daemon=True)
+
+    @property
+    def native_id(self) -> Optional[int]:
+        """The id of the proxy's thread (``/proc/self/task/<id>``)."""
+        return self._thread.native_id
 
     def __enter__(self) -> "FlakyProxy":
         self._thread.start()
@@ -68,12 +83,20 @@ class FlakyProxy:
                              self._pump(server_reader, client_writer, writers, inspect=False))
 
     async def _pump(self, reader, writer, writers, inspect: bool) -> None:
+        """Pass what ``reader`` reads to ``writer``: requests (``inspect``) through the rules, answers capped."""
+        free_at = time.monotonic()  # when the capped connection may pass its next bytes
         try:
             while chunk := await reader.read(65536):
                 rule = self.reset_when
                 if inspect and rule is not None and rule(chunk):
                     self._reset(*writers)
                     return
+                if inspect and self.delay_seconds and chunk.startswith(_METHODS):
+                    await asyncio.sleep(self.delay_seconds)
+                if not inspect and self.bytes_per_second:
+                    free_at = max(free_at, time.monotonic()) + len(chunk) / self.bytes_per_second
+                    if free_at - time.monotonic() > _LEAST_PAUSE_SECONDS:  # the loop's timers round up to 1 ms
+                        await asyncio.sleep(free_at - time.monotonic())
                 writer.write(chunk)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):

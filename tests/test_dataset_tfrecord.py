@@ -130,3 +130,28 @@ def test_a_parse_fn_returning_a_weight_gives_weighted_records_cached_or_streamed
             next(stream)
     finally:
         stream.close(wait=False, timeout=0)
+
+
+def test_records_split_across_chunks_anywhere_are_tensorflows_and_a_cut_file_names_its_record(tmp_path):
+    from sparktf.data.tfrecord_readahead import records_of_chunks
+
+    path = tmp_path / "sizes.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for index, size in enumerate((0, 1, 11, 300, 5)):
+            writer.write(bytes([index]) * size)
+    data = path.read_bytes()
+    expected = [record.numpy() for record in tf.data.TFRecordDataset(str(path))]
+
+    def records(data, step):
+        chunks = (data[start:start + step] for start in range(0, len(data), step))
+        return [record for run in records_of_chunks(chunks, "f") for record in run]
+
+    for step in (1, 7, 12, 16, len(data)):
+        assert records(data, step) == expected
+    # the last record: a 12-byte header, 5 bytes, a 4-byte footer
+    for cut, message in ((-21 + 6, "record 4 has no valid header"), (-7, r"record 4 is cut short \(2 of 5 bytes\)"),
+                         (-2, r"record 4 is cut short \(5 of 5 bytes\)")):
+        with pytest.raises(DataError, match=f"TFRecord file f: {message}"):
+            records(data[:cut], 16)
+    with pytest.raises(DataError, match="record 0 has no valid header"):
+        records(b"this is not a TFRecord file at all", 16)

@@ -370,3 +370,102 @@ def test_a_store_that_resets_every_connection_raises_a_storage_error(s3_driver, 
     assert (error.path, error.route, error.retries, error.transient) == (uri, "fsspec s3fs", 2, True)
     assert "retried 2 times" in str(error) and proxy.resets >= 3
 
+
+
+# ---------------------------------------------------------------- read-ahead of TFRecord files through the store
+
+
+def identity(serialized):
+    return serialized
+
+
+def test_a_stream_through_the_store_reads_tensorflows_records_in_order_without_asking_sizes(
+        s3_driver, monkeypatch, tmp_path):
+    """Files of several chunks, each taken over from the reader opened early for it (the next pass's too)."""
+    from flaky_proxy import FlakyProxy
+
+    from sparktf.data import tfrecord_readahead
+    from sparktf.data.tfrecord_stream import TFRecordFeed
+    from sparktf.spark.user_code import pickle_by_value
+
+    monkeypatch.setattr(tfrecord_readahead, "CHUNK_BYTES", 512)
+    write_records(str(tmp_path), files=3, per_file=40)
+    local = [str(tmp_path / f"part-{index}.tfrecord") for index in range(3)]
+    remote = [f"s3://sparktf-faults/stream/part-{index}.tfrecord" for index in range(3)]
+    for path, uri in zip(local, remote):
+        store_for(uri).upload(path, uri)
+    sizes = [os.path.getsize(path) for path in local]
+    assert min(sizes) > 4 * 512
+
+    def records(files, passes=3):
+        feed = TFRecordFeed([files], [120], pickle_by_value({"parse_fn": identity}), None, shuffle=True, seed=5,
+                            shuffle_buffer=16, sizes=[sizes])
+        return [batch.numpy()[0] for batch in feed._dataset(0, 0, 0, 1).take(passes * 120)]
+
+    with FlakyProxy(s3_driver) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        requests = []
+        proxy.reset_when = lambda chunk: requests.append(chunk.split(b" ", 2)[:2]) and False
+        assert records(remote) == records(local)
+    assert {method for method, _ in requests} == {b"GET"}  # no HEAD: the sizes were given
+    assert len([path for _, path in requests if path.startswith(b"/sparktf-faults/stream/")]) >= 3 * sum(
+        -(-size // 512) for size in sizes)
+
+
+def test_a_read_the_store_breaks_off_mid_file_is_a_transient_storage_error_and_its_reader_ends(
+        s3_driver, monkeypatch, tmp_path):
+    import threading
+
+    from flaky_proxy import FlakyProxy
+
+    from sparktf.data import tfrecord_files, tfrecord_readahead
+
+    monkeypatch.setattr(tfrecord_readahead, "CHUNK_BYTES", 1024)
+    write_records(str(tmp_path), files=1, per_file=100)
+    uri = "s3://sparktf-faults/mid/part-0.tfrecord"
+    store_for(uri).upload(str(tmp_path / "part-0.tfrecord"), uri)
+    with FlakyProxy(s3_driver) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        proxy.reset_when = lambda chunk: chunk.startswith(b"GET /sparktf-faults/mid/") and b"bytes=2048-" in chunk
+        with pytest.raises(StorageError) as raised:
+            list(tfrecord_files._records_of_path(uri.encode()))
+    assert (raised.value.path, raised.value.transient) == (uri, True) and proxy.resets >= 1
+    assert tfrecord_files.failed_read([uri]) is raised.value  # what a training worker's error names
+    for thread in threading.enumerate():
+        if thread.name == "sparktf-read-ahead":
+            thread.join(30)
+            assert not thread.is_alive()
+
+
+def test_files_opened_early_are_taken_over_at_most_max_early_kept_and_dropped_when_nobody_comes(
+        monkeypatch, tmp_path):
+    from sparktf.data import tfrecord_readahead
+    from sparktf.data.tfrecord_readahead import MAX_EARLY, _EARLY, file_runs, open_early
+
+    monkeypatch.setattr(tfrecord_readahead, "CHUNK_BYTES", 64)
+    write_records(str(tmp_path), files=2, per_file=20)
+    first, second = (str(tmp_path / f"part-{index}.tfrecord") for index in range(2))
+    expected = [record.numpy() for record in tf.data.TFRecordDataset(second)]
+
+    def records(*args):
+        return [record for run in file_runs(*args) for record in run]
+
+    assert records(first, None, None, (("test", second, 1), second, None)) == [
+        record.numpy() for record in tf.data.TFRecordDataset(first)]
+    early = _EARLY._readers[("test", second, 1)]  # opened once the first file's last chunk was fetched
+    assert records(second, None, ("test", second, 1)) == expected
+    assert ("test", second, 1) not in _EARLY._readers and early._stop.is_set()  # taken over, then closed
+
+    for index in range(MAX_EARLY + 2):
+        open_early(("bound", index), second)
+    kept = [key for key in _EARLY._readers if key[0] == "bound"]
+    assert kept == [("bound", index) for index in range(2, MAX_EARLY + 2)]
+    for key in kept:
+        _EARLY._readers.pop(key).close()
+
+    monkeypatch.setattr(tfrecord_readahead, "IDLE_SECONDS", 0.2)
+    open_early(("idle",), second)
+    idle = _EARLY._readers[("idle",)]
+    idle._thread.join(30)  # its queue is full (the file has more chunks): it gives up on its own
+    assert not idle._thread.is_alive() and not idle.claim()
+    assert records(second, None, ("idle",)) == expected  # read afresh

@@ -4,26 +4,24 @@ The driver expands paths and globs through :mod:`sparktf.storage` and hands
 the executors URIs they can open without the driver's JVM (a Hadoop mount
 point resolved to its target). An executor reads a file with TensorFlow's
 own ``TFRecordDataset`` when TensorFlow's file system has its scheme (local
-files, ``gs://``) and otherwise through fsspec, record by record: the
-framing and each length's checksum are checked, the data checksums are not.
+files, ``gs://``) and otherwise through fsspec, in chunks read ahead on a
+thread (:mod:`~sparktf.data.tfrecord_readahead`): the framing and each
+length's checksum are checked, the data checksums are not.
 """
 
 from __future__ import annotations
 
-import struct
 import threading
-from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
+from sparktf.data.tfrecord_readahead import file_runs
 from sparktf.errors import DataError, StorageError
 from sparktf.storage import is_local, local_path, scheme_of, store_for
-from sparktf.storage.faults import storage_error, transport_error
 
-__all__ = ["expand_paths", "file_size", "record_dataset", "reads_natively", "read_records", "failed_read"]
+__all__ = ["expand_paths", "file_size", "record_dataset", "reads_natively", "failed_read"]
 
-_HEADER = struct.Struct("<QI")
-_MASK_DELTA = 0xA282EAD8
 _FAILED_READS: Dict[str, StorageError] = {}  # path -> the transient failure its last read in this process ended with
 _FAILED_LOCK = threading.Lock()
 
@@ -63,12 +61,25 @@ def file_size(path: str) -> int:
     return store_for(path, "TFRecord path").size(path)
 
 
-def record_dataset(paths: Union[str, tf.Tensor], native: bool) -> tf.data.Dataset:
-    """The serialized records of the file(s) ``paths``: ``TFRecordDataset``, or fsspec's bytes when not ``native``."""
+def record_dataset(paths: Union[str, tf.Tensor], native: bool, stream: Sequence[tf.Tensor] = ()) -> tf.data.Dataset:
+    """The serialized records of the file(s) ``paths``: ``TFRecordDataset``, or read through
+    :mod:`sparktf.storage` with read-ahead when not ``native``.
+
+    Parameters
+    ----------
+    paths : str or tf.Tensor
+        One file when not ``native``.
+    native : bool
+        TensorFlow's file system opens ``paths``.
+    stream : sequence of tf.Tensor
+        For a ``cache=False`` stream read through the store: this file's bytes, the stream's name, this file's
+        pass, and the file, its bytes and its pass to open early once this one's last chunk is fetched (ignored
+        when ``native``).
+    """
     if native:
         return tf.data.TFRecordDataset(paths)
-    return tf.data.Dataset.from_generator(_records_of_path, args=(paths,),
-                                          output_signature=tf.TensorSpec([], tf.string))
+    return tf.data.Dataset.from_generator(_records_of_path, args=(paths, *stream),
+                                          output_signature=tf.TensorSpec([None], tf.string)).unbatch()
 
 
 def reads_natively(paths: Sequence[str]) -> bool:
@@ -76,46 +87,22 @@ def reads_natively(paths: Sequence[str]) -> bool:
     return all(_tensorflow_reads(path) for path in paths)
 
 
-def read_records(uri: str) -> Iterator[bytes]:
-    """The records of the TFRecord file ``uri``, read through :mod:`sparktf.storage`.
+def _records_of_path(path: bytes, size: int = -1, stream: bytes = b"", pass_number: int = 0, next_path: bytes = b"",
+                     next_size: int = -1, next_pass: int = 0) -> Iterator[List[bytes]]:
+    """The records of one file, a list per chunk read (see :mod:`~sparktf.data.tfrecord_readahead`).
 
-    Raises
-    ------
-    DataError
-        Naming the file and the record, when the file is not a TFRecord file or is cut short.
-    StorageError
-        When the store fails the read (``transient`` when it broke off or did not answer).
+    ``size``: the file's bytes (-1: unknown). A ``cache=False`` stream names itself (``stream``): the file of
+    pass ``pass_number`` is then taken over from the reader opened early for it, and ``next_path`` of pass
+    ``next_pass`` is opened early once this file's last chunk is fetched.
     """
-    store = store_for(uri, "TFRecord file")
-    with store.open_input(uri) as handle:
-        index = 0
-        while header := _read(handle, _HEADER.size, uri, store.route):
-            length, checksum = _HEADER.unpack(header) if len(header) == _HEADER.size else (0, None)
-            if checksum is None or _masked_crc(header[:8]) != checksum:
-                raise DataError(f"TFRecord file {uri}: record {index} has no valid header (a truncated file, "
-                                "or not a TFRecord file): write it again with tf.io.TFRecordWriter")
-            data = _read(handle, length, uri, store.route)
-            if len(data) != length or len(_read(handle, 4, uri, store.route)) != 4:
-                raise DataError(f"TFRecord file {uri}: record {index} is cut short ({len(data)} of {length} bytes): "
-                                "the file is truncated; write it again")
-            yield data
-            index += 1
-
-
-def _read(handle: BinaryIO, size: int, uri: str, route: str) -> bytes:
-    """``size`` bytes of the open file (fewer at its end); the store's transport errors as ``StorageError``."""
-    try:
-        return handle.read(size)
-    except Exception as exc:  # noqa: BLE001 - only the storage libraries' errors are translated
-        if isinstance(exc, OSError) or transport_error(exc):
-            raise storage_error("cannot read", uri, route, exc) from exc
-        raise
-
-
-def _records_of_path(path: bytes) -> Iterator[bytes]:
     uri = path.decode("utf-8")
+    key = open_next = None
+    if stream:
+        following = next_path.decode("utf-8")
+        key = (stream, uri, int(pass_number))
+        open_next = ((stream, following, int(next_pass)), following, int(next_size))
     try:
-        yield from read_records(uri)
+        yield from file_runs(uri, int(size), key, open_next)
     except StorageError as exc:  # tf.data keeps only the text of what a generator raised: kept for failed_read
         if exc.transient:
             with _FAILED_LOCK:
@@ -148,25 +135,3 @@ def _check_fsspec_opens(uri: str) -> None:
             f"and neither opens scheme {scheme!r} here ({exc}). Install the scheme's fsspec package "
             "(sparktf[s3], [gcs], [azure]) on the executors, or copy the files to storage they can read"
         ) from None
-
-
-def _crc32c_table() -> List[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_TABLE = _crc32c_table()
-
-
-def _masked_crc(data: bytes) -> int:
-    """TFRecord's masked CRC-32C of a few bytes (the length field)."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF

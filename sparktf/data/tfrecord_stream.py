@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import threading
+import uuid
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -29,6 +30,7 @@ from sparktf.data.columnar import RecordFormat
 from sparktf.data.sources import item_partitions
 from sparktf.data.tfrecord_io import load_parse_fn
 from sparktf.data.tfrecord_files import failed_read, file_size, record_dataset, reads_natively
+from sparktf.data.tfrecord_readahead import MAX_EARLY, open_early
 from sparktf.data.weights import check_weights
 from sparktf.errors import DataError, SparkTFError, StorageError
 from sparktf.spark.task_devices import GpuPlan, gpu_plan, prepare_tensorflow_task
@@ -39,6 +41,8 @@ __all__ = ["TFRecordStream", "TFRecordFeed", "assign_files"]
 #: Most raw records in a worker's shuffle buffer (the memory budget may allow fewer).
 MAX_SHUFFLE_BUFFER = 10_000
 _SEED_STRIDE = 1_000_003
+# Files a worker reads at once (the interleave's cycle): as many as early-opened readers a process keeps.
+_CYCLE = MAX_EARLY
 # What TensorFlow's own readers (gs://) raise when the store breaks off or does not answer.
 _STORE_FAILURES = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError)
 
@@ -93,8 +97,8 @@ class TFRecordStream:
         """``(placeholder, feed)`` for a training job: one tiny partition per worker (``blocks.placeholder``), and
         the feed that reads its files."""
         assignment = assign_files(counts, num_workers)
-        raw_bytes = sum(file_size(path) for path in self.files)
-        record_bytes = max(1, raw_bytes // max(1, sum(counts)))
+        sizes = [file_size(path) for path in self.files]
+        record_bytes = max(1, sum(sizes) // max(1, sum(counts)))
         buffer = int(min(MAX_SHUFFLE_BUFFER, max(1, memory_budget // 2 // record_bytes)))
         feed = TFRecordFeed(
             files=[[self.files[i] for i in indices] for indices in assignment],
@@ -104,6 +108,7 @@ class TFRecordStream:
             shuffle=shuffle,
             seed=seed,
             shuffle_buffer=buffer,
+            sizes=[[sizes[i] for i in indices] for indices in assignment],
         )
         return blocks.placeholder(num_workers), feed
 
@@ -125,11 +130,16 @@ class TFRecordFeed:
     seed : int
     shuffle_buffer : int
         Raw records in the shuffle buffer.
+    sizes : list of list of int, optional
+        The bytes of each rank's files, when known: a reader through the store then opens a file without
+        asking for its size (one request less per file and pass).
     """
 
     def __init__(self, files: List[List[str]], counts: List[int], parse_fn_bytes: bytes,
-                 record_format: RecordFormat, shuffle: bool, seed: int, shuffle_buffer: int):
+                 record_format: RecordFormat, shuffle: bool, seed: int, shuffle_buffer: int,
+                 sizes: Optional[List[List[int]]] = None):
         self.files = files
+        self.sizes = sizes or [[-1] * len(paths) for paths in files]
         self.counts = counts
         self.parse_fn_bytes = parse_fn_bytes
         self.record_format = record_format
@@ -176,26 +186,45 @@ class TFRecordFeed:
 
     def _dataset(self, rank: int, first_pass: int, skip: int, local_batch: int) -> tf.data.Dataset:
         parse_fn = load_parse_fn(self.parse_fn_bytes)
-        files = tf.constant(self.files[rank])
-        cycle = min(len(self.files[rank]), 4)
+        files, sizes = tf.constant(self.files[rank]), tf.constant(self.sizes[rank], tf.int64)
+        count = len(self.files[rank])
+        cycle = min(count, _CYCLE)
         seed, shuffle, buffer = self.seed, self.shuffle, self.shuffle_buffer
         native = reads_natively(self.files[rank])
+        name = uuid.uuid4().hex  # names this pipeline's early-opened readers in the process
+
+        def pass_seed(pass_number: tf.Tensor) -> tf.Tensor:
+            return tf.cast(rank * _SEED_STRIDE, tf.int64) + pass_number
+
+        def order_of(pass_number: tf.Tensor) -> tf.Tensor:
+            """The indices of the files in the pass's order."""
+            indices = tf.range(count, dtype=tf.int64)
+            if not shuffle:
+                return indices
+            return tf.random.experimental.stateless_shuffle(
+                indices, seed=tf.stack([tf.constant(seed, tf.int64), pass_seed(pass_number)]))
 
         def one_pass(pass_number: tf.Tensor) -> tf.data.Dataset:
             # the shuffles' seeds are ours alone; and TensorFlow's seed helper compares (global seed, op seed)
             # with (0, 0), which fails on a tensor op seed when the process's global seed is 0
             # (keras.utils.set_random_seed(0)): this pass's graph takes none
             tf.compat.v1.get_default_graph().seed = None
-            pass_seed = tf.cast(rank * _SEED_STRIDE, tf.int64) + pass_number
-            order = files
-            if shuffle:
-                order = tf.random.experimental.stateless_shuffle(
-                    files, seed=tf.stack([tf.constant(seed, tf.int64), pass_seed]))
-            records = tf.data.Dataset.from_tensor_slices(order).interleave(
-                lambda path: record_dataset(path, native), cycle_length=cycle, num_parallel_calls=cycle,
-                deterministic=True)
-            return records.shuffle(buffer, seed=seed * _SEED_STRIDE + pass_seed) if shuffle else records
+            order = order_of(pass_number)
+            # the file that takes each file's place in the interleave (the next pass's, at the end): read early
+            following = tf.concat([order, order_of(pass_number + 1)], 0)[cycle:cycle + count]
+            following_pass = pass_number + tf.cast(tf.range(cycle, cycle + count) >= count, tf.int64)
+            slices = (tf.gather(files, order), tf.gather(sizes, order), tf.gather(files, following),
+                      tf.gather(sizes, following), following_pass)
+            records = tf.data.Dataset.from_tensor_slices(slices).interleave(
+                lambda path, size, next_path, next_size, next_pass: record_dataset(
+                    path, native, (size, name, pass_number, next_path, next_size, next_pass)),
+                cycle_length=cycle, num_parallel_calls=cycle, deterministic=True)
+            return records.shuffle(buffer, seed=seed * _SEED_STRIDE + pass_seed(pass_number)) if shuffle else records
 
+        if not native:  # the first files are read while the pipeline is built
+            for index in order_of(tf.constant(first_pass, tf.int64)).numpy()[:cycle]:
+                path = self.files[rank][index]
+                open_early((name.encode(), path, first_pass), path, self.sizes[rank][index])
         stream = tf.data.Dataset.range(first_pass, 1 << 62).flat_map(one_pass).skip(skip)
         stream = stream.map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return stream.batch(local_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

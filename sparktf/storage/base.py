@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import BinaryIO, Iterator, List
+from typing import BinaryIO, Iterator, List, Optional
 
 __all__ = ["Store", "temp_name"]
 
@@ -74,6 +74,12 @@ class Store(ABC):
     @abstractmethod
     def open_input(self, uri: str) -> BinaryIO:
         """``uri`` opened for reading bytes."""
+
+    def open_chunked(self, uri: str, chunk_bytes: int, size: Optional[int] = None) -> BinaryIO:
+        """``uri`` opened for reads of about ``chunk_bytes`` each: a remote store fetches what a read asks for and
+        buffers nothing beyond it, and takes ``size`` (the file's bytes, when known) without asking (here:
+        :meth:`open_input`)."""
+        return self.open_input(uri)
 
     def executor_uri(self, uri: str) -> str:
         """What an executor's Python opens for ``uri`` (the Hadoop route resolves mount points)."""

@@ -10,7 +10,7 @@ instance roles, ...).
 from __future__ import annotations
 
 import os
-from typing import Any, BinaryIO, Callable, List, TypeVar
+from typing import Any, BinaryIO, Callable, List, Optional, TypeVar
 
 from sparktf.storage import faults
 from sparktf.storage.base import Store, temp_name
@@ -112,3 +112,21 @@ class FsspecStore(Store):
 
     def open_input(self, uri: str) -> BinaryIO:
         return self._call("cannot read", uri, lambda: self.fs.open(self._strip(uri), "rb"))
+
+    def open_chunked(self, uri: str, chunk_bytes: int, size: Optional[int] = None) -> BinaryIO:
+        """An object store's file without fsspec's cache: each read is one ranged request of what it asks for
+        (the default would fetch a block of up to 50 MB ahead of every read). With ``size``, the object's
+        details are not asked for (no HEAD request; nor is its ETag compared between reads)."""
+        if self.scheme not in OBJECT_STORE_SCHEMES:
+            return self.open_input(uri)
+        from fsspec.spec import AbstractBufferedFile
+
+        def open_file() -> BinaryIO:
+            path = self._strip(uri)
+            handle = self.fs.open(path, "rb", block_size=chunk_bytes, cache_type="none",
+                                  **({} if size is None else {"size": size}))
+            if size is not None and isinstance(handle, AbstractBufferedFile):
+                handle.details = {"name": path, "size": size, "type": "file"}
+            return handle
+
+        return self._call("cannot read", uri, open_file)
