@@ -66,17 +66,45 @@ def kill_when(process, condition):
         process.wait(timeout=60)
 
 
+class SecondEpochReads:
+    """A proxy rule: reset the second epoch's reads of one chunk of ``key`` until the relaunched task reads on.
+
+    Armed by the request ``marker`` (the program's records are counted). The
+    chunk is the fifth: a reader opened early stops after ``AHEAD_CHUNKS + 1``
+    chunks until its pass is read, so whatever the read-ahead's timing, the
+    fifth chunk of a file is read once per pass and in pass order (the first
+    epoch's read passes). The relaunch reads the fourth chunk (which no early
+    reader reaches either) again before the fifth: from then on, nothing is
+    reset. However many times s3fs retries, so, the second epoch fails once.
+    """
+
+    def __init__(self, key: bytes, marker: bytes):
+        from sparktf.data.tfrecord_readahead import AHEAD_CHUNKS, CHUNK_BYTES
+
+        chunk = AHEAD_CHUNKS + 2
+        self.get, self.marker = b"GET " + key + b" ", marker
+        self.fifth, self.fourth = (b"bytes=%d-" % (index * CHUNK_BYTES) for index in (chunk, chunk - 1))
+        self.armed, self.fifth_reads, self.relaunched = False, 0, False
+
+    def __call__(self, chunk: bytes) -> bool:
+        self.armed = self.armed or chunk.startswith(self.marker)
+        if not self.armed or self.relaunched or not chunk.startswith(self.get):
+            return False
+        if self.fifth in chunk:
+            self.fifth_reads += 1
+            return self.fifth_reads > 1
+        self.relaunched = self.fourth in chunk and self.fifth_reads > 1
+        return False
+
+
 @pytest.fixture(scope="module")
 def s3_proxy(s3_server):
-    """The program's endpoint: the S3 server behind the test proxy, resetting nothing.
-
-    It reset the 3rd-7th reads of one file of the cache=False case, meant to fall in the second epoch; but
-    how often a streamed file is read in an epoch depends on the read-ahead's timing, the resets fell in
-    the first epoch in one suite run in four, and training failed twice: left out until the resets follow
-    the epochs instead of a read count."""
+    """The program's endpoint: the S3 server behind a proxy that resets the reads of one file in the second epoch
+    of its cache=False case (:class:`SecondEpochReads`)."""
     from flaky_proxy import FlakyProxy
 
     with FlakyProxy(s3_server) as proxy:
+        proxy.reset_when = SecondEpochReads(b"/sparktf/stream/train-1.tfrecord", b"PUT /sparktf/stream-counted ")
         yield proxy
 
 
@@ -124,6 +152,16 @@ def test_s3_tfrecords_stream_and_stage_save_load(s3_run):
     assert np.isfinite(float(results["stream"]["evaluated_loss"]))
     assert results["stage"]["weights_equal"] == "True"
     assert results["stage"]["files"] == "sparktf/stage/metadata/part-00000,sparktf/stage/model.keras"
+
+
+def test_s3_tfrecord_reads_the_store_breaks_off_are_relaunched_to_the_exact_iteration(s3_run, s3_proxy):
+    """The second epoch's reads of one file reset (cache=False): a task failure, relaunched once and named in the
+    driver's warning; the run ends at its exact iteration with one loss per iteration."""
+    results, _ = s3_run
+    rule = s3_proxy.reset_when
+    assert s3_proxy.resets >= 1 and rule.relaunched and rule.fifth_reads == s3_proxy.resets + 1
+    assert (results["stream"]["relaunches"], results["stream"]["named"]) == ("1", "1")
+    assert results["stream"]["iterations"] == results["stream"]["losses"] == "16"
 
 
 def test_s3_driver_killed_mid_upload_leaves_a_loadable_latest_checkpoint(s3_run, s3_env):

@@ -233,9 +233,9 @@ def run_segment_job(
             watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout, on_reports)
             try:
                 result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
-            except Exception as error:  # a rank that failed deterministically said so before its peers failed
-                if not relaunch_helps(error):
-                    raise
+            except Exception as error:  # a rank that failed knowingly said so before its task ended
+                # its report, not Spark's text of its error (which loses whether a StorageError is transient) nor a
+                # peer's lost connection, decides the relaunch
                 reported = reported_failure(report.phase for _, report in sorted(channel.reports().items()))
                 if reported is not None:
                     raise reported from error

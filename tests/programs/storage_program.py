@@ -3,10 +3,12 @@
 ``s3``: a local S3 server (moto) at ENDPOINT holds the TFRecords, the
 checkpoints, the summaries and a saved stage. The executors get the endpoint
 and keys only from ``spark.executorEnv.*`` (the driver sets its own after its
-JVM started). ENDPOINT is the test's proxy, which resets five reads in a row
-of ``stream/train-1.tfrecord`` in the second epoch of the ``cache=False``
-case (botocore's retries are off, s3fs's five spent): the task fails and
-training relaunches. Cases print ``RESULT <case> key=value ...``; the last case
+JVM started). ENDPOINT is the test's proxy. In the ``cache=False`` case,
+``stream/train-1.tfrecord`` spans more read chunks than any read-ahead
+fetches early, and once the records are counted this program writes
+``stream-counted``: the proxy's sign to reset the reads of that file's fifth
+chunk in the second epoch (botocore's retries are off, s3fs's spent), so the
+task fails and training relaunches. Cases print ``RESULT <case> key=value ...``; the last case
 trains a 128 MB model with a checkpoint every iteration until the test kills
 this process (SIGKILL) while a checkpoint upload is in flight.
 
@@ -23,6 +25,8 @@ import numpy as np
 from spark_conf import CONF  # beside this program
 
 FEATURES = 4
+#: Bytes of padding in each record of a padded file (64 records: more than 4 chunks of 2 MiB).
+PAD_BYTES = 150_000
 
 
 def small_model():
@@ -41,8 +45,9 @@ def parse(serialized):
     return parsed["x"], tf.cast(parsed["y"], tf.int32)
 
 
-def write_records(fs, folder: str, files: int, per_file: int) -> None:
-    """TFRecord files written locally and uploaded with s3fs (the test data, not sparktf's path)."""
+def write_records(fs, folder: str, files: int, per_file: int, padded=()) -> None:
+    """TFRecord files written locally and uploaded with s3fs (the test data, not sparktf's path); the records of
+    the files ``padded`` carry :data:`PAD_BYTES` more (a feature ``parse`` does not read)."""
     import tempfile
 
     import tensorflow as tf
@@ -52,9 +57,11 @@ def write_records(fs, folder: str, files: int, per_file: int) -> None:
         local = os.path.join(tempfile.mkdtemp(), "part")
         with tf.io.TFRecordWriter(local) as writer:
             for x in rng.normal(size=(per_file, FEATURES)).astype("float32"):
-                example = tf.train.Example(features=tf.train.Features(feature={
-                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
-                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x.sum() > 0)]))}))
+                feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+                           "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x.sum() > 0)]))}
+                if index in padded:
+                    feature["pad"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(PAD_BYTES)]))
+                example = tf.train.Example(features=tf.train.Features(feature=feature))
                 writer.write(example.SerializeToString())
         fs.put_file(local, f"{folder}/train-{index}.tfrecord")
 
@@ -121,9 +128,11 @@ def s3(endpoint: str) -> None:
     resumed.optimize(MaxEpoch(4), verbose=0)
     print(f"RESULT resume from={optimizer.iteration} weights_equal={same} to={resumed.iteration}", flush=True)
 
-    write_records(fs, "sparktf/stream", files=4, per_file=64)  # files of their own: the proxy counts their reads
+    write_records(fs, "sparktf/stream", files=4, per_file=64, padded=(1,))  # of their own: the proxy resets one
     streamed = TFDataset.from_tfrecord_file("s3a://sparktf/stream/train-*.tfrecord", parse, batch_size=32,
                                             cache=False)
+    streamed.num_records  # counted (each file read once): the proxy resets no read before it sees the next line
+    fs.pipe_file("sparktf/stream-counted", b"")
     stream_optimizer = TFOptimizer.from_keras(small_model(), streamed, num_workers=2, max_failures=1)
     relaunches = []
     logging.getLogger("sparktf.optimizer").addHandler(_Collect(relaunches))
