@@ -28,6 +28,9 @@ class FakeConf(dict):
 class FakeSession:
     conf = FakeConf({"spark.task.cpus": "1"})
 
+    def rendezvous_host(self):  # the address check of SegmentRunner.start
+        return "127.0.0.1"
+
 
 class FakeCluster:
     """Task slots set by the test; ``sleep`` advances the clock and runs the test's timed events."""
