@@ -75,7 +75,7 @@ def run_program(tmp_path, *remote):
             _, case, values = line.split(" ", 2)
             found[case] = json.loads(values)
     python_lines = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith(("\tat ", "  at ")))
-    assert proc.returncode == 0 and "driver_host" in found, (proc.stdout[-3000:], python_lines[-8000:])
+    assert proc.returncode == 0 and "done" in found, (proc.stdout[-3000:], python_lines[-8000:])
     found["stderr"] = proc.stderr  # the client's, and with a local server its Python workers'
     return found
 
@@ -108,20 +108,21 @@ def test_training_with_validation_callbacks_progress_checkpoints_summaries_then_
     assert error == "SparkTFError" and "TFPredictor.predict" in message and "predict_dataframe" in message
 
 
-def test_a_worker_failure_is_relaunched_and_ends_like_an_uninterrupted_run(results):
-    assert results["recover"]["marker"] and results["recover"]["difference"] < 1e-5
-
-
-def local_only(results, case):
-    """``results[case]``; a server over local-cluster skips the cases whose code paths the local session ran."""
+def case_of(results, case):
+    """``results[case]``; each session skips the cases whose code paths the other one runs."""
     if case not in results:
-        pytest.skip(f"{case}: the same code path as in the local Connect session, run there")
+        pytest.skip(f"{case}: the same code path as in the other Connect session, run there")
     return results[case]
+
+
+def test_a_worker_failure_is_relaunched_and_ends_like_an_uninterrupted_run(results):
+    recover = case_of(results, "recover")  # on the server: executors of their own relaunch
+    assert recover["marker"] and recover["difference"] < 1e-5
 
 
 def test_tfrecord_files_train_and_evaluate_in_both_cache_modes(results):
     for cache in ("True", "False"):
-        records, iterations, evaluated, local = local_only(results, "tfrecord")[cache]
+        records, iterations, evaluated, local = case_of(results, "tfrecord")[cache]
         assert records == 120 and iterations == 12
         assert evaluated == pytest.approx(local, rel=1e-4, abs=1e-5)
 
@@ -136,7 +137,7 @@ def test_an_ml_pipeline_fits_saves_and_loads_and_cross_validates(results):
 
 
 def test_ctrl_c_in_the_client_cancels_the_training_job(results):
-    interrupt = local_only(results, "interrupt")
+    interrupt = case_of(results, "interrupt")
     assert interrupt["raised_after"] is not None and interrupt["raised_after"] < 5
     assert interrupt["next_job"] < 30  # the blocked step holds its slot for 60 s unless the job was cancelled
 
@@ -165,15 +166,15 @@ def test_run_starts_its_children_and_streams_their_lines_to_the_client(results):
 
 
 def test_a_failing_child_and_too_many_workers_raise_sparktf_errors(results):
-    failure = results["run_failure"]
+    failure = case_of(results, "run_failure")
     assert failure["error"] == "SparkTFError" and "planned failure in rank" in failure["message"]
-    slots = results["slots"]
+    slots = case_of(results, "slots")
     assert slots["error"] == "SparkTFError" and "needs 3 tasks" in slots["message"] and "at most 2" in slots["message"]
     assert slots["seconds"] < 10
 
 
 def test_entry_points_that_need_rdds_name_the_dataframe_alternative(results):
-    rdd_only = results["rdd_only"]
+    rdd_only = case_of(results, "rdd_only")
     for entry in ("from_rdd", "from_string_rdd"):
         error, message = rdd_only[entry]
         assert error == "SparkTFError" and f"TFDataset.{entry}" in message and "from_dataframe" in message
@@ -183,7 +184,7 @@ def test_entry_points_that_need_rdds_name_the_dataframe_alternative(results):
 
 
 def test_an_address_this_client_cannot_listen_on_fails_at_once_naming_the_setting_and_is_not_relaunched(results):
-    driver_host = results["driver_host"]
+    driver_host = case_of(results, "driver_host")
     assert driver_host["error"] == "ConfigurationError" and "spark.sparktf.driverHost" in driver_host["message"]
     assert "192.0.2.1" in driver_host["message"] and driver_host["seconds"] < 5
     name, message, seconds = driver_host["optimize"]  # a setting that cannot work is never relaunched

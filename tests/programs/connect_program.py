@@ -3,16 +3,17 @@
 Without an address, ``SPARK_REMOTE=local[2]`` starts a local Connect server.
 Prints one ``RESULT <case> <JSON object>`` line per case: ``session``
 (init_spark), ``train`` (from_dataframe with a weight column and validation, a callback, live
-progress, checkpoints, a TrainSummary, evaluate, predict_dataframe), ``recover`` (from_ndarrays, a
-worker failure relaunched, against an uninterrupted run), ``tfrecord``
-(from_tfrecord_file in both cache modes; local only), ``pipeline`` (a
+progress, checkpoints, a TrainSummary, evaluate, predict_dataframe), ``pipeline`` (a
 ``sparktf.ml`` Pipeline fitted, saved and loaded; CrossValidator, local
-only), ``interrupt`` (Ctrl-C while training cancels its job; local only),
-``cluster`` (a server over a cluster only: ``resource_profile`` and
-``min_workers``), ``run`` (sparktf.run's
-result and its children's lines), ``run_failure``, ``slots`` (too many
-workers fails at once), ``rdd_only`` (the errors of what needs RDDs), and
-``driver_host`` (an address this process cannot listen on).
+only), ``recover`` (from_ndarrays, a worker failure relaunched, against an
+uninterrupted run; server only), ``cluster`` (server only:
+``resource_profile`` and ``min_workers``), ``tfrecord`` (from_tfrecord_file
+in both cache modes; local only), ``interrupt`` (Ctrl-C while training
+cancels its job; local only), ``run`` (sparktf.run's result and its
+children's lines), then, local only (what the client checks whatever the
+server), ``run_failure``, ``slots`` (too many workers fails at once),
+``rdd_only`` (the errors of what needs RDDs) and ``driver_host`` (an address
+this process cannot listen on), and last ``done``.
 """
 
 import contextlib
@@ -277,9 +278,9 @@ def main():
     result("session", module=type(spark).__module__, again=sparktf.init_spark() is spark)
 
     train_case(spark, tmp)
-    recover_case(tmp)
     pipeline_case(spark, tmp, cross_validate=not remote)
-    if remote:  # what only a cluster runs
+    if remote:  # what a cluster runs differently (executors of their own), or only a cluster runs
+        recover_case(tmp)
         cluster_case(spark)
     else:  # the same code paths as on a server, run once
         tfrecord_case(tmp)
@@ -289,7 +290,15 @@ def main():
     with contextlib.redirect_stdout(printed):
         value = sparktf.run(ranks, args="hi", num_workers=2)
     result("run", value=value, lines=sorted(line for line in printed.getvalue().splitlines() if "says" in line))
+    if not remote:  # the same on any server: run once
+        client_checks(spark)
+    result("done")
+    spark.stop()
 
+
+def client_checks(spark):
+    """What fails in the client whatever the server: a failing child, too many workers, RDD entry points, an
+    address this client cannot listen on."""
     name, message, _ = error_of(lambda: sparktf.run(failing, num_workers=2))
     result("run_failure", error=name, message=message.splitlines()[0] if message else "")
 
@@ -310,7 +319,6 @@ def main():
     training = TFOptimizer.from_keras(linear_model(), TFDataset.from_ndarrays((x, y), batch_size=32), max_failures=3)
     trained = error_of(lambda: training.optimize(MaxEpoch(1), verbose=0))  # raised once, before any training job
     result("driver_host", error=name, message=message, seconds=seconds, optimize=trained)
-    spark.stop()
 
 
 if __name__ == "__main__":
