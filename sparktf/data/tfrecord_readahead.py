@@ -181,12 +181,13 @@ class _EarlyReaders:
     def start(self, key: Hashable, uri: str, size: Optional[int]) -> None:
         reader = ChunkReader(uri, size, early=True)
         with self._lock:
-            pushed_out = self._readers.pop(key, None)
+            replaced = self._readers.pop(key, None)
+            pushed_out = [] if replaced is None else [replaced]
             self._readers[key] = reader
             while len(self._readers) > MAX_EARLY:
-                pushed_out = self._readers.popitem(last=False)[1]
-        if pushed_out is not None:
-            pushed_out.close()
+                pushed_out.append(self._readers.popitem(last=False)[1])
+        for old in pushed_out:
+            old.close()
 
     def take(self, key: Hashable, uri: str, size: Optional[int], then: Optional[Callable[[], None]]) -> ChunkReader:
         """The reader started early under ``key``, or a new one; ``then`` as :meth:`ChunkReader.claim` runs it."""

@@ -120,13 +120,13 @@ class ConnectSession(SessionKind):
         ConfigurationError
             For ``spark.sparktf.rendezvous=barrier``, or an address this machine does not have.
         """
-        if super().rendezvous_host() is None:
+        host = super().rendezvous_host()
+        if host is None:
             raise ConfigurationError(
                 "spark.sparktf.rendezvous=barrier needs a classic session: in Spark Connect the tasks get the "
                 "model state from sparktf's job channel in this process. Unset it, and set "
                 "spark.sparktf.driverHost to an address of this machine that the executors reach"
             )
-        host = self.driver_host()
         self._check_reachable(host)
         return host
 

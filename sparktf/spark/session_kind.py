@@ -98,13 +98,13 @@ class SessionKind(ABC):
         """Where a job's ranks find each other: the job channel's address, or None for ``allGather``.
 
         ``spark.sparktf.rendezvous`` is ``driver`` (the default: a job
-        channel on :meth:`listen_host`) or ``barrier`` (``BarrierTaskContext.allGather``,
+        channel on :meth:`driver_host`, checked) or ``barrier`` (``BarrierTaskContext.allGather``,
         for clusters whose executors cannot open connections to the driver).
 
         Raises
         ------
         ConfigurationError
-            Any other value.
+            Any other value, or an address this process cannot listen on.
         """
         mode = self.conf.get(RENDEZVOUS_CONF, "driver")
         if mode == "barrier":
