@@ -62,6 +62,41 @@ class TFDataset(BlockDataset):
     rules are those of :class:`~sparktf.data.block_dataset.BlockDataset`.
     """
 
+    def map(self, fn: Callable[..., Any]) -> "TFDataset":
+        """A dataset whose batches go through ``fn`` on the workers, as ``tf.data.Dataset.map`` would call it.
+
+        ``fn`` gets each batch as tensors, ``fn(features)``,
+        ``fn(features, labels)`` or ``fn(features, labels, sample_weight)``
+        (prediction: ``fn(features)``), and returns ``x``, ``(x, y)`` or
+        ``(x, y, sample_weight)`` (``keras.utils.pack_x_y_sample_weight``).
+        It runs in a ``tf.function`` traced once per worker process, for
+        every factory, in training, validation, ``evaluate`` and prediction
+        (``TFPredictor.predict_dataframe`` calls it with the columns'
+        tensors). A Keras Hub task's preprocessor runs after it without
+        being mapped here. Text arrives as ``tf.string``.
+
+        Parameters
+        ----------
+        fn : callable
+            A function of TensorFlow ops (Keras preprocessing layers and
+            ``keras_hub`` preprocessors included). Functions defined in the
+            user's script travel by value.
+
+        Returns
+        -------
+        TFDataset
+            The same records and options; its ``feature_spec`` and
+            ``label_spec`` are what ``fn`` returns, traced here.
+
+        Raises
+        ------
+        DataError
+            When ``fn`` fails on the dataset's specs or returns more than
+            ``(x, y, sample_weight)``; on a worker, a batch it rejects names
+            the partition and the records.
+        """
+        return self.mapped(fn)
+
     # ------------------------------------------------------------------ factories
 
     @classmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from sparktf.data.batch_maps import MappedElements
 from sparktf.data.sparse import model_structure
 from sparktf.data.specs import leaf_specs
 from sparktf.spark.cluster import watchdog_slack
@@ -98,7 +99,7 @@ class TFOptimizer:
     ):
         check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression,
                        keep_checkpoints)
-        _check_data_fits(model, dataset)
+        self._elements = _check_data_fits(model, dataset)  # the batches as the model gets them
         self.session = dataset.blocks.kind
         self.model = model
         self.dataset = dataset
@@ -386,9 +387,9 @@ class TFOptimizer:
         driver: Optional[DriverCallbacks] = None, class_weight: Any = None,
     ) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
-        structure = model_structure(self.model, self.dataset.element_structure)  # sparse or dense per model input
-        spec = SegmentSpec(self._payload_broadcast(), structure, progress, stop, self.clipping,
-                           self.collective_timeout, gradient_compression=self.gradient_compression,
+        structure = model_structure(self.model, self._elements.element)  # sparse or dense per model input
+        spec = SegmentSpec(self._payload_broadcast(), structure, progress, stop, self.clipping, self.collective_timeout,
+                           maps=self._elements, gradient_compression=self.gradient_compression,
                            gpus=gpu_plan(self.session.conf, self.resource_profile), metric_state=self._metric_state,
                            class_weight=class_weight)
         on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
@@ -451,7 +452,7 @@ class TFOptimizer:
         return evaluate_blocks(
             self.model,
             dataset.blocks,
-            dataset.element_structure,
+            MappedElements.of(dataset, self.model),
             batch,
             self._payload_broadcast(),
             ModelState.capture(self.model, self.iteration, include_optimizer=False),
@@ -489,10 +490,13 @@ class TFOptimizer:
         return self._payload
 
 
-def _check_data_fits(model: Any, dataset: Any) -> None:
-    """Refuse, before any job, features that do not fit the model's inputs and labels its output."""
-    for data in (dataset, dataset.val_dataset):
+def _check_data_fits(model: Any, dataset: Any) -> MappedElements:
+    """Refuse, before any job, features that do not fit the model's inputs and labels its output (after the maps and
+    the model's preprocessing); the training batches as the model gets them."""
+    for data in (dataset.val_dataset, dataset):
         if data is not None:
-            keras_feed(model, *feature_leaves(data.feature_spec))
-            if data.has_labels:
-                check_labels(model, leaf_specs(data.label_spec, "labels"))
+            elements = MappedElements.of(data, model)
+            keras_feed(model, *feature_leaves(elements.element[0]))
+            if len(elements.element) > 1:
+                check_labels(model, leaf_specs(elements.element[1], "labels"))
+    return elements

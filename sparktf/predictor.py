@@ -27,7 +27,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from sparktf.context import current_session
+import numpy as np
+
 from sparktf.data import arrow_io, batching, specs
+from sparktf.data.batch_maps import NO_MAPS, BatchMaps, MappedElements
 from sparktf.errors import DataError
 from sparktf.inference.dataframe_output import DataFramePredict, spark_output_type
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, feature_leaves, keras_feed, plan_feed
@@ -55,18 +58,42 @@ _FEATURE_PREFIX = "__sparktf_feature_"
 
 
 class KerasModelSource:
-    """A Keras model on the driver: its inputs, outputs and the handle of its bytes on the executors."""
+    """A Keras model on the driver: its inputs, outputs and the handle of its bytes on the executors.
 
-    def __init__(self, model: Any):
+    ``method`` is ``"call"`` (``model(x, training=False)``, after the model's
+    own preprocessing, as ``model.predict``) or ``"generate"`` (``model.generate``
+    on prompts, with ``options`` as its keywords).
+    """
+
+    def __init__(self, model: Any, method: str = "call", options: Optional[Dict[str, Any]] = None):
+        if method not in ("call", "generate"):
+            raise DataError(f"method must be 'call' or 'generate', got {method!r}")
+        if method == "generate" and not callable(getattr(model, "generate", None)):
+            raise DataError(f"method='generate' needs a model with a generate() method (a Keras Hub CausalLM); "
+                            f"{type(model).__name__} has none")
+        if options and method != "generate":
+            raise DataError(f"keywords {sorted(options)} go to the model's method; model(x) takes none. "
+                            "Pass method='generate' to generate text")
         payload = ModelPayload.from_model(model, include_optimizer=False)
-        self.model = model
-        self.handle = ModelHandle("keras", payload.key, current_session().share(payload.to_bytes(), "model"))
+        self.model, self.method = model, method
+        self.handle = ModelHandle("keras", payload.key, current_session().share(payload.to_bytes(), "model"),
+                                  method=method, options=tuple(sorted((options or {}).items())))
+
+    def elements(self, maps: BatchMaps, stored: tuple) -> MappedElements:
+        """Batches of ``stored`` features as the model gets them: after ``maps`` and the model's preprocessing
+        (``generate`` preprocesses prompts itself)."""
+        return MappedElements.of_structure(maps, stored, self.model if self.method == "call" else None)
 
     def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
+        if self.method == "generate":
+            return plan_feed([TensorInfo("prompt", np.dtype(object), ())], SINGLE, leaves, names)
         return keras_feed(self.model, leaves, names)
 
     def outputs(self, feed: Feed) -> Tuple[str, List[TensorInfo]]:
         import keras
+
+        if self.method == "generate":
+            return SINGLE, [TensorInfo("completion", np.dtype(str), ())]
 
         symbolic = [keras.KerasTensor((None,) + info.shape, dtype=specs.dtype_name(info.dtype)) for info in feed.inputs]
         spec = self.model.compute_output_spec(feed.structured(symbolic))
@@ -92,6 +119,10 @@ class SavedModelSource:
         self.output_infos = [TensorInfo.from_tensor(name, available[name]) for name in names]
         shared = current_session().share(archive.data, "saved-model")
         self.handle = ModelHandle("saved_model", archive.key, shared, signature, tuple(names), self.kind)
+
+    def elements(self, maps: BatchMaps, stored: tuple) -> MappedElements:
+        """Batches of ``stored`` features after ``maps``."""
+        return MappedElements.of_structure(maps, stored, None)
 
     def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
         return plan_feed(self.inputs, DICT, leaves, names)
@@ -126,21 +157,31 @@ class TFPredictor:
     def __init__(self, model: ModelSource, dataset: Any):
         self._model = model
         self.dataset = dataset
+        self._elements = model.elements(dataset.batch_maps, dataset.stored_structure[:1])  # the features alone
         self._dataset_feed()  # check the data against the model before any job runs
         dataset.inference_batch_size(dataset.blocks.num_partitions)
 
     @classmethod
-    def from_keras(cls, keras_model: Any, dataset: Any) -> "TFPredictor":
-        """A predictor running ``keras_model(x, training=False)``.
+    def from_keras(cls, keras_model: Any, dataset: Any, method: str = "call", **method_kwargs: Any) -> "TFPredictor":
+        """A predictor running ``keras_model(x, training=False)``, or ``keras_model.generate``.
 
         Parameters
         ----------
         keras_model : keras.Model
             A built model (functional, Sequential, or subclassed and called
             once); custom layers and Lambda functions defined in the user's
-            script travel with it (see :mod:`sparktf.models.cache`).
+            script travel with it (see :mod:`sparktf.models.cache`), and so do
+            its vocabularies and lookup tables. A Keras Hub task's
+            ``preprocessor`` runs on each batch first, as in ``task.predict``.
         dataset : TFDataset
-            With ``batch_per_thread`` (or ``batch_size``) set.
+            With ``batch_per_thread`` (or ``batch_size``) set; its maps
+            (:meth:`TFDataset.map`) run on the features of each batch.
+        method : {"call", "generate"}
+            ``"generate"`` runs ``keras_model.generate`` (a Keras Hub
+            ``CausalLM``) on batches of prompts: :meth:`predict` gives one
+            ``str`` per prompt, :meth:`predict_dataframe` a string column.
+        **method_kwargs
+            Keywords of ``generate``, e.g. ``max_length=64``.
 
         Raises
         ------
@@ -148,7 +189,7 @@ class TFPredictor:
             When the dataset's features do not fit the model's inputs, or no
             batch size is set.
         """
-        return cls(KerasModelSource(keras_model), dataset)
+        return cls(KerasModelSource(keras_model, method, method_kwargs), dataset)
 
     @classmethod
     def from_saved_model(
@@ -218,9 +259,9 @@ class TFPredictor:
         feed = self._dataset_feed()
         block_rdd = self.dataset.block_rdd
         batch = self.dataset.inference_batch_size(block_rdd.getNumPartitions())
-        num_features = len(feed.order)
+        num_features = len(specs.flatten(self._elements.stored[0]))
         profile = stage_profile(session, resource_profile)
-        handle = dataclasses.replace(self._model.handle, gpus=gpu_plan(session.conf, profile))
+        handle = dataclasses.replace(self._model.handle, gpus=gpu_plan(session.conf, profile), elements=self._elements)
 
         def predict_partition(partition: int, blocks: Iterator[tuple]) -> Iterator[Any]:
             features = (block[:num_features] for block in blocks)
@@ -230,7 +271,7 @@ class TFPredictor:
         return with_profile(raising_sparktf_errors(block_rdd, predict_partition, preservesPartitioning=True), profile)
 
     def _dataset_feed(self) -> Feed:
-        return self._model.feed(*feature_leaves(self.dataset.feature_spec))
+        return self._model.feed(*feature_leaves(self._elements.element[0]))
 
     # ------------------------------------------------------------------ DataFrame
 
@@ -278,7 +319,8 @@ class TFPredictor:
         profile = stage_profile(session, resource_profile)
         leaves = column_leaves(df, columns)
         batch = self.dataset.inference_batch_size(session.default_parallelism())
-        return dataframe_with_predictions(self._model, df, columns, leaves, output_col, batch, profile)
+        return dataframe_with_predictions(self._model, df, columns, leaves, output_col, batch, profile,
+                                          self.dataset.batch_maps)
 
 
 def check_new_column(df: DataFrame, name: str, parameter: str) -> None:
@@ -295,7 +337,7 @@ def column_leaves(df: DataFrame, columns: Sequence[str]) -> List[specs.LeafSpec]
 
 def dataframe_with_predictions(
     source: ModelSource, df: DataFrame, columns: Sequence[str], leaves: Sequence[specs.LeafSpec],
-    output_col: str, batch: int, profile: Any = None,
+    output_col: str, batch: int, profile: Any = None, maps: BatchMaps = NO_MAPS,
 ) -> DataFrame:
     """``df`` plus the model's output in ``output_col``: a lazy ``mapInArrow``, no Spark job.
 
@@ -316,6 +358,10 @@ def dataframe_with_predictions(
         Records per model call.
     profile : pyspark.resource.ResourceProfile, optional
         The prediction stage's resource profile (None: the session's defaults).
+    maps : BatchMaps
+        Functions each batch of the columns goes through first (called with
+        the features alone: a column's tensor, or a list of them); a Keras
+        Hub task's preprocessing follows them.
 
     Raises
     ------
@@ -323,14 +369,28 @@ def dataframe_with_predictions(
         When the columns do not fit the model's inputs, or an output has a
         dtype Spark cannot hold.
     """
-    feed = source.feed(leaves, columns)
+    elements = source.elements(maps, (_column_specs(leaves),))
+    if elements.maps.active:  # the inputs are what the maps return
+        feed = source.feed(*feature_leaves(elements.element[0]))
+    else:
+        feed = source.feed(leaves, columns)
     kind, outputs = source.outputs(feed)
     output_type = spark_output_type(kind, outputs)
     selected, feature_names = _arrow_features(df, columns, leaves)
-    handle = dataclasses.replace(source.handle, gpus=gpu_plan(current_session(df.sparkSession).conf, profile))
+    gpus = gpu_plan(current_session(df.sparkSession).conf, profile)
+    handle = dataclasses.replace(source.handle, gpus=gpus, elements=elements)
     function = DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type)
     schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
     return map_in_arrow(selected, function, schema, profile=profile)
+
+
+def _column_specs(leaves: Sequence[specs.LeafSpec]) -> Any:
+    """The feature specs of the columns' leaves: one ``tf.TensorSpec``, or a list of them."""
+    import tensorflow as tf
+
+    column_specs = [tf.TensorSpec(leaf.shape, tf.string if leaf.is_string else tf.as_dtype(leaf.dtype))
+                    for leaf in leaves]
+    return column_specs[0] if len(column_specs) == 1 else column_specs
 
 
 def _arrow_features(df: DataFrame, columns: Sequence[str], leaves: Sequence[specs.LeafSpec]

@@ -9,6 +9,7 @@ balanced training layout with one partition per worker.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import secrets
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -17,6 +18,7 @@ import numpy as np
 from pyspark import RDD
 
 from sparktf.data import specs
+from sparktf.data.batch_maps import NO_MAPS, BatchMaps
 from sparktf.data.block_feed import BlockFeed
 from sparktf.data.block_sets import BlockSet
 from sparktf.data.columnar import RecordFormat, balanced_bounds
@@ -105,34 +107,63 @@ class BlockDataset:
         self._partition_counts = list(partition_counts) if partition_counts is not None else None
         self._training_blocks: Dict[int, BlockSet] = {}
         self._file_stream = file_stream
+        self._maps = NO_MAPS
+        self._mapped_structure: Optional[tuple] = None
 
     # ------------------------------------------------------------------ properties
 
     @property
     def feature_spec(self):
-        """The features' structure, a ``tf.TensorSpec`` (one record's shape) at each leaf."""
-        return self._feature_spec
+        """The features' structure, a ``tf.TensorSpec`` (one record's shape) at each leaf (after the maps)."""
+        return self.element_structure[0]
 
     @property
     def label_spec(self):
-        """The labels' structure of ``tf.TensorSpec``, or ``None`` without labels."""
-        return self._label_spec
+        """The labels' structure of ``tf.TensorSpec``, or ``None`` without labels (after the maps)."""
+        structure = self.element_structure
+        return structure[1] if len(structure) > 1 else None
 
     @property
     def weight_spec(self):
-        """The ``tf.TensorSpec`` of one record's sample weight, or ``None`` without sample weights."""
-        return self._weight_spec
+        """The ``tf.TensorSpec`` of one record's sample weight, or ``None`` without sample weights (after the
+        maps)."""
+        structure = self.element_structure
+        return structure[2] if len(structure) > 2 else None
 
     @property
     def element_structure(self) -> tuple:
         """``(feature_spec, label_spec)``, ``(feature_spec,)`` without labels, ``(feature_spec, label_spec,
-        weight_spec)`` with sample weights."""
+        weight_spec)`` with sample weights: what a batch is after the dataset's maps."""
+        if self._mapped_structure is None:
+            self._mapped_structure = self._maps.output_structure(self.stored_structure)
+        return self._mapped_structure
+
+    @property
+    def stored_structure(self) -> tuple:
+        """The element structure of the stored records, before the dataset's maps."""
         return specs.element_structure(self._feature_spec, self._label_spec, self._weight_spec)
 
     @property
+    def batch_maps(self) -> BatchMaps:
+        """The functions each batch goes through on the workers (:meth:`mapped`)."""
+        return self._maps
+
+    @property
     def has_labels(self) -> bool:
-        """Whether records are ``(features, labels)``."""
-        return self._label_spec is not None
+        """Whether records are ``(features, labels)`` (after the maps)."""
+        return len(self.element_structure) > 1
+
+    def mapped(self, function: Any) -> "BlockDataset":
+        """A dataset of the same records whose batches go through ``function`` on the workers (its validation
+        dataset's too). The function is traced on the specs here: one that fails raises ``DataError`` now."""
+        dataset = copy.copy(self)
+        dataset._maps = self._maps.then(function)
+        dataset._mapped_structure = None
+        dataset._training_blocks = self._training_blocks  # the same records: their layouts are shared
+        if self._val_dataset is not None:
+            dataset._val_dataset = self._val_dataset.mapped(function)
+        dataset.element_structure  # traced now: a function that fails, fails here
+        return dataset
 
     @property
     def record_format(self) -> RecordFormat:
@@ -327,7 +358,7 @@ class BlockDataset:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(feature_spec={self._feature_spec}, label_spec={self._label_spec}, "
+            f"{type(self).__name__}(feature_spec={self.feature_spec}, label_spec={self.label_spec}, "
             f"batch_size={self._batch_size}, batch_per_thread={self._batch_per_thread}, "
             f"partitions={self._blocks.num_partitions})"
         )

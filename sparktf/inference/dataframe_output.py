@@ -24,6 +24,7 @@ _SPARK_TYPES = {
     "int64": T.LongType(),
     "bool": T.BooleanType(),
     "object": T.BinaryType(),
+    "str": T.StringType(),
 }
 # Output dtypes Spark has no type for, and what they are widened to.
 _WIDENED = {"float16": "float32", "bfloat16": "float32", "uint8": "int16", "uint16": "int32", "uint32": "int64"}
@@ -32,7 +33,11 @@ _WIDENED = {"float16": "float32", "bfloat16": "float32", "uint8": "int16", "uint
 def arrow_column(array: np.ndarray) -> pa.Array:
     """An ``(n, d1, d2, ...)`` array as Arrow nested lists (``list<list<...>>``)."""
     array = np.ascontiguousarray(array.astype(_WIDENED.get(array.dtype.name, array.dtype), copy=False))
-    values = pa.array(array.reshape(-1), type=pa.binary() if array.dtype == object else None)
+    flat = array.reshape(-1)
+    if array.dtype.kind == "U":  # generated text
+        values = pa.array(flat.tolist(), type=pa.string())
+    else:
+        values = pa.array(flat, type=pa.binary() if array.dtype == object else None)
     for depth in range(array.ndim - 1, 0, -1):  # innermost level first
         lists = int(np.prod(array.shape[:depth]))
         offsets = np.arange(lists + 1, dtype=np.int32) * array.shape[depth]
@@ -41,7 +46,7 @@ def arrow_column(array: np.ndarray) -> pa.Array:
 
 
 def spark_type(info: TensorInfo) -> T.DataType:
-    name = _WIDENED.get(info.dtype.name, info.dtype.name)
+    name = "str" if info.dtype.kind == "U" else _WIDENED.get(info.dtype.name, info.dtype.name)
     if name not in _SPARK_TYPES:
         raise DataError(f"model output {info.describe()} has a dtype Spark cannot hold")
     data_type = _SPARK_TYPES[name]

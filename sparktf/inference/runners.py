@@ -9,7 +9,7 @@ rejects; :func:`records` splits a batch's output into one element per record.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from pyspark import TaskContext
@@ -17,13 +17,14 @@ from pyspark import TaskContext
 from sparktf.errors import DataError
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed
 from sparktf.models.batch_errors import rejected_batch
-from sparktf.models.cache import cached
+from sparktf.data.batch_maps import MappedElements
+from sparktf.models.cache import batch_mapper, cached
 from sparktf.models.payload import ModelPayload
 from sparktf.models.saved_model_archive import SavedModelArchive
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.worker_gc import frozen_after
 
-__all__ = ["KerasRunner", "SignatureRunner", "ModelHandle", "run_batches", "records", "flat_outputs", "partition_id"]
+__all__ = ["KerasRunner", "GenerateRunner", "SignatureRunner", "ModelHandle", "run_batches", "records", "flat_outputs", "partition_id"]
 
 
 class KerasRunner:
@@ -69,6 +70,27 @@ def _any_batch_spec(array: np.ndarray) -> Any:
     return tf.TensorSpec((None,) + array.shape[1:], dtype)
 
 
+class GenerateRunner:
+    """Calls ``model.generate`` (a Keras Hub ``CausalLM``) on a batch of prompts; returns its texts as ``str``.
+
+    ``generate`` runs the model's own preprocessing and sampler (its compiled
+    generation function is kept by the model between batches).
+    """
+
+    def __init__(self, model: Any, options: Dict[str, Any]):
+        self.model = model
+        self._options = dict(options)
+
+    def __call__(self, prompts: Any) -> np.ndarray:
+        texts = self.model.generate(list(_texts(prompts)), **self._options)
+        return np.array(list(_texts(texts)), dtype=str)
+
+
+def _texts(values: Any) -> Iterator[str]:
+    for value in np.asarray(values, dtype=object).reshape(-1):
+        yield value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 class SignatureRunner:
     """Calls one signature of a loaded SavedModel and picks its outputs."""
 
@@ -98,6 +120,9 @@ class ModelHandle:
     outputs: Tuple[str, ...] = ()
     output_kind: str = SINGLE
     gpus: GpuPlan = GpuPlan()
+    method: str = "call"
+    options: Tuple[Tuple[str, Any], ...] = ()
+    elements: Optional[MappedElements] = None
 
     def runner(self) -> Callable[[Any], Any]:
         """The cached runner of this process (loads the model on the first call).
@@ -110,13 +135,20 @@ class ModelHandle:
         """
         prepare_tensorflow_task(self.gpus)
         if self.kind == "keras":
-            return cached(
-                "keras-predict:" + self.key,
-                frozen_after(lambda: KerasRunner(ModelPayload.from_bytes(self.broadcast.value).build())),
-            )
+            build = lambda: ModelPayload.from_bytes(self.broadcast.value).build()  # noqa: E731
+            if self.method == "generate":
+                return GenerateRunner(cached("keras-generate:" + self.key, frozen_after(build)), dict(self.options))
+            return cached("keras-predict:" + self.key, frozen_after(lambda: KerasRunner(build())))
         loaded = cached("saved-model:" + self.key,
                         frozen_after(lambda: SavedModelArchive(self.broadcast.value, self.key).load()))
         return SignatureRunner(loaded, self.signature, self.outputs, self.output_kind)
+
+
+def batch_mapper_of(handle: ModelHandle, runner: Any) -> Callable[[List[np.ndarray]], List[np.ndarray]]:
+    """The batch maps (dataset maps, model preprocessing) a handle's batches go through, traced once per process."""
+    if handle.elements is None or not handle.elements.maps.active:
+        return lambda leaves: leaves
+    return batch_mapper(handle.elements, getattr(runner, "model", None))
 
 
 def run_batches(
@@ -128,11 +160,12 @@ def run_batches(
     partition, the records of the batch and the model's expected input.
     """
     runner = handle.runner()
+    mapped = batch_mapper_of(handle, runner)
     start = 0
     for leaves in batches:
         size = len(leaves[0])
         try:
-            output = runner(feed.pack(leaves))
+            output = runner(feed.pack(mapped(leaves)))
         except (ValueError, TypeError) + _tf_input_errors() as exc:
             raise rejected_batch(partition, start, leaves, exc, "model", feed.expected()) from exc
         yield size, output
@@ -172,8 +205,10 @@ def records(output: Any, size: int) -> Iterator[Any]:
         yield from (dict(zip(names, row)) for row in zip(*rows))
 
 
-def _rows(array: np.ndarray) -> Iterator[np.ndarray]:
-    """The per-record ndarrays of a batch (0-d arrays, not NumPy scalars, for a 1-D batch)."""
+def _rows(array: np.ndarray) -> Iterator[Any]:
+    """The per-record ndarrays of a batch (0-d arrays, not NumPy scalars, for a 1-D batch); texts as ``str``."""
+    if array.dtype.kind == "U":
+        return iter(array.tolist())
     return (np.asarray(value) for value in array) if array.ndim == 1 else iter(array)
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Union
 
 from sparktf.models.payload import ModelPayload, payload_key
 
-__all__ = ["ModelCache", "cached", "load_cached", "load_count", "DEFAULT_CACHE_ENTRIES"]
+__all__ = ["ModelCache", "cached", "load_cached", "batch_mapper", "load_count", "DEFAULT_CACHE_ENTRIES"]
 
 DEFAULT_CACHE_ENTRIES = 4
 
@@ -83,6 +83,12 @@ def load_cached(source: Union["ModelPayload", bytes, Any], key: Optional[str] = 
         return source if isinstance(source, (bytes, bytearray, memoryview)) else source.value
 
     return cached(key or payload_key(data()), lambda: ModelPayload.from_bytes(data()).build())
+
+
+def batch_mapper(elements: Any, model: Any) -> Callable[[list], list]:
+    """This process's traced batch maps (:class:`~sparktf.data.batch_maps.MappedElements`) for a loaded ``model``:
+    traced once per process and model (the entry holds the model, so its ``id`` names it while cached)."""
+    return cached(f"batch-maps/{elements.key}/{id(model)}", lambda: elements.mapper(model))
 
 
 def load_count() -> int:

@@ -13,7 +13,10 @@ rebuild the model elsewhere:
   when they come from the user's own code (``__main__`` or a module that is not
   an installed package) so executors need not have them;
 * every model variable (trainable and non-trainable) as a NumPy array;
-* the optimizer variables (iteration counter, slots), when built.
+* the optimizer variables (iteration counter, slots), when built;
+* what Keras saves besides config and weights (:mod:`sparktf.models.layer_state`):
+  assets such as an adapted lookup's or a tokenizer's vocabulary, and the
+  own variables of weightless layers (a ``tf_idf`` lookup's IDF weights).
 
 ``payload.to_bytes()`` is the wire format, sent once per job;
 :func:`sparktf.models.cache.load_cached` rebuilds a model at most once per
@@ -28,6 +31,7 @@ import json
 import pickle
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
@@ -35,6 +39,8 @@ import cloudpickle
 import numpy as np
 
 from sparktf.errors import DataError
+from sparktf.models import layer_state
+from sparktf.models.layer_state import LayerState
 from sparktf.spark.user_code import pickle_by_value
 
 __all__ = ["ModelPayload", "payload_key"]
@@ -72,6 +78,7 @@ class ModelPayload:
     custom_objects: bytes
     weights: Tuple[np.ndarray, ...]
     optimizer_variables: Tuple[np.ndarray, ...]
+    layer_states: Tuple[LayerState, ...]
     key: str
 
     @classmethod
@@ -107,6 +114,9 @@ class ModelPayload:
         DataError
             When Keras cannot serialize the model, or a subclassed model
             cannot be rebuilt from its config.
+        ModelError
+            When a layer cannot save its assets (e.g. a tokenizer without a
+            vocabulary), naming the layer.
         """
         import keras
 
@@ -135,6 +145,7 @@ class ModelPayload:
             custom_objects=pickle_by_value(custom_objects),
             weights=weights,
             optimizer_variables=optimizer_variables,
+            layer_states=layer_state.capture(model),
         )
 
     @classmethod
@@ -183,6 +194,9 @@ class ModelPayload:
         DataError
             When Keras cannot rebuild the model from the payload, or the
             rebuilt model's variables do not match the captured ones.
+        ModelError
+            When a layer cannot load its saved state (vocabulary, lookup
+            table), naming the layer.
         """
         import keras
 
@@ -190,9 +204,12 @@ class ModelPayload:
         config = json.loads(self.config)
         try:
             with keras.saving.custom_object_scope(custom_objects), _global_policy(config):
-                model = keras.saving.deserialize_keras_object(
-                    config, custom_objects=custom_objects, safe_mode=False
-                )
+                with warnings.catch_warnings():  # a custom compile(): compiled below
+                    warnings.filterwarnings("ignore", message=".*compile\\(\\)` was not called")
+                    model = keras.saving.deserialize_keras_object(
+                        config, custom_objects=custom_objects, safe_mode=False
+                    )
+                _compile_custom(model, config.get("compile_config"))
         except (TypeError, ValueError) as exc:
             raise DataError(
                 f"cannot rebuild the model from its payload: {exc}. The payload carries the "
@@ -200,8 +217,10 @@ class ModelPayload:
                 "must be importable on the executors (e.g. decorated with "
                 "keras.saving.register_keras_serializable in an installed module)."
             ) from exc
+        layer_state.restore(model, self.layer_states)
         if self.weights:
             _assign(model.weights, self.weights, "model weight")
+            layer_state.weights_assigned(model)
         if self.optimizer_variables:
             optimizer = model.optimizer
             if not optimizer.built:
@@ -210,7 +229,19 @@ class ModelPayload:
         return model
 
 
-_BODY_FIELDS = ("config", "custom_objects", "weights", "optimizer_variables")
+def _compile_custom(model: Any, compile_config: Optional[dict]) -> None:
+    """Compile a model whose class overrides ``compile`` (a Keras Hub task), which Keras leaves uncompiled when it
+    rebuilds one: its ``compile`` gets the arguments ``get_compile_config`` kept, as Keras' own would."""
+    import keras
+
+    if not compile_config or getattr(model, "compiled", False):
+        return
+    model.compile(**keras.saving.deserialize_keras_object(compile_config))
+    if model.built:
+        model.optimizer.build(model.trainable_variables)
+
+
+_BODY_FIELDS = ("config", "custom_objects", "weights", "optimizer_variables", "layer_states")
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from sparktf.errors import SparkTFError
+from sparktf.models.layer_state import weights_assigned
 from sparktf.storage import join, local_copy, store_for
 
 __all__ = ["ModelState", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint", "write_checkpoint",
@@ -69,6 +70,7 @@ class ModelState:
     def apply_to(self, model) -> None:
         """Assign the weights and optimizer variables to ``model`` (same architecture)."""
         _assign(model.weights, self.weights, "model weights")
+        weights_assigned(model)  # e.g. an adapted Normalization's constants
         if self.optimizer_variables:
             _assign(model.optimizer.variables, self.optimizer_variables, "optimizer variables")
 

@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from sparktf.collective.channel_client import NoHeartbeat
+from sparktf.data.batch_maps import MappedElements
 from sparktf.data.sparse import model_structure, model_values
 from sparktf.training.metric_state import build_metrics, load_metric_totals, metric_variables
 from sparktf.training.state_source import StateSource
@@ -38,7 +39,7 @@ __all__ = ["evaluate_blocks"]
 def evaluate_blocks(
     model: Any,
     blocks: Any,
-    element_structure: tuple,
+    elements: MappedElements,
     batch_size: int,
     payload: Any,
     state: Optional[Any] = None,
@@ -53,8 +54,9 @@ def evaluate_blocks(
         The driver's compiled model (its metric objects compute the result).
     blocks : BlockSet
         The Blocks (see ``docs/internals.md``).
-    element_structure : tuple
-        ``(feature_spec, label_spec)`` of the blocks.
+    elements : MappedElements
+        The blocks' element structure, the maps their batches go through (the
+        dataset's, the model's preprocessing) and the structure after them.
     batch_size : int
         Records per batch in each partition.
     payload : Shared
@@ -86,7 +88,7 @@ def evaluate_blocks(
     from sparktf.training.watchdog import JobWatchdog
 
     secret = secrets.token_bytes(32)
-    element_structure = model_structure(model, element_structure)  # sparse features as the model's inputs take them
+    element_structure = model_structure(model, elements.element)  # sparse features as the model's inputs take them
     session = blocks.kind
     partitions = blocks.num_partitions
     host = session.rendezvous_host() if state is not None else None
@@ -97,8 +99,8 @@ def evaluate_blocks(
         elif state is not None:
             broadcast = session.spark_context("evaluation without a job channel", "").broadcast(state)
         source = StateSource(channel and channel.address, secret, partitions, timeout, broadcast)
-        task = partial(_evaluate_partition, payload, source if state is not None else None, element_structure,
-                       batch_size, gpu_plan(session.conf, profile))
+        task = partial(_evaluate_partition, payload, source if state is not None else None, elements,
+                       element_structure, batch_size, gpu_plan(session.conf, profile))
         collect = lambda: blocks.collect(task, profile=profile)  # noqa: E731
         try:
             if channel is None:
@@ -119,6 +121,7 @@ def evaluate_blocks(
 def _evaluate_partition(
     payload: Any,
     state: Optional[StateSource],
+    elements: MappedElements,
     element_structure: tuple,
     batch_size: int,
     gpus: Any,
@@ -129,7 +132,7 @@ def _evaluate_partition(
 
     from sparktf.data.batching import inference_batches
     from sparktf.data.specs import pack
-    from sparktf.models.cache import load_cached
+    from sparktf.models.cache import batch_mapper, load_cached
     from sparktf.spark.task_devices import prepare_tensorflow_task
 
     partition = TaskContext.get().partitionId()
@@ -147,15 +150,18 @@ def _evaluate_partition(
                 heartbeat.phase = "state_fetch"
                 state.fetch(partition).apply_to(model)
             heartbeat.phase = "evaluate"
+            mapped = batch_mapper(elements, model) if elements.maps.active else (lambda arrays: arrays)
             # lists as tuples: tf.data (under Keras' generator input) takes a list for one tensor, so a
             # list of feature columns (a multi-input model) would fail to build the input signature
-            elements = (keras.tree.lists_to_tuples(pack(element_structure, _keras_arrays(arrays, element_structure)))
-                        for arrays in itertools.chain([first], batches))
+            inputs = (keras.tree.lists_to_tuples(pack(element_structure, _keras_arrays(mapped(arrays),
+                                                                                       element_structure)))
+                      for arrays in itertools.chain([first], batches))
             count_batches = keras.callbacks.LambdaCallback(
                 on_test_batch_end=lambda batch, logs: setattr(heartbeat, "iteration", batch + 1))
             with warnings.catch_warnings():  # a generator's end is how Keras learns the number of batches
                 warnings.filterwarnings("ignore", message="Your input ran out of data")
-                model.evaluate(elements, verbose=0, callbacks=[count_batches])
+                # Keras' own evaluate: a Keras Hub task's would preprocess the batches again
+                keras.Model.evaluate(model, inputs, verbose=0, callbacks=[count_batches])
             totals = [np.array(v) for v in metric_variables(model.metrics)]
     except BaseException:
         heartbeat.stop()

@@ -54,10 +54,11 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from sparktf.collective.channel_client import ChannelClient, start_heartbeat
+from sparktf.data.batch_maps import MappedElements
 from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.sparse import model_values
 from sparktf.data.specs import flatten
-from sparktf.models.cache import cached, load_cached
+from sparktf.models.cache import batch_mapper, cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
@@ -121,6 +122,10 @@ class SegmentSpec:
         mid-epoch; None starts them from nothing.
     class_weight : ClassWeights, optional
         ``optimize``'s class weights, folded into each batch's sample weights.
+    maps : MappedElements, optional
+        The functions each batch goes through before the model (the dataset's
+        maps, the model's preprocessing); ``element_structure`` is what they
+        return.
     """
 
     payload: Any
@@ -138,6 +143,7 @@ class SegmentSpec:
     gpus: GpuPlan = GpuPlan()
     metric_state: Optional[np.ndarray] = None
     class_weight: Optional[ClassWeights] = None
+    maps: Optional[MappedElements] = None
 
 
 @dataclass
@@ -295,7 +301,7 @@ def _train(
         heartbeat.set_batch_names(["loss", *step.metric_names])
     while True:
         started = time.perf_counter()
-        features, labels, sample_weight = _features_labels(spec, next(batches))
+        features, labels, sample_weight = _features_labels(spec, step, next(batches))
         watch.lap("batches")
         iteration = progress.iteration + 1
         heartbeat.iteration = iteration
@@ -373,7 +379,7 @@ def _prepared_step(
         watch.lap("data_cache")
         heartbeat.phase = "warm_up"
         with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
-            step.warm_up(*_features_labels(spec, batch))
+            step.warm_up(*_features_labels(spec, step, batch))
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
@@ -400,8 +406,10 @@ def _hand_back(spec: SegmentSpec, state: ModelState, world_size: int) -> Optiona
     return None
 
 
-def _features_labels(spec: SegmentSpec, arrays: List[np.ndarray]) -> tuple:
-    """``(features, labels, sample_weight)`` of one batch (see ``training.weights.batch_parts``)."""
+def _features_labels(spec: SegmentSpec, step: TrainStep, arrays: List[np.ndarray]) -> tuple:
+    """``(features, labels, sample_weight)`` of one batch, after its maps (see ``training.weights.batch_parts``)."""
+    if spec.maps is not None and spec.maps.maps.active:
+        arrays = batch_mapper(spec.maps, step.model)(arrays)
     arrays = model_values(flatten(spec.element_structure), arrays)  # sparse leaves as the model's inputs take them
     return batch_parts(spec.element_structure, arrays, spec.class_weight)
 
