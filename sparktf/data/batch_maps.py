@@ -96,8 +96,13 @@ class BatchMaps:
         function = self._traced(structure, model)
 
         def mapped(leaves: List[np.ndarray]) -> List[np.ndarray]:
-            outputs = function(*specs.pack(structure, [_tensor_ready(leaf) for leaf in leaves]))
-            return [_numpy(value) for value in specs.flatten(list(outputs))]
+            import tensorflow as tf
+
+            try:
+                outputs = function(*specs.pack(structure, [_tensor_ready(leaf) for leaf in leaves]))
+            except tf.errors.OpError as exc:  # a record the maps reject
+                raise DataError(f"the batch maps rejected a batch: {exc.message.strip().splitlines()[0]}") from None
+            return [_numpy(value) for value in tf.nest.flatten(outputs)]
 
         return mapped
 
@@ -116,7 +121,14 @@ class BatchMaps:
             return parts[:2] + weights
 
         signature = [tf.nest.map_structure(_batch_spec, part) for part in structure]
-        return tf.function(run).get_concrete_function(*signature)
+        try:
+            return tf.function(run).get_concrete_function(*signature)
+        except DataError:
+            raise
+        except Exception as exc:  # autograph wraps what a function raised: its message keeps the cause
+            names = ", ".join(_name(function) for function in functions)
+            raise DataError(f"the batch maps ({names}) cannot run on batches of {structure}: "
+                            f"{str(exc).strip().splitlines()[-1].strip()}") from None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import pickle
 import sys
@@ -135,6 +136,7 @@ class ModelPayload:
                 "functional API."
             ) from exc
         custom_objects.update(_replace_lambdas(model, config))
+        _keep_custom_compile_arguments(model, config)
         weights = tuple(v.numpy() for v in model.weights) if include_weights else ()
         optimizer = getattr(model, "optimizer", None)
         optimizer_variables: Tuple[np.ndarray, ...] = ()
@@ -229,12 +231,30 @@ class ModelPayload:
         return model
 
 
-def _compile_custom(model: Any, compile_config: Optional[dict]) -> None:
-    """Compile a model whose class overrides ``compile`` (a Keras Hub task), which Keras leaves uncompiled when it
-    rebuilds one: its ``compile`` gets the arguments ``get_compile_config`` kept, as Keras' own would."""
+def _keep_custom_compile_arguments(model: Any, config: dict) -> None:
+    """Add to ``config``'s compile config the arguments of a custom ``compile`` that the model keeps under the same
+    name and Keras does not (a Keras Hub ``CausalLM``'s ``sampler``), so the rebuilt model generates alike."""
     import keras
 
-    if not compile_config or getattr(model, "compiled", False):
+    compile_config = config.get("compile_config")
+    if compile_config is None or type(model).compile is keras.Model.compile:
+        return
+    for name, parameter in inspect.signature(type(model).compile).parameters.items():
+        if name == "self" or name in compile_config or parameter.kind in (parameter.VAR_POSITIONAL,
+                                                                           parameter.VAR_KEYWORD):
+            continue
+        value = getattr(model, name, None)
+        if value is not None and hasattr(value, "get_config"):
+            compile_config[name] = keras.saving.serialize_keras_object(value)
+
+
+def _compile_custom(model: Any, compile_config: Optional[dict]) -> None:
+    """Compile a model whose class overrides ``compile`` (a Keras Hub task) as it was compiled: Keras does not
+    compile one it rebuilds (a task compiles itself with defaults); its ``compile`` gets the arguments
+    ``get_compile_config`` kept, as Keras' own would."""
+    import keras
+
+    if not compile_config or type(model).compile is keras.Model.compile:
         return
     model.compile(**keras.saving.deserialize_keras_object(compile_config))
     if model.built:

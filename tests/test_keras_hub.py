@@ -1,0 +1,111 @@
+"""Keras Hub tasks with their preprocessors: a text classifier and a causal LM fine-tuned, evaluated, scored and
+generating on Spark as ``Task.fit``, ``evaluate``, ``predict`` and ``generate`` in one process. Tiny models built
+from config, vocabularies made here: nothing is downloaded."""
+
+import keras
+import numpy as np
+import pytest
+
+from sparktf import MaxIteration, TFDataset, TFOptimizer, TFPredictor
+from sparktf.errors import DataError
+
+keras_hub = pytest.importorskip("keras_hub")
+
+WORDS = ["good", "great", "fine", "bad", "awful", "poor", "the", "movie", "was", "plot"]
+BERT_VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+ROWS = 32
+
+
+def _reviews(seed=0):
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    for _ in range(ROWS):
+        words = list(rng.choice(WORDS[6:], 3)) + [WORDS[int(rng.integers(0, 6))]]
+        rng.shuffle(words)
+        texts.append(" ".join(words))
+        labels.append(int(any(word in WORDS[:3] for word in words)))
+    return texts, labels
+
+
+def _classifier(seed=3):
+    keras.utils.set_random_seed(seed)
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary=BERT_VOCABULARY)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=8)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=len(BERT_VOCABULARY), num_layers=2, num_heads=2,
+                                             hidden_dim=32, intermediate_dim=64, max_sequence_length=8, dropout=0.0)
+    classifier = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=preprocessor, dropout=0.0)
+    classifier.compile(optimizer=keras.optimizers.SGD(0.5))
+    return classifier
+
+
+def test_a_text_classifier_fine_tunes_evaluates_and_scores_a_text_column_as_task_fit(spark, tmp_path):
+    texts, labels = _reviews()
+    frame = spark.createDataFrame(list(zip(texts, labels)), "text string, label long").repartition(2).cache()
+    rows = frame.collect()  # the frame's own order
+    x, y = np.array([row["text"] for row in rows]), np.array([row["label"] for row in rows])
+
+    reference, classifier = _classifier(), _classifier()
+    reference.fit(x, y, batch_size=ROWS, epochs=3, shuffle=False, verbose=0)  # full batches: order-free
+    dataset = TFDataset.from_dataframe(frame, "text", "label", batch_size=ROWS)
+    history = TFOptimizer.from_keras(classifier, dataset).optimize(MaxIteration(3))
+    np.testing.assert_allclose(history["loss"], reference.history.history["loss"], atol=1e-5)
+    for got, want in zip(classifier.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    scores = TFOptimizer.from_keras(classifier, dataset).evaluate(batch_per_thread=5)
+    assert scores == pytest.approx(reference.evaluate(x, y, verbose=0, return_dict=True), abs=1e-5)
+
+    expected = reference.predict(x, verbose=0)
+    predictor = TFPredictor.from_keras(classifier, TFDataset.from_dataframe(frame, "text", batch_per_thread=5))
+    np.testing.assert_allclose(np.stack(predictor.predict().collect()), expected, atol=1e-5)
+
+    classifier.save_to_preset(str(tmp_path / "preset"))  # reloaded from a local preset: same predictions
+    reloaded = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
+    scored = TFPredictor.from_keras(reloaded, TFDataset.from_dataframe(frame, "text", batch_per_thread=5)) \
+        .predict_dataframe(frame, "text").select("prediction").collect()
+    np.testing.assert_allclose([row["prediction"] for row in scored], expected, atol=1e-5)
+
+
+def _causal_lm(seed=5):
+    keras.utils.set_random_seed(seed)
+    vocabulary = {"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3, "\u0120": 4, "\u0120a": 5, "\u0120b": 6, "\u0120c": 7,
+                  "ab": 8}
+    merges = ["a b", "\u0120 a", "\u0120 b", "\u0120 c"]
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=8)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2, hidden_dim=16,
+                                             intermediate_dim=32, max_sequence_length=16, dropout=0.0)
+    lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor)
+    lm.compile(optimizer=keras.optimizers.SGD(0.5), sampler="greedy")
+    return lm
+
+
+def test_a_causal_lm_fine_tunes_as_fit_and_generates_as_generate(spark):
+    prompts = ["a b", "ab c", "c a b", "b", "a a", "c c b", "ab ab", "b c"]
+    frame = spark.createDataFrame([(p,) for p in prompts], "prompt string").repartition(2).cache()
+    ordered = [row["prompt"] for row in frame.collect()]
+
+    reference, lm = _causal_lm(), _causal_lm()
+    reference.fit(np.array(ordered), batch_size=len(prompts), epochs=2, shuffle=False, verbose=0)
+    dataset = TFDataset.from_dataframe(frame, "prompt", batch_size=len(prompts))  # no labels: the preprocessor's
+    history = TFOptimizer.from_keras(lm, dataset).optimize(MaxIteration(2))
+    np.testing.assert_allclose(history["loss"], reference.history.history["loss"], atol=1e-5)
+    for got, want in zip(lm.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+    expected = [str(text) for text in reference.generate(ordered, max_length=8, stop_token_ids=None)]
+    generating = TFPredictor.from_keras(lm, TFDataset.from_dataframe(frame, "prompt", batch_per_thread=3),
+                                        method="generate", max_length=8, stop_token_ids=None)
+    assert generating.predict().collect() == expected
+    completed = generating.predict_dataframe(frame, "prompt", output_col="completion").collect()
+    assert [row["completion"] for row in completed] == expected
+    assert dict(frame.schema.fields and generating.predict_dataframe(frame, "prompt", output_col="completion")
+                .dtypes)["completion"] == "string"
+
+
+def test_generation_and_maps_are_refused_clearly_before_any_job(spark):
+    frame = spark.createDataFrame([("a",)], "prompt string")
+    dataset = TFDataset.from_dataframe(frame, "prompt", batch_per_thread=2)
+    with pytest.raises(DataError, match="generate"):
+        TFPredictor.from_keras(_classifier(), dataset, method="generate", max_length=4)
+    with pytest.raises(DataError, match=r"(?s)batch map .*failed.*no attribute .broken"):
+        dataset.map(lambda text: text.broken)
