@@ -109,3 +109,25 @@ def test_generation_and_maps_are_refused_clearly_before_any_job(spark):
         TFPredictor.from_keras(_classifier(), dataset, method="generate", max_length=4)
     with pytest.raises(DataError, match=r"(?s)batch map .*failed.*no attribute .broken"):
         dataset.map(lambda text: text.broken)
+
+
+def test_lora_fine_tuning_sends_only_the_adapters_gradients_and_equals_fit(spark):
+    texts, labels = _reviews(seed=1)
+    frame = spark.createDataFrame(list(zip(texts, labels)), "text string, label long").repartition(2).cache()
+    rows = frame.collect()
+    x, y = np.array([row["text"] for row in rows]), np.array([row["label"] for row in rows])
+    dataset = TFDataset.from_dataframe(frame, "text", "label", batch_size=ROWS)
+    full_bytes = 4 * sum(int(np.prod(v.shape)) for v in _classifier().trainable_variables)  # float32 gradients
+
+    reference, classifier = _classifier(), _classifier()
+    for model in (reference, classifier):
+        model.backbone.enable_lora(2)
+        model.compile(optimizer=keras.optimizers.SGD(0.5))
+    classifier.set_weights(reference.get_weights())  # the same adapters' initial values
+    reference.fit(x, y, batch_size=ROWS, epochs=2, shuffle=False, verbose=0)
+    lora = TFOptimizer.from_keras(classifier, dataset)
+    lora.optimize(MaxIteration(2), verbose=0)
+    for got, want in zip(classifier.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    per_step = lora.last_traffic.sent / lora.last_traffic.steps  # a ring of 2 sends about a gradient's size
+    assert 0 < per_step < full_bytes / 4  # the frozen backbone's gradients stay home

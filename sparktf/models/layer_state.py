@@ -5,6 +5,8 @@
 * **assets**, the files a layer writes in ``save_assets``: the vocabulary of
   an adapted ``StringLookup``, ``IntegerLookup`` or ``TextVectorization``, a
   Keras Hub tokenizer's vocabulary and merges;
+* LoRA enabled on a built layer (``backbone.enable_lora(rank)``), which adds
+  weights its config does not mention;
 * the variables that a layer without weights of its own keeps in
   ``save_own_variables``, such as a ``tf_idf`` lookup's IDF weights, and
   those of a layer that derives constants from its weights as they load
@@ -48,12 +50,17 @@ class LayerState:
         The files ``save_assets`` wrote, by path relative to its folder.
     variables : tuple of (str, numpy.ndarray)
         What ``save_own_variables`` stored, for a layer with no ``weights`` of its own.
+    lora : tuple
+        ``(rank, alpha)`` of a layer whose LoRA was enabled after it was made
+        (``backbone.enable_lora(rank)``), which its config does not say; empty
+        otherwise.
     """
 
     path: str
     class_name: str
     assets: Tuple[Tuple[str, bytes], ...] = ()
     variables: Tuple[Tuple[str, np.ndarray], ...] = ()
+    lora: Tuple[int, float] = ()
 
 
 def capture(model: Any) -> Tuple[LayerState, ...]:
@@ -70,13 +77,15 @@ def capture(model: Any) -> Tuple[LayerState, ...]:
         for index, (path, saveable) in enumerate(_saveables(model)):
             assets = _saved_assets(saveable, path, os.path.join(root, str(index)))
             variables = _own_variables(saveable, path)
-            if assets or variables:
-                states.append(LayerState(path, type(saveable).__name__, assets, variables))
+            lora = _enabled_lora(saveable)
+            if assets or variables or lora:
+                states.append(LayerState(path, type(saveable).__name__, assets, variables, lora))
     return tuple(states)
 
 
-def restore(model: Any, states: Tuple[LayerState, ...]) -> None:
-    """Load ``states`` (from :func:`capture`) into ``model``, rebuilt from the same config.
+def restore(model: Any, states: Tuple[LayerState, ...]) -> bool:
+    """Load ``states`` (from :func:`capture`) into ``model``, rebuilt from the same config; whether that added
+    variables (LoRA).
 
     Raises
     ------
@@ -85,7 +94,8 @@ def restore(model: Any, states: Tuple[LayerState, ...]) -> None:
         load its state (naming the layer and what it could not load).
     """
     if not states:
-        return
+        return False
+    added = False
     by_path = dict(_saveables(model))
     with tempfile.TemporaryDirectory(prefix="sparktf-assets-") as root:
         for index, state in enumerate(states):
@@ -97,6 +107,9 @@ def restore(model: Any, states: Tuple[LayerState, ...]) -> None:
                     "Check that the model's get_config() describes every layer it creates."
                 )
             try:
+                if state.lora and not saveable.lora_enabled:  # before the weights: it adds two per layer
+                    saveable.enable_lora(state.lora[0], lora_alpha=state.lora[1])
+                    added = True
                 if state.variables:
                     saveable.load_own_variables(dict(state.variables))
                 if state.assets:
@@ -106,6 +119,7 @@ def restore(model: Any, states: Tuple[LayerState, ...]) -> None:
                     f"layer {state.path!r} ({state.class_name}) could not load its saved state "
                     f"({_described(state)}): {type(exc).__name__}: {exc}"
                 ) from exc
+    return added
 
 
 def weights_assigned(model: Any) -> None:
@@ -208,6 +222,13 @@ def _own_variables(saveable: Any, path: str) -> Tuple[Tuple[str, np.ndarray], ..
     return tuple(sorted((key, np.asarray(value)) for key, value in store.items()))
 
 
+def _enabled_lora(saveable: Any) -> Tuple[int, float]:
+    """``(rank, alpha)`` of a layer with LoRA enabled, else ``()``."""
+    if not getattr(saveable, "lora_enabled", False):
+        return ()
+    return (int(saveable.lora_rank), float(saveable.lora_alpha))
+
+
 def _written(assets: Tuple[Tuple[str, bytes], ...], folder: str) -> str:
     for name, data in assets:
         full = os.path.join(folder, name)
@@ -219,4 +240,5 @@ def _written(assets: Tuple[Tuple[str, bytes], ...], folder: str) -> str:
 
 def _described(state: LayerState) -> str:
     parts = [f"asset {name}" for name, _ in state.assets] + [f"variable {key}" for key, _ in state.variables]
+    parts += [f"LoRA of rank {state.lora[0]}"] if state.lora else []
     return ", ".join(parts)

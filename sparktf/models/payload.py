@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Uni
 import cloudpickle
 import numpy as np
 
-from sparktf.errors import DataError
+from sparktf.errors import DataError, ModelError
 from sparktf.models import layer_state
 from sparktf.models.layer_state import LayerState
 from sparktf.spark.user_code import pickle_by_value
@@ -80,6 +80,7 @@ class ModelPayload:
     weights: Tuple[np.ndarray, ...]
     optimizer_variables: Tuple[np.ndarray, ...]
     layer_states: Tuple[LayerState, ...]
+    trainable: Tuple[bool, ...]
     key: str
 
     @classmethod
@@ -148,6 +149,7 @@ class ModelPayload:
             weights=weights,
             optimizer_variables=optimizer_variables,
             layer_states=layer_state.capture(model),
+            trainable=tuple(bool(v.trainable) for v in model.weights),
         )
 
     @classmethod
@@ -211,15 +213,17 @@ class ModelPayload:
                     model = keras.saving.deserialize_keras_object(
                         config, custom_objects=custom_objects, safe_mode=False
                     )
-                _compile_custom(model, config.get("compile_config"))
         except (TypeError, ValueError) as exc:
+            _require_packages(config)
             raise DataError(
                 f"cannot rebuild the model from its payload: {exc}. The payload carries the "
                 f"custom objects {sorted(custom_objects)}; an object missing from that list "
                 "must be importable on the executors (e.g. decorated with "
                 "keras.saving.register_keras_serializable in an installed module)."
             ) from exc
-        layer_state.restore(model, self.layer_states)
+        changed = layer_state.restore(model, self.layer_states)
+        changed = _freeze_as_captured(model, self.trainable) or changed
+        _compile_as_captured(model, config.get("compile_config"), changed)
         if self.weights:
             _assign(model.weights, self.weights, "model weight")
             layer_state.weights_assigned(model)
@@ -229,6 +233,38 @@ class ModelPayload:
                 optimizer.build(model.trainable_variables)
             _assign(optimizer.variables, self.optimizer_variables, "optimizer variable")
         return model
+
+
+def _freeze_as_captured(model: Any, trainable: Tuple[bool, ...]) -> bool:
+    """Set each weight's ``trainable`` as it was captured (a rebuilt backbone whose LoRA froze the rest); whether
+    any changed."""
+    variables = model.weights
+    if len(variables) != len(trainable):  # assigning the weights (now or from a state) names the mismatch
+        return False
+    changed = False
+    for variable, flag in zip(variables, trainable):
+        if bool(variable.trainable) != flag:
+            variable.trainable = flag
+            changed = True
+    return changed
+
+
+#: Packages a model's classes may come from, and the sparktf extra that installs each.
+_EXTRAS = {"keras_hub": "hub"}
+
+
+def _require_packages(config: dict) -> None:
+    """Raise ``ModelError`` naming the extra to install when the model's classes come from a package this process
+    lacks (a Keras Hub task on executors without ``keras_hub``)."""
+    import importlib.util
+
+    package = str(config.get("module") or "").split(".", 1)[0]
+    if package in _EXTRAS and importlib.util.find_spec(package) is None:
+        raise ModelError(
+            f"the model is a {config.get('class_name')} from {package!r}, which this Python ({sys.executable}) "
+            f"cannot import: install it where the model runs, e.g. pip install 'sparktf[{_EXTRAS[package]}]' on "
+            "the executors (or ship it with spark.archives / a conda environment)"
+        )
 
 
 def _keep_custom_compile_arguments(model: Any, config: dict) -> None:
@@ -248,20 +284,25 @@ def _keep_custom_compile_arguments(model: Any, config: dict) -> None:
             compile_config[name] = keras.saving.serialize_keras_object(value)
 
 
-def _compile_custom(model: Any, compile_config: Optional[dict]) -> None:
-    """Compile a model whose class overrides ``compile`` (a Keras Hub task) as it was compiled: Keras does not
-    compile one it rebuilds (a task compiles itself with defaults); its ``compile`` gets the arguments
-    ``get_compile_config`` kept, as Keras' own would."""
+def _compile_as_captured(model: Any, compile_config: Optional[dict], variables_changed: bool) -> None:
+    """Compile the rebuilt model as the captured one was, where Keras' rebuild did not.
+
+    Keras does not compile a model whose class overrides ``compile`` (a Keras
+    Hub task compiles itself with defaults): its ``compile`` gets the
+    arguments ``get_compile_config`` kept, as Keras' own would. A model whose
+    trainable variables changed after Keras compiled it (LoRA enabled,
+    weights frozen) is compiled again, so its optimizer is built for them.
+    """
     import keras
 
-    if not compile_config or type(model).compile is keras.Model.compile:
+    if not compile_config or (type(model).compile is keras.Model.compile and not variables_changed):
         return
     model.compile(**keras.saving.deserialize_keras_object(compile_config))
     if model.built:
         model.optimizer.build(model.trainable_variables)
 
 
-_BODY_FIELDS = ("config", "custom_objects", "weights", "optimizer_variables", "layer_states")
+_BODY_FIELDS = ("config", "custom_objects", "weights", "optimizer_variables", "layer_states", "trainable")
 
 
 @contextlib.contextmanager
