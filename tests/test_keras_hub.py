@@ -131,3 +131,24 @@ def test_lora_fine_tuning_sends_only_the_adapters_gradients_and_equals_fit(spark
         np.testing.assert_allclose(got, want, atol=1e-5)
     per_step = lora.last_traffic.sent / lora.last_traffic.steps  # a ring of 2 sends about a gradient's size
     assert 0 < per_step < full_bytes / 4  # the frozen backbone's gradients stay home
+
+
+def test_a_task_on_an_executor_without_keras_hub_names_the_extra_to_install(tmp_path):
+    import subprocess
+    import sys
+
+    from sparktf.models.payload import ModelPayload
+
+    path = tmp_path / "payload.bin"
+    path.write_bytes(ModelPayload.from_model(_classifier(), include_weights=False).to_bytes())
+    program = (  # an executor's Python where keras_hub cannot be imported
+        "import sys; sys.modules['keras_hub'] = None\n"
+        "from sparktf.errors import ModelError\n"
+        "from sparktf.models.payload import ModelPayload\n"
+        f"data = open({str(path)!r}, 'rb').read()\n"
+        "try:\n    ModelPayload.from_bytes(data).build()\n"
+        "except ModelError as error:\n    print('ModelError:', error)\n"
+    )
+    output = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300).stdout
+    assert "ModelError: the model is a BertTextClassifier from 'keras_hub'" in output
+    assert "pip install 'sparktf[hub]'" in output

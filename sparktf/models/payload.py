@@ -200,12 +200,14 @@ class ModelPayload:
             rebuilt model's variables do not match the captured ones.
         ModelError
             When a layer cannot load its saved state (vocabulary, lookup
-            table), naming the layer.
+            table), naming the layer, or the model's classes come from a
+            package this process cannot import, naming the extra to install.
         """
         import keras
 
-        custom_objects = cloudpickle.loads(self.custom_objects)
         config = json.loads(self.config)
+        _require_packages(config)
+        custom_objects = cloudpickle.loads(self.custom_objects)
         try:
             with keras.saving.custom_object_scope(custom_objects), _global_policy(config):
                 with warnings.catch_warnings():  # a custom compile(): compiled below
@@ -214,7 +216,6 @@ class ModelPayload:
                         config, custom_objects=custom_objects, safe_mode=False
                     )
         except (TypeError, ValueError) as exc:
-            _require_packages(config)
             raise DataError(
                 f"cannot rebuild the model from its payload: {exc}. The payload carries the "
                 f"custom objects {sorted(custom_objects)}; an object missing from that list "
