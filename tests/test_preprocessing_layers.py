@@ -147,3 +147,13 @@ def test_a_layer_that_cannot_save_its_state_is_a_model_error_on_the_driver():
 
     with pytest.raises(ModelError, match=r"(?s)layers/broken.*Broken.*No vocabulary"):
         ModelPayload.from_model(keras.Model(text, Broken(name="broken")(text)))
+
+
+def test_export_tf_of_a_model_with_lookup_tables_is_a_model_error_naming_them(tmp_path):
+    from sparktf.net import export_tf
+
+    lookup = keras.layers.StringLookup(output_mode="one_hot", name="cities")
+    lookup.adapt(CITIES)
+    city = keras.Input((), dtype="string")
+    with pytest.raises(ModelError, match=r"(?s)lookup tables \(.*cities.*TFPredictor.from_keras"):
+        export_tf(keras.Model(city, keras.layers.Dense(2)(lookup(city))), str(tmp_path / "export"))

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence, Union
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from sparktf.errors import DataError
+from sparktf.errors import DataError, ModelError
 from sparktf.models.frozen_graph import FrozenGraph, parse_graph_def
 from sparktf.models.saved_model_archive import load_saved_model
 from sparktf.storage import join, kept_local_copy, store_for
@@ -97,10 +97,32 @@ def freeze_callable(model_or_function: Any, input_signature: Optional[Sequence[t
     FrozenGraph
         Inputs in argument order, outputs in ``tf.nest.flatten`` order.
     """
-    frozen = convert_variables_to_constants_v2(_concrete_function(model_or_function, input_signature))
+    frozen = _frozen(_concrete_function(model_or_function, input_signature))
     inputs = [t.name for t in frozen.inputs if t.dtype != tf.resource]
     outputs = [t.name for t in frozen.outputs]
     return FrozenGraph(frozen.graph.as_graph_def(), inputs, outputs)
+
+
+def _frozen(function: Any) -> Any:
+    """``function`` with its variables frozen into constants.
+
+    Raises
+    ------
+    ModelError
+        When it reads lookup tables (an adapted ``StringLookup``,
+        ``TextVectorization``, a ``tf.lookup`` table): a frozen graph holds
+        constants, not tables; naming the ops.
+    """
+    tables = sorted({op.name.rsplit("/", 1)[0] for op in function.graph.get_operations()
+                     if op.type.startswith("LookupTable")})
+    if tables:
+        raise ModelError(
+            f"cannot freeze a graph that reads lookup tables ({', '.join(tables[:3])}"
+            f"{', ...' if len(tables) > 3 else ''}): a frozen graph holds constants, not tables. Run the Keras model "
+            "itself on Spark (TFPredictor.from_keras, TFOptimizer.from_keras: its vocabularies travel with it), or "
+            "move the lookups into a TFDataset.map function before the graph."
+        )
+    return convert_variables_to_constants_v2(function)
 
 
 def _select(kind: str, wanted: Optional[Sequence[str]], available: List[str], signature: str) -> List[str]:
@@ -153,7 +175,7 @@ def freeze_saved_model(
     # A signature takes and returns dicts; its tensors follow sorted key order.
     input_keys = sorted(function.structured_input_signature[1])
     output_keys = sorted(function.structured_outputs)
-    frozen = convert_variables_to_constants_v2(function)
+    frozen = _frozen(function)
     input_tensors = dict(zip(input_keys, [t.name for t in frozen.inputs if t.dtype != tf.resource]))
     output_tensors = dict(zip(output_keys, [t.name for t in frozen.outputs]))
     chosen_inputs = _select("input", inputs, input_keys, signature)
