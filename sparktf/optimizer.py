@@ -449,16 +449,9 @@ class TFOptimizer:
     def _evaluate_blocks(self, dataset: Any, batch: int, profile: Any) -> Dict[str, float]:
         from sparktf.training.evaluation import evaluate_blocks
 
-        return evaluate_blocks(
-            self.model,
-            dataset.blocks,
-            MappedElements.of(dataset, self.model),
-            batch,
-            self._payload_broadcast(),
-            ModelState.capture(self.model, self.iteration, include_optimizer=False),
-            self.collective_timeout,
-            profile,
-        )
+        state = ModelState.capture(self.model, self.iteration, include_optimizer=False)
+        return evaluate_blocks(self.model, dataset.blocks, MappedElements.of(dataset, self.model), batch,
+                               self._payload_broadcast(), state, self.collective_timeout, profile)
 
     def load_checkpoint(self, path: Optional[str] = None, version: Optional[int] = None) -> None:
         """Restore weights, optimizer state and the iteration counter from a checkpoint.
@@ -491,8 +484,7 @@ class TFOptimizer:
 
 
 def _check_data_fits(model: Any, dataset: Any) -> MappedElements:
-    """Refuse, before any job, features that do not fit the model's inputs and labels its output (after the maps and
-    the model's preprocessing); the training batches as the model gets them."""
+    """The training batches as the model gets them; refuses, before any job, data that does not fit the model."""
     for data in (dataset.val_dataset, dataset):
         if data is not None:
             elements = MappedElements.of(data, model)

@@ -25,22 +25,20 @@ Python worker process for the same content.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import inspect
 import json
 import pickle
 import sys
 import types
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, Sequence, Tuple, Union
 
 import cloudpickle
 import numpy as np
 
-from sparktf.errors import DataError, ModelError
-from sparktf.models import layer_state
+from sparktf.errors import DataError
+from sparktf.models import layer_state, rebuild
 from sparktf.models.layer_state import LayerState
 from sparktf.spark.user_code import pickle_by_value
 
@@ -125,7 +123,7 @@ class ModelPayload:
         try:
             config = keras.saving.serialize_keras_object(model)
             custom_objects = _user_objects(model)
-            if not isinstance(model, _config_native_models()):
+            if not isinstance(model, rebuild.config_native_models()):
                 with keras.saving.custom_object_scope(custom_objects):
                     type(model).from_config(model.get_config())  # fail here, not on every executor
         except (NotImplementedError, TypeError) as exc:
@@ -137,7 +135,7 @@ class ModelPayload:
                 "functional API."
             ) from exc
         custom_objects.update(_replace_lambdas(model, config))
-        _keep_custom_compile_arguments(model, config)
+        rebuild.keep_custom_compile_arguments(model, config)
         weights = tuple(v.numpy() for v in model.weights) if include_weights else ()
         optimizer = getattr(model, "optimizer", None)
         optimizer_variables: Tuple[np.ndarray, ...] = ()
@@ -206,10 +204,10 @@ class ModelPayload:
         import keras
 
         config = json.loads(self.config)
-        _require_packages(config)
+        rebuild.require_packages(config)
         custom_objects = cloudpickle.loads(self.custom_objects)
         try:
-            with keras.saving.custom_object_scope(custom_objects), _global_policy(config):
+            with keras.saving.custom_object_scope(custom_objects), rebuild.global_policy(config):
                 with warnings.catch_warnings():  # a custom compile(): compiled below
                     warnings.filterwarnings("ignore", message=".*compile\\(\\)` was not called")
                     model = keras.saving.deserialize_keras_object(
@@ -223,8 +221,8 @@ class ModelPayload:
                 "keras.saving.register_keras_serializable in an installed module)."
             ) from exc
         changed = layer_state.restore(model, self.layer_states)
-        changed = _freeze_as_captured(model, self.trainable) or changed
-        _compile_as_captured(model, config.get("compile_config"), changed)
+        changed = rebuild.freeze_as_captured(model, self.trainable) or changed
+        rebuild.compile_as_captured(model, config.get("compile_config"), changed)
         if self.weights:
             _assign(model.weights, self.weights, "model weight")
             layer_state.weights_assigned(model)
@@ -236,121 +234,7 @@ class ModelPayload:
         return model
 
 
-def _freeze_as_captured(model: Any, trainable: Tuple[bool, ...]) -> bool:
-    """Set each weight's ``trainable`` as it was captured (a rebuilt backbone whose LoRA froze the rest); whether
-    any changed."""
-    variables = model.weights
-    if len(variables) != len(trainable):  # assigning the weights (now or from a state) names the mismatch
-        return False
-    changed = False
-    for variable, flag in zip(variables, trainable):
-        if bool(variable.trainable) != flag:
-            variable.trainable = flag
-            changed = True
-    return changed
-
-
-#: Packages a model's classes may come from, and the sparktf extra that installs each.
-_EXTRAS = {"keras_hub": "hub"}
-
-
-def _require_packages(config: dict) -> None:
-    """Raise ``ModelError`` naming the extra to install when the model's classes come from a package this process
-    lacks (a Keras Hub task on executors without ``keras_hub``)."""
-    import importlib.util
-
-    package = str(config.get("module") or "").split(".", 1)[0]
-    if package in _EXTRAS and importlib.util.find_spec(package) is None:
-        raise ModelError(
-            f"the model is a {config.get('class_name')} from {package!r}, which this Python ({sys.executable}) "
-            f"cannot import: install it where the model runs, e.g. pip install 'sparktf[{_EXTRAS[package]}]' on "
-            "the executors (or ship it with spark.archives / a conda environment)"
-        )
-
-
-def _keep_custom_compile_arguments(model: Any, config: dict) -> None:
-    """Add to ``config``'s compile config the arguments of a custom ``compile`` that the model keeps under the same
-    name and Keras does not (a Keras Hub ``CausalLM``'s ``sampler``), so the rebuilt model generates alike."""
-    import keras
-
-    compile_config = config.get("compile_config")
-    if compile_config is None or type(model).compile is keras.Model.compile:
-        return
-    for name, parameter in inspect.signature(type(model).compile).parameters.items():
-        if name == "self" or name in compile_config or parameter.kind in (parameter.VAR_POSITIONAL,
-                                                                           parameter.VAR_KEYWORD):
-            continue
-        value = getattr(model, name, None)
-        if value is not None and hasattr(value, "get_config"):
-            compile_config[name] = keras.saving.serialize_keras_object(value)
-
-
-def _compile_as_captured(model: Any, compile_config: Optional[dict], variables_changed: bool) -> None:
-    """Compile the rebuilt model as the captured one was, where Keras' rebuild did not.
-
-    Keras does not compile a model whose class overrides ``compile`` (a Keras
-    Hub task compiles itself with defaults): its ``compile`` gets the
-    arguments ``get_compile_config`` kept, as Keras' own would. A model whose
-    trainable variables changed after Keras compiled it (LoRA enabled,
-    weights frozen) is compiled again, so its optimizer is built for them.
-    """
-    import keras
-
-    if not compile_config or (type(model).compile is keras.Model.compile and not variables_changed):
-        return
-    model.compile(**keras.saving.deserialize_keras_object(compile_config))
-    if model.built:
-        model.optimizer.build(model.trainable_variables)
-
-
 _BODY_FIELDS = ("config", "custom_objects", "weights", "optimizer_variables", "layer_states", "trainable")
-
-
-@contextlib.contextmanager
-def _global_policy(config: dict) -> Iterator[None]:
-    """Keras' global dtype policy set to the model's own while it is rebuilt and compiled.
-
-    ``compile`` wraps the optimizer in a ``LossScaleOptimizer`` only when the
-    model's policy is ``mixed_float16``, and a rebuilt model takes its policy
-    from the global one: without this, an executor whose global policy is
-    ``float32`` would build a plain optimizer with fewer variables.
-    """
-    import keras
-
-    name = _mixed_policy(config.get("config") or {})
-    if name is None:
-        yield
-        return
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-
-
-def _mixed_policy(config: dict) -> Optional[str]:
-    """The ``mixed_*`` policy a model was built under, or None.
-
-    A functional model's config has no ``dtype`` of its own (its policy was
-    the global one when it was made): its layers' policies say it.
-    """
-    own = config.get("dtype")
-    policies = [own] if own is not None else [(layer.get("config") or {}).get("dtype")
-                                              for layer in config.get("layers", ())]
-    for policy in policies:
-        name = policy.get("config", {}).get("name") if isinstance(policy, dict) else policy
-        if isinstance(name, str) and name.startswith("mixed_"):
-            return name
-    return None
-
-
-def _config_native_models() -> tuple:
-    """Model classes whose config always rebuilds them (functional and Sequential)."""
-    import keras
-    from keras.src.models.functional import Functional
-
-    return (Functional, keras.Sequential)
 
 
 def _encode_body(fields: Dict[str, Any]) -> bytes:
