@@ -12,6 +12,7 @@ import pytest
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 sys.path.insert(0, EXAMPLES)
 
+import batch_generate  # noqa: E402
 import batch_inference  # noqa: E402
 import cifar10_data  # noqa: E402
 import example_support  # noqa: E402
@@ -21,6 +22,7 @@ import make_synthetic_imagenet  # noqa: E402
 import ml_pipeline  # noqa: E402
 import recommendation  # noqa: E402
 import resnet_cifar  # noqa: E402
+import text_classifier  # noqa: E402
 import tf_distribute_program  # noqa: E402
 
 
@@ -54,7 +56,8 @@ def test_cifar10_writer_round_trips_and_a_missing_file_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("module", [resnet_cifar, imagenet_resnet, batch_inference, make_synthetic_imagenet,
-                                    ml_pipeline, recommendation, tf_distribute_program])
+                                    ml_pipeline, recommendation, tf_distribute_program, text_classifier,
+                                    batch_generate])
 def test_example_help_lists_its_flags(module, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
@@ -179,3 +182,27 @@ def test_tf_distribute_program_smoke_trains_in_two_processes_and_the_chief_saves
     assert result["model_path"] == str(model_dir / "model.keras") and result["loss"] > 0
     assert (model_dir / "model.keras").stat().st_size > 0
     assert f"chief returned: {json.dumps(result)}" in output
+
+
+def test_keras_hub_examples_smoke_fine_tune_evaluate_score_and_generate(spark, capsys):
+    classified = text_classifier.main(["--smoke"])
+    out = capsys.readouterr().out
+    # one keyword decides the label: 1.0 held out after 4 epochs (0.5 for a model that learned nothing)
+    assert classified["accuracy"] > 0.9, classified["loss_per_epoch"]
+    assert f"held-out accuracy={classified['accuracy']:.4f}" in out
+    assert len(classified["loss_per_epoch"]) == 4
+    # predict_dataframe's logits on the held-out rows agree with evaluate's accuracy on the same rows
+    assert classified["scored_accuracy"] == pytest.approx(classified["accuracy"], abs=1e-6)
+    assert len(classified["examples"]) == 5
+    for row in classified["examples"]:
+        assert 0.0 < row["positive"] < 1.0 and f"P(positive)={row['positive']:.3f} label={row['label']}" in out
+
+    generated = batch_generate.main(["--smoke"])
+    out = capsys.readouterr().out
+    completions = generated["completions"]
+    assert [row[0] for row in completions] == list(range(12))  # every prompt, in the DataFrame's order
+    assert "12 completions" in out
+    for _, prompt, completion in completions:
+        assert isinstance(completion, str) and completion.startswith(prompt)
+        assert len(prompt.split()) < len(completion.split()) <= 10 - 1  # max_length 10: the start token, 9 letters
+    assert generated["correct_share"] > 0.5, completions  # the runs are learned: 1.0 after 3 epochs

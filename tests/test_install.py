@@ -51,9 +51,9 @@ def test_tf_keras_requirement_is_met_by_the_installed_tensorflow():
 def test_setup_cfg_names_one_tensorflow_distribution():
     config = configparser.ConfigParser()
     config.read(os.path.join(ROOT, "setup.cfg"))
-    def tensorflows(section, key):
+    def tensorflows(section, key):  # distributions that write site-packages/tensorflow (not tensorflow-text's add-on)
         names = {canonical(Requirement(line).name) for line in config[section][key].splitlines() if line.strip()}
-        return {name for name in names if name.startswith(("tensorflow", "tf-nightly"))}
+        return {name for name in names if name.startswith(("tensorflow", "tf-nightly")) and name != "tensorflow-text"}
 
     assert tensorflows("options", "install_requires") == {"tensorflow"}  # a plain pip install sparktf works
     for extra in config["options.extras_require"]:
