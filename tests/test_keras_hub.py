@@ -8,6 +8,7 @@ import pytest
 
 from sparktf import MaxIteration, TFDataset, TFOptimizer, TFPredictor
 from sparktf.errors import DataError
+from sparktf.spark.classic_session import SHARE_FILE_BYTES_CONF, FileShare
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -60,8 +61,14 @@ def test_a_text_classifier_fine_tunes_evaluates_and_scores_a_text_column_as_task
 
     classifier.save_to_preset(str(tmp_path / "preset"))  # reloaded from a local preset: same predictions
     reloaded = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
-    scored = TFPredictor.from_keras(reloaded, TFDataset.from_dataframe(frame, "text", batch_per_thread=5)) \
-        .predict_dataframe(frame, "text").select("prediction").collect()
+    spark.sparkContext.setLocalProperty(SHARE_FILE_BYTES_CONF, "1k")  # a model this big travels as a file
+    try:
+        reloaded_predictor = TFPredictor.from_keras(reloaded, TFDataset.from_dataframe(frame, "text",
+                                                                                      batch_per_thread=5))
+    finally:
+        spark.sparkContext.setLocalProperty(SHARE_FILE_BYTES_CONF, None)
+    assert isinstance(reloaded_predictor._model.handle.broadcast, FileShare)
+    scored = reloaded_predictor.predict_dataframe(frame, "text").select("prediction").collect()
     np.testing.assert_allclose([row["prediction"] for row in scored], expected, atol=1e-5)
 
 

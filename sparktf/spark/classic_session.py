@@ -2,12 +2,58 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import tempfile
 from typing import Any, List, Optional
 
-from sparktf.spark.cluster import TaskSlots, task_slots, total_task_slots
+from sparktf.spark.cluster import TaskSlots, size_setting, task_slots, total_task_slots
 from sparktf.spark.session_kind import SessionKind, Shared, TaskFunction
 
-__all__ = ["ClassicSession"]
+__all__ = ["ClassicSession", "FileShare", "SHARE_FILE_BYTES_CONF"]
+
+#: From this many bytes on, ``share`` ships a file instead of a broadcast.
+SHARE_FILE_BYTES_CONF = "spark.sparktf.shareFileBytes"
+DEFAULT_SHARE_FILE_BYTES = "64m"
+
+
+class FileShare(Shared):
+    """Bytes shipped as a file added with ``SparkContext.addFile``: each executor fetches it once from the driver's
+    file server, which streams it from disk (never through the JVM heap or the block manager), and keeps it in its
+    work folder; a Python worker reads it when it needs the bytes.
+
+    The driver's copy lives in a folder of its own as long as this object (held by the predictor, its RDDs and
+    DataFrames), or until :meth:`destroy`.
+    """
+
+    def __init__(self, file_name: str, folder: Optional[tempfile.TemporaryDirectory] = None) -> None:
+        self.file_name = file_name
+        self._folder = folder  # the driver's copy; never pickled
+
+    @classmethod
+    def written(cls, sc: Any, data: bytes, name: str) -> "FileShare":
+        """``data`` written to a new folder and added to ``sc`` (a name of its own: Spark refuses a name twice)."""
+        folder = tempfile.TemporaryDirectory(prefix="sparktf-share-")
+        file_name = f"sparktf-{name}-{secrets.token_hex(8)}.bin"
+        path = os.path.join(folder.name, file_name)
+        with open(path, "wb") as file:
+            file.write(data)
+        sc.addFile(path)
+        return cls(file_name, folder)
+
+    def __getstate__(self) -> dict:
+        return {"file_name": self.file_name, "_folder": None}
+
+    @property
+    def value(self) -> bytes:
+        from pyspark import SparkFiles
+
+        with open(SparkFiles.get(self.file_name), "rb") as file:
+            return file.read()
+
+    def destroy(self) -> None:
+        if self._folder is not None:
+            self._folder.cleanup()
 
 
 class ClassicSession(SessionKind):
@@ -51,8 +97,12 @@ class ClassicSession(SessionKind):
         return ResourceProfile(_java_resource_profile=probe._jrdd.getResourceProfile())
 
     def share(self, data: bytes, name: str) -> Shared:
-        """A broadcast variable (``value``, ``destroy``)."""
-        return self.sc.broadcast(data)
+        """A broadcast variable (``value``, ``destroy``); from ``spark.sparktf.shareFileBytes`` (default 64m) on, a
+        file Spark's file server streams to each executor once (:class:`FileShare`): a broadcast's blocks would
+        sit in the driver's JVM heap."""
+        if len(data) < size_setting(self, SHARE_FILE_BYTES_CONF, DEFAULT_SHARE_FILE_BYTES):
+            return self.sc.broadcast(data)
+        return FileShare.written(self.sc, data, name)
 
     def add_python_file(self, path: str) -> None:
         self.sc.addPyFile(path)

@@ -31,6 +31,7 @@ __all__ = [
     "watchdog_slack",
     "TRAIN_DATA_MEMORY_CONF",
     "train_data_memory",
+    "size_setting",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -237,11 +238,21 @@ def train_data_memory(kind: Any) -> int:
     ConfigurationError
         The value is not a positive size.
     """
-    text = kind.setting(TRAIN_DATA_MEMORY_CONF, DEFAULT_TRAIN_DATA_MEMORY)
+    return size_setting(kind, TRAIN_DATA_MEMORY_CONF, DEFAULT_TRAIN_DATA_MEMORY)
+
+
+def size_setting(kind: Any, key: str, default: str) -> int:
+    """Bytes of the size setting ``key`` (a Spark size string such as ``512m``; plain numbers are bytes), read
+    from this thread's local properties or else from the session's settings.
+
+    Raises
+    ------
+    ConfigurationError
+        The value is not a positive size.
+    """
+    text = kind.setting(key, default)
     match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", text.lower())
     size = int(match.group(1)) * _SIZE_UNITS[match.group(2)] if match else 0
     if size <= 0:
-        raise ConfigurationError(
-            f"{TRAIN_DATA_MEMORY_CONF} must be a positive size such as 512m or 2g, got {text!r}"
-        )
+        raise ConfigurationError(f"{key} must be a positive size such as 512m or 2g, got {text!r}")
     return size
