@@ -92,7 +92,8 @@ def save_module_with_two_signatures(module, method, directory):
 # wait (executors killed and given back, timeouts, watchdogs) alternate with ones that keep the CPU busy:
 # test_elastic beside test_optimizer_failures left both cores 40-90 % idle for 90 s.
 LONG_FILES_FIRST = (
-    "test_connect.py", "test_elastic.py", "test_examples.py", "test_optimizer_failures.py", "test_seed_scale.py",
+    "test_connect.py", "test_elastic.py", "test_examples.py", "test_optimizer_failures.py", "test_keras_hub.py",
+    "test_seed_scale.py",
     "test_gpus.py",
     "test_context.py", "test_storage_programs.py", "test_predictor.py", "test_standalone_cluster.py",
     "test_optimizer.py", "test_notebook.py", "test_ml_pipeline.py",

@@ -48,17 +48,15 @@ def test_a_text_classifier_fine_tunes_evaluates_and_scores_a_text_column_as_task
     reference, classifier = _classifier(), _classifier()
     reference.fit(x, y, batch_size=ROWS, epochs=3, shuffle=False, verbose=0)  # full batches: order-free
     dataset = TFDataset.from_dataframe(frame, "text", "label", batch_size=ROWS)
-    history = TFOptimizer.from_keras(classifier, dataset).optimize(MaxIteration(3))
+    optimizer = TFOptimizer.from_keras(classifier, dataset)
+    history = optimizer.optimize(MaxIteration(3))
     np.testing.assert_allclose(history["loss"], reference.history.history["loss"], atol=1e-5)
     for got, want in zip(classifier.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-5)
-    scores = TFOptimizer.from_keras(classifier, dataset).evaluate(batch_per_thread=5)
+    scores = optimizer.evaluate(batch_per_thread=5)
     assert scores == pytest.approx(reference.evaluate(x, y, verbose=0, return_dict=True), abs=1e-5)
 
     expected = reference.predict(x, verbose=0)
-    predictor = TFPredictor.from_keras(classifier, TFDataset.from_dataframe(frame, "text", batch_per_thread=5))
-    np.testing.assert_allclose(np.stack(predictor.predict().collect()), expected, atol=1e-5)
-
     classifier.save_to_preset(str(tmp_path / "preset"))  # reloaded from a local preset: same predictions
     reloaded = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
     spark.sparkContext.setLocalProperty(SHARE_FILE_BYTES_CONF, "1k")  # a model this big travels as a file
@@ -102,20 +100,26 @@ def test_a_causal_lm_fine_tunes_as_fit_and_generates_as_generate(spark):
     expected = [str(text) for text in reference.generate(ordered, max_length=8, stop_token_ids=None)]
     generating = TFPredictor.from_keras(lm, TFDataset.from_dataframe(frame, "prompt", batch_per_thread=3),
                                         method="generate", max_length=8, stop_token_ids=None)
-    assert generating.predict().collect() == expected
-    completed = generating.predict_dataframe(frame, "prompt", output_col="completion").collect()
-    assert [row["completion"] for row in completed] == expected
-    assert dict(frame.schema.fields and generating.predict_dataframe(frame, "prompt", output_col="completion")
-                .dtypes)["completion"] == "string"
+    assert generating.predict().collect() == expected  # predict_dataframe's string column: the example's test
+    assert dict(generating.predict_dataframe(frame, "prompt", output_col="completion").dtypes)["completion"] == \
+        "string"
 
 
-def test_generation_and_maps_are_refused_clearly_before_any_job(spark):
+def test_generation_and_maps_are_refused_clearly_and_a_rejected_record_names_its_partition(spark):
+    import tensorflow as tf
+
     frame = spark.createDataFrame([("a",)], "prompt string")
     dataset = TFDataset.from_dataframe(frame, "prompt", batch_per_thread=2)
     with pytest.raises(DataError, match="generate"):
         TFPredictor.from_keras(_classifier(), dataset, method="generate", max_length=4)
     with pytest.raises(DataError, match=r"(?s)batch map .*failed.*no attribute .broken"):
         dataset.map(lambda text: text.broken)
+    numbers = spark.createDataFrame([("1.5",), ("2",), ("three",), ("4",)], "text string").coalesce(1)
+    parsed = TFDataset.from_dataframe(numbers, "text", batch_per_thread=2).map(
+        lambda text: tf.reshape(tf.strings.to_number(text), [-1, 1]))
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    with pytest.raises(Exception, match=r"(?s)partition 0, records 2\.\.3: the model rejected.*batch maps rejected"):
+        TFPredictor.from_keras(model, parsed).predict().collect()
 
 
 def test_lora_fine_tuning_sends_only_the_adapters_gradients_and_equals_fit(spark):
@@ -159,3 +163,32 @@ def test_a_task_on_an_executor_without_keras_hub_names_the_extra_to_install(tmp_
     output = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300).stdout
     assert "ModelError: the model is a BertTextClassifier from 'keras_hub'" in output
     assert "pip install 'sparktf[hub]'" in output
+
+
+def test_an_image_classifier_and_a_backbone_for_embeddings_score_as_in_one_process(spark):
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(7)
+    rng = np.random.default_rng(7)
+    images = rng.integers(0, 256, size=(12, 8, 8, 3)).astype(np.float32)
+    frame = spark.createDataFrame([(image.ravel().tolist(),) for image in images], "pixels array<float>")
+    converter = keras_hub.layers.ResNetImageConverter(image_size=(8, 8), scale=1 / 255.0)
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64], stackwise_num_blocks=[1],
+        stackwise_num_strides=[1], block_type="basic_block", image_shape=(8, 8, 3))
+    classifier = keras_hub.models.ResNetImageClassifier(
+        backbone, num_classes=3, preprocessor=keras_hub.models.ResNetImageClassifierPreprocessor(converter))
+    # a flat array column to images on the workers, then the task's own preprocessor (resizing, rescaling)
+    dataset = TFDataset.from_dataframe(frame, "pixels", batch_per_thread=5).map(lambda x: tf.reshape(x, [-1, 8, 8, 3]))
+    got = np.stack(TFPredictor.from_keras(classifier, dataset).predict().collect())
+    np.testing.assert_allclose(got, classifier.predict(images, verbose=0), atol=1e-5)
+
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary=BERT_VOCABULARY)  # a backbone alone: the map tokenizes
+    packer = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=8)
+    bert = _classifier().backbone
+    texts, _ = _reviews()
+    frame = spark.createDataFrame([(text,) for text in texts[:10]], "text string")
+    dataset = TFDataset.from_dataframe(frame, "text", batch_per_thread=4).map(packer)
+    pooled = [row["pooled_output"] for row in TFPredictor.from_keras(bert, dataset).predict().collect()]
+    np.testing.assert_allclose(np.stack(pooled), bert.predict(packer(np.array(texts[:10])), verbose=0)
+                               ["pooled_output"], atol=1e-5)
