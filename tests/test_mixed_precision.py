@@ -1,23 +1,12 @@
 """Keras mixed-precision policies train through TFOptimizer: loss scaling, skipped overflow steps, 1 vs 2 workers."""
 
-import contextlib
-
 import keras
 import numpy as np
 import pytest
 
 from sparktf import MaxIteration, TFDataset, TFOptimizer
 from sparktf.models.payload import ModelPayload
-
-
-@contextlib.contextmanager
-def global_policy(name):
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
+from sparktf.models.rebuild import policy_named as global_policy  # Keras' global policy inside a with block
 
 
 def train(policy, workers, optimizer, iterations):

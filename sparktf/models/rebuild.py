@@ -18,7 +18,7 @@ from typing import Any, Iterator, Optional, Tuple
 from sparktf.errors import ModelError
 
 __all__ = ["freeze_as_captured", "require_packages", "keep_custom_compile_arguments", "compile_as_captured",
-           "global_policy", "config_native_models"]
+           "global_policy", "policy_named", "config_native_models"]
 
 
 def freeze_as_captured(model: Any, trainable: Tuple[bool, ...]) -> bool:
@@ -97,12 +97,19 @@ def global_policy(config: dict) -> Iterator[None]:
     from the global one: without this, an executor whose global policy is
     ``float32`` would build a plain optimizer with fewer variables.
     """
-    import keras
-
     name = _mixed_policy(config.get("config") or {})
     if name is None:
         yield
         return
+    with policy_named(name):
+        yield
+
+
+@contextlib.contextmanager
+def policy_named(name: str) -> Iterator[None]:
+    """Keras' global dtype policy set to ``name`` inside the block."""
+    import keras
+
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(name)
     try:
