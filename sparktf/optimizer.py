@@ -99,7 +99,7 @@ class TFOptimizer:
     ):
         check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression,
                        keep_checkpoints)
-        self._elements = _check_data_fits(model, dataset)  # the batches as the model gets them
+        self._elements = _check_data_fits(model, dataset)  # by dataset: its batches as the model gets them
         self.session = dataset.blocks.kind
         self.model = model
         self.dataset = dataset
@@ -387,9 +387,10 @@ class TFOptimizer:
         driver: Optional[DriverCallbacks] = None, class_weight: Any = None,
     ) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
-        structure = model_structure(self.model, self._elements.element)  # sparse or dense per model input
+        elements = self._elements_of(self.dataset)
+        structure = model_structure(self.model, elements.element)  # sparse or dense per model input
         spec = SegmentSpec(self._payload_broadcast(), structure, progress, stop, self.clipping, self.collective_timeout,
-                           maps=self._elements, gradient_compression=self.gradient_compression,
+                           maps=elements, gradient_compression=self.gradient_compression,
                            gpus=gpu_plan(self.session.conf, self.resource_profile), metric_state=self._metric_state,
                            class_weight=class_weight)
         on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
@@ -450,8 +451,12 @@ class TFOptimizer:
         from sparktf.training.evaluation import evaluate_blocks
 
         state = ModelState.capture(self.model, self.iteration, include_optimizer=False)
-        return evaluate_blocks(self.model, dataset.blocks, MappedElements.of(dataset, self.model), batch,
+        return evaluate_blocks(self.model, dataset.blocks, self._elements_of(dataset), batch,
                                self._payload_broadcast(), state, self.collective_timeout, profile)
+
+    def _elements_of(self, dataset: Any) -> MappedElements:
+        """How the model gets ``dataset``'s batches: traced once for the training and validation data."""
+        return self._elements.get(id(dataset)) or MappedElements.of(dataset, self.model)
 
     def load_checkpoint(self, path: Optional[str] = None, version: Optional[int] = None) -> None:
         """Restore weights, optimizer state and the iteration counter from a checkpoint.
@@ -483,12 +488,13 @@ class TFOptimizer:
         return self._payload
 
 
-def _check_data_fits(model: Any, dataset: Any) -> MappedElements:
-    """The training batches as the model gets them; refuses, before any job, data that does not fit the model."""
-    for data in (dataset.val_dataset, dataset):
+def _check_data_fits(model: Any, dataset: Any) -> Dict[int, MappedElements]:
+    """Each dataset's batches as the model gets them, by ``id``; refuses data that does not fit, before any job."""
+    found = {}
+    for data in (dataset, dataset.val_dataset):
         if data is not None:
-            elements = MappedElements.of(data, model)
+            found[id(data)] = elements = MappedElements.of(data, model)
             keras_feed(model, *feature_leaves(elements.element[0]))
             if len(elements.element) > 1:
                 check_labels(model, leaf_specs(elements.element[1], "labels"))
-    return elements
+    return found

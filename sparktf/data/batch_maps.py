@@ -153,16 +153,15 @@ class MappedElements:
     key: str = ""
 
     @classmethod
-    def of(cls, dataset: Any, model: Any, features_only: bool = False) -> "MappedElements":
-        """How ``model`` gets ``dataset``'s batches (``features_only``: prediction, labels dropped first).
+    def of(cls, dataset: Any, model: Any) -> "MappedElements":
+        """How ``model`` gets ``dataset``'s batches.
 
         Raises
         ------
         DataError
             When a map fails on the dataset's specs.
         """
-        stored = dataset.stored_structure[:1] if features_only else dataset.stored_structure
-        return cls.of_structure(dataset.batch_maps, stored, model)
+        return cls.of_structure(dataset.batch_maps, dataset.stored_structure, model)
 
     @classmethod
     def of_structure(cls, maps: BatchMaps, stored: tuple, model: Any) -> "MappedElements":

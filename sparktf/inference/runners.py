@@ -14,10 +14,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import numpy as np
 from pyspark import TaskContext
 
+from sparktf.data.batch_maps import MappedElements
 from sparktf.errors import DataError
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed
 from sparktf.models.batch_errors import rejected_batch
-from sparktf.data.batch_maps import MappedElements
 from sparktf.models.cache import batch_mapper, cached
 from sparktf.models.payload import ModelPayload
 from sparktf.models.saved_model_archive import SavedModelArchive
@@ -144,13 +144,6 @@ class ModelHandle:
         return SignatureRunner(loaded, self.signature, self.outputs, self.output_kind)
 
 
-def batch_mapper_of(handle: ModelHandle, runner: Any) -> Callable[[List[np.ndarray]], List[np.ndarray]]:
-    """The batch maps (dataset maps, model preprocessing) a handle's batches go through, traced once per process."""
-    if handle.elements is None or not handle.elements.maps.active:
-        return lambda leaves: leaves
-    return batch_mapper(handle.elements, getattr(runner, "model", None))
-
-
 def run_batches(
     handle: ModelHandle, feed: Feed, batches: Iterable[List[np.ndarray]], partition: int
 ) -> Iterator[Tuple[int, Any]]:
@@ -160,7 +153,7 @@ def run_batches(
     partition, the records of the batch and the model's expected input.
     """
     runner = handle.runner()
-    mapped = batch_mapper_of(handle, runner)
+    mapped = batch_mapper(handle.elements, getattr(runner, "model", None))  # the dataset's maps, model preprocessing
     start = 0
     for leaves in batches:
         size = len(leaves[0])

@@ -86,9 +86,16 @@ def load_cached(source: Union["ModelPayload", bytes, Any], key: Optional[str] = 
 
 
 def batch_mapper(elements: Any, model: Any) -> Callable[[list], list]:
-    """This process's traced batch maps (:class:`~sparktf.data.batch_maps.MappedElements`) for a loaded ``model``:
-    traced once per process and model (the entry holds the model, so its ``id`` names it while cached)."""
+    """This process's traced batch maps (:class:`~sparktf.data.batch_maps.MappedElements`, or None) for a loaded
+    ``model``: traced once per process and model (the entry holds the model, so its ``id`` names it while cached);
+    without maps, the identity (nothing cached)."""
+    if elements is None or not elements.maps.active:
+        return _unmapped
     return cached(f"batch-maps/{elements.key}/{id(model)}", lambda: elements.mapper(model))
+
+
+def _unmapped(leaves: list) -> list:
+    return leaves
 
 
 def load_count() -> int:

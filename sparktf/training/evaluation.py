@@ -150,7 +150,7 @@ def _evaluate_partition(
                 heartbeat.phase = "state_fetch"
                 state.fetch(partition).apply_to(model)
             heartbeat.phase = "evaluate"
-            mapped = batch_mapper(elements, model) if elements.maps.active else (lambda arrays: arrays)
+            mapped = batch_mapper(elements, model)
             # lists as tuples: tf.data (under Keras' generator input) takes a list for one tensor, so a
             # list of feature columns (a multi-input model) would fail to build the input signature
             inputs = (keras.tree.lists_to_tuples(pack(element_structure, _keras_arrays(mapped(arrays),

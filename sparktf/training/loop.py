@@ -49,7 +49,7 @@ import itertools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
@@ -296,12 +296,13 @@ def _train(
     exchange = _TimedExchange(communicator, spec.gradient_compression, watch)
     weight = spec.local_batches[shard] / sum(spec.local_batches)  # this rank's share of the global batch
     per_epoch = progress.iterations_per_epoch
+    mapped = batch_mapper(spec.maps, step.model)  # once a segment, not a cache lookup per batch
     step.set_metric_state(spec.metric_state if progress.iteration % per_epoch else None)
     if rank == 0:
         heartbeat.set_batch_names(["loss", *step.metric_names])
     while True:
         started = time.perf_counter()
-        features, labels, sample_weight = _features_labels(spec, step, next(batches))
+        features, labels, sample_weight = _features_labels(spec, mapped, next(batches))
         watch.lap("batches")
         iteration = progress.iteration + 1
         heartbeat.iteration = iteration
@@ -379,7 +380,7 @@ def _prepared_step(
         watch.lap("data_cache")
         heartbeat.phase = "warm_up"
         with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
-            step.warm_up(*_features_labels(spec, step, batch))
+            step.warm_up(*_features_labels(spec, batch_mapper(spec.maps, step.model), batch))
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
@@ -406,10 +407,10 @@ def _hand_back(spec: SegmentSpec, state: ModelState, world_size: int) -> Optiona
     return None
 
 
-def _features_labels(spec: SegmentSpec, step: TrainStep, arrays: List[np.ndarray]) -> tuple:
-    """``(features, labels, sample_weight)`` of one batch, after its maps (see ``training.weights.batch_parts``)."""
-    if spec.maps is not None and spec.maps.maps.active:
-        arrays = batch_mapper(spec.maps, step.model)(arrays)
+def _features_labels(spec: SegmentSpec, mapped: Callable[[list], list], arrays: List[np.ndarray]) -> tuple:
+    """``(features, labels, sample_weight)`` of one batch after ``mapped``, its maps (see
+    ``training.weights.batch_parts``)."""
+    arrays = mapped(arrays)
     arrays = model_values(flatten(spec.element_structure), arrays)  # sparse leaves as the model's inputs take them
     return batch_parts(spec.element_structure, arrays, spec.class_weight)
 
