@@ -4,10 +4,11 @@ Every message names the offending thing (partition, record index, expected vs
 actual shape or dtype, worker rank) and says what to do about it.
 """
 
-from typing import Optional
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional
 
 __all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone", "StorageError",
-           "ConfigurationError"]
+           "ConfigurationError", "InternalError", "CancelledError", "FailureRecord"]
 
 
 class SparkTFError(Exception):
@@ -28,6 +29,16 @@ class ModelError(TrainingError):
 
 class CollectiveError(TrainingError):
     """A failure of the all-reduce collective: a dead, silent or unauthenticated peer."""
+
+
+class InternalError(TrainingError):
+    """A bug of sparktf's own (not of the data, the model or the cluster): never relaunched; please report it with
+    the traceback in its ``__cause__``."""
+
+
+class CancelledError(SparkTFError):
+    """A call that Ctrl-C (``KeyboardInterrupt``) in the driver cancelled: its jobs were cancelled, nothing is
+    relaunched."""
 
 
 class DriverJVMGone(SparkTFError):
@@ -58,3 +69,96 @@ class ConfigurationError(SparkTFError):
     """A setting or the session cannot work as configured (an address this process cannot listen on or the
     executors cannot reach, a ``spark.sparktf.*`` value out of range): it fails the same way on every try, so it is
     raised at once, never relaunched."""
+
+
+# A failure as data. A worker that knows why it failed sends a FailureRecord to the driver (in its last
+# heartbeat); to_error() gives back the same class with its fields, and relaunch_helps decides whether
+# training relaunches. Nothing reads an error's text to learn its class.
+_MAX_MESSAGE_CHARS = 4000  # a message longer than this is cut: it travels in a heartbeat header
+_KINDS = {cls.__name__: cls for cls in (DataError, ModelError, StorageError, CollectiveError, InternalError,
+                                        ConfigurationError, DriverJVMGone, CancelledError, TrainingError,
+                                        SparkTFError)}
+# failures that happen the same way again: raised at once, never relaunched
+_DETERMINISTIC = {"DataError", "ModelError", "ConfigurationError", "InternalError", "DriverJVMGone", "CancelledError"}
+_UNKNOWN = "task failure"  # anything that is not sparktf's own error: a lost worker, a killed process
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One failure, serialisable: its class, message and where it happened.
+
+    Attributes
+    ----------
+    kind : str
+        The sparktf error class (``"DataError"``, ``"StorageError"``, ...) or
+        ``"task failure"`` for any other exception.
+    message : str
+        The error's message (at most 4,000 characters: it travels in a heartbeat).
+    transient : bool
+        A ``StorageError`` whose store broke off: a later try may succeed.
+    path, route : str or None
+        A ``StorageError``'s path and how its store was reached.
+    retries : int
+        A ``StorageError``'s retries before it gave up.
+    rank : int or None
+        The training rank that failed, if one did.
+    shard : int or None
+        The input shard that rank read (not always its own).
+    """
+
+    kind: str
+    message: str
+    transient: bool = False
+    path: Optional[str] = None
+    route: Optional[str] = None
+    retries: int = 0
+    rank: Optional[int] = None
+    shard: Optional[int] = None
+
+    @classmethod
+    def of(cls, error: BaseException, rank: Optional[int] = None, shard: Optional[int] = None) -> "FailureRecord":
+        """The record of ``error``; its class is the nearest sparktf error class it derives from."""
+        kind = next((klass.__name__ for klass in type(error).__mro__ if _KINDS.get(klass.__name__) is klass), _UNKNOWN)
+        message = str(error) if kind != _UNKNOWN else f"{type(error).__name__}: {error}"
+        return cls(kind, message[:_MAX_MESSAGE_CHARS], bool(getattr(error, "transient", False)),
+                   getattr(error, "path", None) if kind == "StorageError" else None,
+                   getattr(error, "route", None) if kind == "StorageError" else None,
+                   int(getattr(error, "retries", 0) or 0) if kind == "StorageError" else 0, rank, shard)
+
+    @property
+    def relaunch_helps(self) -> bool:
+        """Whether relaunching the work that failed may succeed.
+
+        Not for bad data, a failing model, a setting that cannot work, a bug
+        of sparktf's or a dead driver JVM, nor for a path its store refuses:
+        those fail the same way again. Everything else (a lost worker or
+        peer, a timeout, a store that broke off) may not.
+        """
+        if self.kind == "StorageError":
+            return self.transient
+        return self.kind not in _DETERMINISTIC
+
+    def to_error(self) -> SparkTFError:
+        """The error this record describes, of its class (a ``TrainingError`` for a task failure)."""
+        if self.kind == "StorageError":
+            return StorageError(self.message, path=self.path, route=self.route, retries=self.retries,
+                                transient=self.transient)
+        return _KINDS.get(self.kind, TrainingError)(self.message)
+
+    def to_wire(self) -> Dict[str, Any]:
+        """A JSON-able dict of the record (:meth:`from_wire` reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "FailureRecord":
+        """The record :meth:`to_wire` wrote; a ``ValueError`` for anything else."""
+        if not isinstance(data, dict) or set(data) != set(cls.__dataclass_fields__):
+            raise ValueError(f"not a failure record: {str(data)[:200]}")
+        kind = str(data["kind"])
+        if kind not in _KINDS and kind != _UNKNOWN:
+            raise ValueError(f"a failure record of unknown kind {kind[:100]!r}")
+        optional_int = (lambda value: None if value is None else int(value))
+        optional_str = (lambda value: None if value is None else str(value)[:_MAX_MESSAGE_CHARS])
+        return cls(kind, str(data["message"])[:_MAX_MESSAGE_CHARS], bool(data["transient"]), optional_str(data["path"]),
+                   optional_str(data["route"]), int(data["retries"]), optional_int(data["rank"]),
+                   optional_int(data["shard"]))

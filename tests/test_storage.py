@@ -384,7 +384,7 @@ def test_a_stream_through_the_store_reads_tensorflows_records_in_order_without_a
     """Files of several chunks, each taken over from the reader opened early for it (the next pass's too)."""
     from flaky_proxy import FlakyProxy
 
-    from sparktf.data import tfrecord_readahead
+    from sparktf.data import tfrecord_files, tfrecord_readahead
     from sparktf.data.tfrecord_stream import TFRecordFeed
     from sparktf.spark.user_code import pickle_by_value
 
@@ -400,7 +400,8 @@ def test_a_stream_through_the_store_reads_tensorflows_records_in_order_without_a
     def records(files, passes=3):
         feed = TFRecordFeed([files], [120], pickle_by_value({"parse_fn": identity}), None, shuffle=True, seed=5,
                             shuffle_buffer=16, sizes=[sizes])
-        return [batch.numpy()[0] for batch in feed._dataset(0, 0, 0, 1).take(passes * 120)]
+        return [batch.numpy()[0] for batch in feed._dataset(0, 0, 0, 1, tfrecord_files.ReadFailures()).take(
+            passes * 120)]
 
     with FlakyProxy(s3_driver) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
@@ -428,10 +429,11 @@ def test_a_read_the_store_breaks_off_mid_file_is_a_transient_storage_error_and_i
     with FlakyProxy(s3_driver) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         proxy.reset_when = lambda chunk: chunk.startswith(b"GET /sparktf-faults/mid/") and b"bytes=2048-" in chunk
+        failures = tfrecord_files.ReadFailures()
         with pytest.raises(StorageError) as raised:
-            list(tfrecord_files._records_of_path(uri.encode()))
+            list(tfrecord_files._records_of_path(uri.encode(), failures=failures))
     assert (raised.value.path, raised.value.transient) == (uri, True) and proxy.resets >= 1
-    assert tfrecord_files.failed_read([uri]) is raised.value  # what a training worker's error names
+    assert failures.take() is raised.value and failures.take() is None  # what a training worker's error names
     for thread in set(threading.enumerate()) - earlier:
         if thread.name == "sparktf-read-ahead":
             thread.join(30)

@@ -143,15 +143,49 @@ def test_model_dir_under_a_regular_file_is_refused_at_construction(sc, tmp_path)
         TFOptimizer.from_keras(classifier(), dataset, model_dir=str(blocker / "checkpoints"))
 
 
-def test_only_failures_a_relaunch_can_mend_are_relaunched_and_a_ranks_report_keeps_whether_its_store_broke_off():
-    from sparktf.errors import ConfigurationError, DriverJVMGone, StorageError
-    from sparktf.training.failures import failure_report, relaunch_helps, reported_failure
+def test_only_failures_a_relaunch_can_mend_are_relaunched_and_a_record_keeps_class_and_fields_over_the_wire():
+    import json
 
-    never = [DataError("x"), ModelError("x"), ConfigurationError("x"), DriverJVMGone("x"), StorageError("no such key")]
+    from sparktf.errors import ConfigurationError, DriverJVMGone, InternalError, StorageError
+    from sparktf.errors import FailureRecord
+    from sparktf.training.failures import relaunch_helps
+
+    never = [DataError("x"), ModelError("x"), ConfigurationError("x"), DriverJVMGone("x"), StorageError("no such key"),
+             InternalError("x")]
     assert not any(relaunch_helps(error) for error in never)
     assert all(relaunch_helps(error) for error in (TrainingError("lost peer"), OSError("reset"), RuntimeError("x"),
                                                    StorageError("reset", transient=True)))
     for transient in (True, False):
-        reported = reported_failure([failure_report(StorageError("s3://b/k: reset", transient=transient))])
-        assert type(reported) is StorageError and reported.transient is transient and str(reported) == "s3://b/k: reset"
-    assert type(reported_failure(["training", failure_report(DataError("bad record 3"))])) is DataError
+        error = StorageError("s3://b/k: reset", path="s3://b/k", route="fsspec s3fs", retries=2, transient=transient)
+        record = FailureRecord.from_wire(json.loads(json.dumps(FailureRecord.of(error, rank=1, shard=0).to_wire())))
+        back = record.to_error()
+        assert type(back) is StorageError and str(back) == "s3://b/k: reset" and (record.rank, record.shard) == (1, 0)
+        assert (back.path, back.route, back.retries, back.transient) == ("s3://b/k", "fsspec s3fs", 2, transient)
+    assert type(FailureRecord.of(DataError("bad record 3")).to_error()) is DataError
+    unknown = FailureRecord.of(KeyError("k"))
+    assert unknown.relaunch_helps and type(unknown.to_error()) is TrainingError and "KeyError" in unknown.message
+    with pytest.raises(ValueError, match="unknown kind"):
+        FailureRecord.from_wire({**unknown.to_wire(), "kind": "os.system"})
+
+
+@pytest.mark.parametrize("raised, expected", [(ValueError("offsets out of range"), "InternalError"),
+                                              (ConnectionResetError("reset by peer"), "CollectiveError"),
+                                              ("CollectiveError", "CollectiveError")])
+def test_a_failing_gradient_exchange_is_sparktfs_error_never_the_datas(raised, expected):
+    from sparktf import errors
+    from sparktf.training.failures import classified_failures, relaunch_helps
+    from sparktf.training.step import TrainStep
+
+    raised = errors.CollectiveError("rank 1 vanished") if raised == "CollectiveError" else raised
+    step = TrainStep(classifier())
+
+    def exchange(layout, arrays):
+        raise raised
+
+    with pytest.raises(getattr(errors, expected)) as info:
+        with classified_failures(rank=0, shard=1, iteration=1, warm_up=False):  # as the training loop runs a step
+            step.run(features(8), np.zeros(8, np.int32), exchange)
+    assert not isinstance(info.value, DataError) and info.value.__cause__ is not None
+    assert relaunch_helps(info.value) is (expected == "CollectiveError")
+    if expected == "InternalError":
+        assert "offsets out of range" in str(info.value) and "please report it" in str(info.value)

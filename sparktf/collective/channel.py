@@ -39,6 +39,7 @@ import numpy as np
 
 from sparktf.collective.auth import HandshakeError, server_handshake
 from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_message
+from sparktf.errors import FailureRecord
 from sparktf.collective.rendezvous import (
     HANDSHAKE_SECONDS,
     MAX_AUTHENTICATING,
@@ -55,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 
 _MAX_PEER_CHARS = 1024
-_MAX_PHASE_CHARS = 4200  # a phase, or a deterministic failure's class and message (training.failures)
+_MAX_PHASE_CHARS = 64  # "data_cache", "warm_up", "train", ...: a name, not a message
 _MAX_BATCH_NAMES = 256  # the values of one iteration: the loss and the metrics
 _MAX_NAME_CHARS = 256
 _MAX_BATCHES_PER_REPORT = 4096  # a heartbeat sends far fewer (channel_client.MAX_REPORTED_BATCHES)
@@ -84,6 +85,8 @@ class RankReport:
     batches : tuple
         ``(iteration, values)`` of consecutive iterations in order, handed
         over once (see :meth:`JobChannel.reports`); empty otherwise.
+    failure : FailureRecord, optional
+        Why the rank failed, when it knew (sent in its last report).
     """
 
     phase: str
@@ -92,6 +95,7 @@ class RankReport:
     loss: Optional[float] = None
     batch_names: Tuple[str, ...] = ()
     batches: Tuple[BatchValues, ...] = ()
+    failure: Optional[FailureRecord] = None
 
 
 class JobChannel:
@@ -247,8 +251,10 @@ class JobChannel:
         op = header.get("op")
         if op == "report":
             loss = header.get("loss")
+            failure = header.get("failure")
             self._record_report(rank, str(header["phase"])[:_MAX_PHASE_CHARS], int(header["iteration"]),
-                                None if loss is None else float(loss))
+                                None if loss is None else float(loss),
+                                None if failure is None else FailureRecord.from_wire(failure))
             if header.get("batches") is not None:
                 self._record_batches(rank, *_batches(header["batches"]))
         elif op == "register":
@@ -267,11 +273,13 @@ class JobChannel:
         else:
             raise ValueError(f"unknown operation {op!r}")
 
-    def _record_report(self, rank: int, phase: str, iteration: int, loss: Optional[float]) -> None:
+    def _record_report(self, rank: int, phase: str, iteration: int, loss: Optional[float],
+                       failure: Optional[FailureRecord]) -> None:
         with self._lock:
             last = self._reports.get(rank)
-            if last is None or (last.phase, last.iteration) != (phase, iteration):
-                self._reports[rank] = RankReport(phase, iteration, time.monotonic(), loss)
+            if last is None or (last.phase, last.iteration) != (phase, iteration) or failure is not None:
+                self._reports[rank] = RankReport(phase, iteration, time.monotonic(), loss,
+                                                 failure=failure or (last.failure if last else None))
 
     def _record_batches(self, rank: int, names: Tuple[str, ...], batches: List[BatchValues]) -> None:
         with self._lock:

@@ -26,6 +26,7 @@ from sparktf.collective.auth import HandshakeError, client_handshake
 from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_message
 from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, checked_claim, connect_before, parse_peer
 from sparktf.errors import CollectiveError
+from sparktf.errors import FailureRecord
 
 __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "start_heartbeat", "HEARTBEAT_SECONDS",
            "GUARD_GRACE_SECONDS", "MAX_REPORTED_BATCHES"]
@@ -153,6 +154,7 @@ class Heartbeat:
         self.phase = "start"
         self.iteration = 0
         self.loss: Optional[float] = None
+        self._failure: Optional[FailureRecord] = None
         self._batch_names: Tuple[str, ...] = ()
         self._batches: Deque[Tuple[int, List[float]]] = deque(maxlen=_MAX_QUEUED_BATCHES)
         self._per_report = MAX_REPORTED_BATCHES
@@ -184,19 +186,21 @@ class Heartbeat:
         if len(self._batches) == self._per_report and not self._stopped.is_set():
             self._waker.send(b".")
 
-    def stop(self, final_phase: Optional[str] = None) -> None:
+    def stop(self, final_phase: Optional[str] = None, failure: Optional[FailureRecord] = None) -> None:
         """The task is done with the channel: stop reporting and close the connection.
 
         ``final_phase``, if given, is reported last (e.g. ``"done"``: the task
-        finished, which the driver's watchdog tells apart from a stall).
+        finished, which the driver's watchdog tells apart from a stall), and
+        so is ``failure``: why the task failed, when it knows.
         """
         if self._stopped.is_set():
             return
         self._stopped.set()
         self._waker.send(b"!")
         self._thread.join(timeout=HANDSHAKE_SECONDS)
-        if final_phase is not None and not self._thread.is_alive():
-            self.phase = final_phase
+        if (final_phase is not None or failure is not None) and not self._thread.is_alive():
+            self.phase = final_phase or self.phase
+            self._failure = failure
             try:
                 self._report()
             except (OSError, ValueError):  # the driver is gone: nobody is watching
@@ -207,6 +211,8 @@ class Heartbeat:
 
     def _report(self) -> None:
         header = {"op": "report", "phase": self.phase, "iteration": int(self.iteration), "loss": self.loss}
+        if self._failure is not None:
+            header["failure"] = self._failure.to_wire()
         rows = [self._batches.popleft() for _ in range(min(self._per_report, len(self._batches)))]
         if rows:
             header["batches"] = {"first": rows[0][0], "names": list(self._batch_names),
@@ -255,7 +261,7 @@ class NoHeartbeat:
     def add_batch(self, iteration: int, values: Sequence[float]) -> None:
         pass
 
-    def stop(self, final_phase: Optional[str] = None) -> None:
+    def stop(self, final_phase: Optional[str] = None, failure: Optional[FailureRecord] = None) -> None:
         pass
 
 

@@ -11,8 +11,9 @@ length's checksum are checked, the data checksums are not.
 
 from __future__ import annotations
 
+import functools
 import threading
-from typing import Dict, Iterator, List, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -20,10 +21,31 @@ from sparktf.data.tfrecord_readahead import file_runs
 from sparktf.errors import DataError, StorageError
 from sparktf.storage import is_local, local_path, scheme_of, store_for
 
-__all__ = ["expand_paths", "file_size", "record_dataset", "reads_natively", "failed_read"]
+__all__ = ["expand_paths", "file_size", "record_dataset", "reads_natively", "ReadFailures"]
 
-_FAILED_READS: Dict[str, StorageError] = {}  # path -> the transient failure its last read in this process ended with
-_FAILED_LOCK = threading.Lock()
+
+class ReadFailures:
+    """The store failures of one stream's reads, as they were raised.
+
+    ``tf.data`` hands on only the text of what a generator raised; the
+    stream that owns the reads takes the ``StorageError`` itself from here
+    (its path, route and whether it is transient), for the reads it made.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._first: Optional[StorageError] = None
+
+    def record(self, error: StorageError) -> None:
+        """Keep ``error`` unless an earlier failure is kept (the first is the cause)."""
+        with self._lock:
+            self._first = self._first or error
+
+    def take(self) -> Optional[StorageError]:
+        """The first failure kept since the last call, if any."""
+        with self._lock:
+            first, self._first = self._first, None
+            return first
 
 
 def expand_paths(paths: Union[str, Sequence[str]]) -> List[str]:
@@ -61,7 +83,8 @@ def file_size(path: str) -> int:
     return store_for(path, "TFRecord path").size(path)
 
 
-def record_dataset(paths: Union[str, tf.Tensor], native: bool, stream: Sequence[tf.Tensor] = ()) -> tf.data.Dataset:
+def record_dataset(paths: Union[str, tf.Tensor], native: bool, stream: Sequence[tf.Tensor] = (),
+                   failures: Optional[ReadFailures] = None) -> tf.data.Dataset:
     """The serialized records of the file(s) ``paths``: ``TFRecordDataset``, or read through
     :mod:`sparktf.storage` with read-ahead when not ``native``.
 
@@ -75,10 +98,12 @@ def record_dataset(paths: Union[str, tf.Tensor], native: bool, stream: Sequence[
         For a ``cache=False`` stream read through the store: this file's bytes, the stream's name, this file's
         pass, and the file, its bytes and its pass to open early once this one's last chunk is fetched (ignored
         when ``native``).
+    failures : ReadFailures, optional
+        Where a read through the store keeps the ``StorageError`` it ended with.
     """
     if native:
         return tf.data.TFRecordDataset(paths)
-    return tf.data.Dataset.from_generator(_records_of_path, args=(paths, *stream),
+    return tf.data.Dataset.from_generator(functools.partial(_records_of_path, failures=failures), args=(paths, *stream),
                                           output_signature=tf.TensorSpec([None], tf.string)).unbatch()
 
 
@@ -88,7 +113,8 @@ def reads_natively(paths: Sequence[str]) -> bool:
 
 
 def _records_of_path(path: bytes, size: int = -1, stream: bytes = b"", pass_number: int = 0, next_path: bytes = b"",
-                     next_size: int = -1, next_pass: int = 0) -> Iterator[List[bytes]]:
+                     next_size: int = -1, next_pass: int = 0, failures: Optional[ReadFailures] = None,
+                     ) -> Iterator[List[bytes]]:
     """The records of one file, a list per chunk read (see :mod:`~sparktf.data.tfrecord_readahead`).
 
     ``size``: the file's bytes (-1: unknown). A ``cache=False`` stream names itself (``stream``): the file of
@@ -103,20 +129,10 @@ def _records_of_path(path: bytes, size: int = -1, stream: bytes = b"", pass_numb
         open_next = ((stream, following, int(next_pass)), following, int(next_size))
     try:
         yield from file_runs(uri, int(size), key, open_next)
-    except StorageError as exc:  # tf.data keeps only the text of what a generator raised: kept for failed_read
-        if exc.transient:
-            with _FAILED_LOCK:
-                _FAILED_READS[uri] = exc
+    except StorageError as exc:  # tf.data keeps only the text of what a generator raised
+        if failures is not None:
+            failures.record(exc)
         raise
-
-
-def failed_read(paths: Sequence[str]) -> Optional[StorageError]:
-    """The transient store failure a read of one of ``paths`` in this process ended with, if any (taken)."""
-    with _FAILED_LOCK:
-        for path in paths:
-            if path in _FAILED_READS:
-                return _FAILED_READS.pop(path)
-    return None
 
 
 def _tensorflow_reads(path: str) -> bool:

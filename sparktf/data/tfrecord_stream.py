@@ -29,9 +29,9 @@ from sparktf.data.block_feed import FeedStream
 from sparktf.data.columnar import RecordFormat
 from sparktf.data.sources import item_partitions
 from sparktf.data.tfrecord_io import load_parse_fn
-from sparktf.data.tfrecord_files import failed_read, file_size, record_dataset, reads_natively
+from sparktf.data.tfrecord_files import ReadFailures, file_size, record_dataset, reads_natively
 from sparktf.data.tfrecord_readahead import MAX_EARLY, open_early
-from sparktf.data.weights import check_weights
+from sparktf.data.sample_weights import check_weights
 from sparktf.errors import DataError, SparkTFError, StorageError
 from sparktf.spark.task_devices import GpuPlan, gpu_plan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
@@ -180,11 +180,14 @@ class TFRecordFeed:
         parked = _PARKED.pop(key, start_batch)
         if parked is None:
             first = start_batch * local_batch
-            parked = self._batches(rank, self._dataset(rank, first // records, first % records, local_batch))
+            failures = ReadFailures()
+            parked = self._batches(rank, self._dataset(rank, first // records, first % records, local_batch, failures),
+                                   failures)
         return FeedStream(parked, park=lambda next_batch, batches: _PARKED.put(key, next_batch, batches),
                           start_batch=start_batch)
 
-    def _dataset(self, rank: int, first_pass: int, skip: int, local_batch: int) -> tf.data.Dataset:
+    def _dataset(self, rank: int, first_pass: int, skip: int, local_batch: int,
+                 failures: ReadFailures) -> tf.data.Dataset:
         parse_fn = load_parse_fn(self.parse_fn_bytes)
         files, sizes = tf.constant(self.files[rank]), tf.constant(self.sizes[rank], tf.int64)
         count = len(self.files[rank])
@@ -217,7 +220,7 @@ class TFRecordFeed:
                       tf.gather(sizes, following), following_pass)
             records = tf.data.Dataset.from_tensor_slices(slices).interleave(
                 lambda path, size, next_path, next_size, next_pass: record_dataset(
-                    path, native, (size, name, pass_number, next_path, next_size, next_pass)),
+                    path, native, (size, name, pass_number, next_path, next_size, next_pass), failures),
                 cycle_length=cycle, num_parallel_calls=cycle, deterministic=True)
             return records.shuffle(buffer, seed=seed * _SEED_STRIDE + pass_seed(pass_number)) if shuffle else records
 
@@ -229,14 +232,15 @@ class TFRecordFeed:
         stream = stream.map(parse_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return stream.batch(local_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
-    def _batches(self, rank: int, dataset: tf.data.Dataset) -> Iterator[List[tf.Tensor]]:
-        """The batches as tensors, one per leaf (already of the traced specs: no NumPy round trip)."""
+    def _batches(self, rank: int, dataset: tf.data.Dataset, failures: ReadFailures) -> Iterator[List[tf.Tensor]]:
+        """The batches as tensors, one per leaf (already of the traced specs: no NumPy round trip); a failed read
+        raises the ``StorageError`` the store raised, kept in ``failures``."""
         iterator = iter(dataset)
         while True:
             try:
                 element = next(iterator)
             except tf.errors.OpError as exc:
-                raise _read_error(rank, self.files[rank], exc) from None
+                raise _read_error(rank, self.files[rank], exc, failures.take()) from None
             leaves = specs.flatten(self.record_format.as_element(element))
             if self.record_format.has_weights:  # records of shuffled files: the rank's files are named
                 check_weights(leaves[-1], lambda i: f"a record that training worker rank {rank} read from "
@@ -294,13 +298,15 @@ def _close(batches: Iterator) -> None:
 _PARKED = _ParkedStream()
 
 
-def _read_error(rank: int, files: List[str], exc: tf.errors.OpError) -> SparkTFError:
-    """A ``DataError`` (relaunching cannot help), or a ``StorageError`` (a task failure, relaunched when transient)."""
+def _read_error(rank: int, files: List[str], exc: tf.errors.OpError,
+                store_failure: Optional[StorageError]) -> SparkTFError:
+    """A ``DataError`` (relaunching cannot help), or a ``StorageError`` (a task failure, relaunched when transient).
+
+    ``store_failure``: what a read through the store raised, if one failed (``tf.data`` kept only its text).
+    """
     message = " ".join(exc.message.split())
     named = [path for path in files if path in message]
     where = f"TFRecord file {named[0]}" if named else f"one of the TFRecord files {files}"
-    # fsspec's reader: tf.data kept only the text of the StorageError its generator raised
-    store_failure = failed_read(files) if "StorageError" in message else None
     if store_failure is not None or isinstance(exc, _STORE_FAILURES):
         failure = store_failure or StorageError(f"cannot read {where}: {message[:400]}", transient=True)
         relaunched = ", a task failure that training relaunches" if failure.transient else ""

@@ -15,19 +15,15 @@ This module runs on executors: it never imports driver-only modules.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Iterator, Optional
+from typing import Iterator, Optional
 
 import tensorflow as tf
 
-from sparktf.errors import ConfigurationError, DataError, DriverJVMGone, ModelError, SparkTFError, StorageError
+from sparktf.errors import DataError, ModelError, SparkTFError
+from sparktf.errors import FailureRecord
 from sparktf.models.batch_errors import essential_line
 
-__all__ = ["classified_failures", "deterministic_failure", "failure_report", "reported_failure", "relaunch_helps"]
-
-_REPORT = "failed "
-# What a rank names to the driver: deterministic failures (raised at once) and its store's (relaunched).
-_REPORTABLE = {cls.__name__: cls for cls in (DataError, ModelError, StorageError)}
-_TRANSIENT = " (transient)"  # after a reported StorageError's class: the store broke off, a relaunch may succeed
+__all__ = ["classified_failures", "deterministic_failure", "relaunch_helps"]
 
 # What a batch that does not fit the model raises, at trace time or at run time.
 _BATCH_ERRORS = (
@@ -51,7 +47,7 @@ _INFRASTRUCTURE_ERRORS = (
 
 
 def deterministic_failure(
-    error: BaseException, rank: int, iteration: int, warm_up: bool
+    error: BaseException, rank: int, shard: Optional[int], iteration: int, warm_up: bool
 ) -> Optional[SparkTFError]:
     """The error to raise instead of ``error`` when relaunching cannot help, else None.
 
@@ -60,7 +56,11 @@ def deterministic_failure(
     error : BaseException
         What the worker's step (or its warm-up) raised.
     rank : int
-        The worker's rank, which is also its partition of the training data.
+        The worker's rank.
+    shard : int or None
+        The partition of the training data it read (its rank's, unless it
+        took over a shard whose stream its process held open); None before
+        it knows.
     iteration : int
         The iteration the failing step computed.
     warm_up : bool
@@ -76,7 +76,8 @@ def deterministic_failure(
     """
     if isinstance(error, (SparkTFError, _INFRASTRUCTURE_ERRORS)) or not isinstance(error, Exception):
         return None
-    where = f"rank {rank} (partition {rank} of the training data), iteration {iteration}" + (
+    read = f" (partition {shard} of the training data)" if shard is not None else ""
+    where = f"rank {rank}{read}, iteration {iteration}" + (
         " (the warm-up step on the first batch)" if warm_up else ""
     )
     cause = f"{type(error).__name__}: {essential_line(error)}"
@@ -101,52 +102,26 @@ def deterministic_failure(
 def relaunch_helps(error: BaseException) -> bool:
     """Whether relaunching a training segment after ``error`` may succeed (the driver's one rule).
 
-    Not for bad data (``DataError``), a failing model (``ModelError``), a
-    setting that cannot work (``ConfigurationError``), a path its store
-    refuses (a ``StorageError`` that is not transient) or a dead driver JVM:
-    those fail the same way again, so they are raised at once. Everything
-    else (a lost worker or peer, a timeout, a store that broke off) may not.
+    Decided by the error's :class:`~sparktf.errors.FailureRecord`
+    alone: not for bad data, a failing model, a setting that cannot work, a
+    bug of sparktf's, a path its store refuses or a dead driver JVM. Those
+    fail the same way again, so they are raised at once.
     """
-    if isinstance(error, StorageError):
-        return error.transient
-    return not isinstance(error, (DataError, ModelError, ConfigurationError, DriverJVMGone))
-
-
-def failure_report(error: SparkTFError) -> str:
-    """A rank's last heartbeat phase for a failure it knows the cause of: its class and message.
-
-    The rank that failed sends it to the driver's job channel before its task
-    ends; its peers only see a connection close, and Spark may report one of
-    their errors first. A deterministic failure (``DataError``, ``ModelError``)
-    is raised at once, and so is a ``StorageError`` for a path the store
-    refuses; one whose store broke off (``transient``) is relaunched, named
-    in the driver's warning.
-    """
-    transient = _TRANSIENT if getattr(error, "transient", False) else ""
-    return f"{_REPORT}{type(error).__name__}{transient}: {str(error)[:4000]}"
-
-
-def reported_failure(phases: Iterable[str]) -> Optional[SparkTFError]:
-    """The error a rank reported with :func:`failure_report`, if any phase is one."""
-    for phase in phases:
-        name, _, message = phase[len(_REPORT):].partition(": ")
-        transient = name.endswith(_TRANSIENT)
-        name = name.removesuffix(_TRANSIENT)
-        if phase.startswith(_REPORT) and name in _REPORTABLE:
-            return StorageError(message, transient=transient) if name == "StorageError" else _REPORTABLE[name](message)
-    return None
+    return FailureRecord.of(error).relaunch_helps
 
 
 @contextlib.contextmanager
-def classified_failures(rank: int, iteration: int, warm_up: bool) -> Iterator[None]:
+def classified_failures(rank: int, shard: Optional[int], iteration: int, warm_up: bool) -> Iterator[None]:
     """Raise :func:`deterministic_failure`'s error for what the block raises, when it has one.
 
-    Other exceptions pass through unchanged (the driver relaunches them).
+    The block is the model's own work (loading, its forward pass, loss and
+    gradient): sparktf's errors (a ``CollectiveError`` or ``InternalError``
+    from the gradient exchange) and other exceptions pass through unchanged.
     """
     try:
         yield
     except Exception as error:
-        failure = deterministic_failure(error, rank, iteration, warm_up)
+        failure = deterministic_failure(error, rank, shard, iteration, warm_up)
         if failure is None:
             raise
         raise failure from error

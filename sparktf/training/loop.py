@@ -62,12 +62,13 @@ from sparktf.models.cache import batch_mapper, cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
-from sparktf.errors import DataError, ModelError, StorageError
-from sparktf.training.failures import classified_failures, failure_report
+from sparktf.errors import DataError, InternalError, ModelError, StorageError
+from sparktf.errors import FailureRecord
+from sparktf.training.failures import classified_failures
 from sparktf.training.state_source import StateSource
 from sparktf.training.gradient_exchange import GradientExchange, Traffic
 from sparktf.training.step import GradientClipping, TrainStep
-from sparktf.training.weights import ClassWeights, batch_parts
+from sparktf.training.class_weights import ClassWeights, batch_parts
 from sparktf.triggers import TrainingProgress, Trigger
 from sparktf.spark.worker_gc import freeze_alive
 
@@ -227,7 +228,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     rank = context.partitionId()
     world_size = len(context.getTaskInfos())
     heartbeat = start_heartbeat(spec.directory, rank, world_size, spec.secret, spec.collective_timeout)
-    failure = None
+    failure = shard = None
     try:
         prepare_tensorflow_task(spec.gpus)
         watch.lap("threads")
@@ -270,11 +271,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             communicator.close()
             stream.close(wait=finished, timeout=spec.collective_timeout)  # the task's input read to its end
             watch.lap("input_close")
-    except (DataError, ModelError, StorageError) as error:  # told to the driver: the others see a peer vanish
-        failure = failure_report(error)
+    except (DataError, ModelError, StorageError, InternalError) as error:  # told: the others see a peer vanish
+        failure = FailureRecord.of(error, rank, shard)
         raise
     finally:
-        heartbeat.stop(failure)
+        heartbeat.stop(failure=failure)
     if rank == 0:
         result.timings = watch.seconds
         yield result
@@ -308,7 +309,7 @@ def _train(
         heartbeat.iteration = iteration
         if (iteration - 1) % per_epoch == 0:  # an epoch's first iteration
             step.set_metric_state(None)
-        with classified_failures(rank, iteration, warm_up=False):
+        with classified_failures(rank, shard, iteration, warm_up=False):
             outcome = step.run(features, labels, exchange, weight, sample_weight=sample_weight)
         ended = watch.lap("apply")
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
@@ -371,15 +372,15 @@ def _prepared_step(
     that cannot run is not relaunched); the input's errors are its own.
     """
     heartbeat.phase = "model_load"
-    with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
+    with classified_failures(rank, None, spec.start.iteration + 1, warm_up=True):
         step = _cached_step(spec.payload, spec.clipping)
     watch.lap("model_load")
     if not step.warmed_up:
         heartbeat.phase = "data_cache"
-        batch = opening.result()[1]
+        _, batch, shard = opening.result()
         watch.lap("data_cache")
         heartbeat.phase = "warm_up"
-        with classified_failures(rank, spec.start.iteration + 1, warm_up=True):
+        with classified_failures(rank, shard, spec.start.iteration + 1, warm_up=True):
             step.warm_up(*_features_labels(spec, batch_mapper(spec.maps, step.model), batch))
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
@@ -409,7 +410,7 @@ def _hand_back(spec: SegmentSpec, state: ModelState, world_size: int) -> Optiona
 
 def _features_labels(spec: SegmentSpec, mapped: Callable[[list], list], arrays: List[np.ndarray]) -> tuple:
     """``(features, labels, sample_weight)`` of one batch after ``mapped``, its maps (see
-    ``training.weights.batch_parts``)."""
+    ``training.class_weights.batch_parts``)."""
     arrays = mapped(arrays)
     arrays = model_values(flatten(spec.element_structure), arrays)  # sparse leaves as the model's inputs take them
     return batch_parts(spec.element_structure, arrays, spec.class_weight)

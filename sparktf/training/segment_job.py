@@ -33,9 +33,8 @@ from typing import Any, Callable, Iterator, Optional
 from sparktf.collective import JobChannel
 from sparktf.errors import SparkTFError, TrainingError
 from sparktf.spark.jobs import run_job
-from sparktf.spark.slot_planner import cancelled_error
 from sparktf.training.checkpoint import ModelState
-from sparktf.training.failures import relaunch_helps, reported_failure
+from sparktf.training.failures import relaunch_helps
 from sparktf.training.inputs import WorkerInputs
 from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment, state_checksums
 from sparktf.training.membership import Membership
@@ -64,7 +63,7 @@ class SegmentRunner:
         is a membership change instead (bounded by ``Membership`` itself).
     profile : pyspark.resource.ResourceProfile, optional
         The training stage's resource profile (see :mod:`sparktf.spark.resources`).
-    call : sparktf.spark.slot_planner.Call, optional
+    call : sparktf.spark.calls.Call, optional
         The ``optimize`` call: every launch first holds its workers' slots
         there (the first one waits its turn among the driver's concurrent
         calls), and a call cancelled by Ctrl-C is not relaunched.
@@ -159,7 +158,7 @@ class SegmentRunner:
     def _relaunch(self, spec: SegmentSpec, workers: int, error: Exception) -> int:
         """The worker count of the relaunch after ``error``; raises when training cannot go on."""
         if self.call is not None and self.call.interrupted:
-            raise cancelled_error("training") from error
+            raise self.call.cancelled() from error
         self.failures += 1
         if self.failures > self.max_failures and not self.membership.lost_slots():
             raise self._gave_up(spec, error) from error
@@ -234,11 +233,10 @@ def run_segment_job(
             try:
                 result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
             except Exception as error:  # a rank that failed knowingly said so before its task ended
-                # its report, not Spark's text of its error (which loses whether a StorageError is transient) nor a
-                # peer's lost connection, decides the relaunch
-                reported = reported_failure(report.phase for _, report in sorted(channel.reports().items()))
-                if reported is not None:
-                    raise reported from error
+                # its record, not Spark's text of its error nor a peer's lost connection, decides the relaunch
+                reported = [report.failure for _, report in sorted(channel.reports().items()) if report.failure]
+                if reported:
+                    raise reported[0].to_error() from error
                 raise
             result.state = _uploaded_state(channel, what)
     worker_seconds = sum(result.timings.values())

@@ -28,18 +28,23 @@ shows) come back with every iteration, the same on every worker.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from sparktf.errors import CollectiveError, InternalError, SparkTFError
+from sparktf.models.batch_errors import essential_line
 from sparktf.training.gradient_exchange import GradientExchange, GradientLayout
 from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
 
 __all__ = ["GradientClipping", "StepResult", "TrainStep"]
+
+_LOG = logging.getLogger("sparktf.training")
 
 
 @dataclass(frozen=True)
@@ -122,8 +127,7 @@ class TrainStep:
         self._metric_sizes: List[int] = []
         self._metric_state: Optional[tf.Variable] = None
         self.metric_names: List[str] = []
-        self._exchange: Optional[Callable[[GradientLayout, list], list]] = None
-        self._exchange_error: Optional[BaseException] = None
+        self._exchange_call: Optional[_ExchangeCall] = None  # the running step's
         self._layout: Optional[GradientLayout] = None  # known once the step is traced
         self._update_fns: dict = {}  # by the positions of the gradients that travel as rows
         # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
@@ -146,11 +150,20 @@ class TrainStep:
         self.warmed_up = True
 
     def set_metric_state(self, state: Optional[np.ndarray] = None) -> None:
-        """Start the epoch's metrics from ``state`` (a :meth:`metric_state`), or from nothing (None)."""
+        """Start the epoch's metrics from ``state`` (a :meth:`metric_state`), or from nothing (None).
+
+        Raises
+        ------
+        InternalError
+            ``state`` is not of this model's metrics (its size differs).
+        """
         if self._metric_state is None:
             return
         size = int(self._metric_state.shape[0])
-        start = np.zeros(size) if state is None or np.size(state) != size else np.asarray(state)
+        if state is not None and np.size(state) != size:
+            raise InternalError(f"the epoch's metric state has {np.size(state)} values where the model's compiled "
+                                f"metrics have {size}: please report this bug of sparktf's")
+        start = np.zeros(size) if state is None else np.asarray(state)
         self._metric_state.assign(start.astype(np.float64))
 
     def metric_state(self) -> Optional[np.ndarray]:
@@ -185,7 +198,7 @@ class TrainStep:
         StepResult
             The averaged loss, the learning rate, whether the update was applied.
         """
-        self._exchange, self._exchange_error = exchange, None
+        self._exchange_call = call = _ExchangeCall(exchange)
         if self._metrics is None:
             self._build_metric_state(features, labels)
         if self._weight_value != weight:
@@ -193,9 +206,9 @@ class TrainStep:
             self._weight_value = weight
         try:
             outcome, update, sparse = self._step_fn(features, labels, sample_weight)
-        except tf.errors.OpError as error:
-            if self._exchange_error is not None:  # e.g. CollectiveError: re-raise it as such
-                raise self._exchange_error from error
+        except tf.errors.OpError:
+            if call.error is not None:  # the exchange's, not the model's: sparktf's own error
+                raise exchange_failure(call.error) from call.error
             raise
         loss, learning_rate, finite, *metrics = outcome.numpy().tolist()
         if finite:  # never apply an update that would poison the weights
@@ -222,7 +235,7 @@ class TrainStep:
         batch_states = [tf.reshape(v, [-1]) for v in self._metric_variables]
         self._layout = layout = GradientLayout(self.variables, gradients)
         packed = layout.pack(gradients, self._weight, [loss], batch_states)
-        received = tf.numpy_function(lambda *arrays: self._exchange_numpy(layout, arrays), packed,
+        received = tf.numpy_function(lambda *arrays: self._exchange_call(layout, list(arrays)), packed,
                                      layout.output_types, stateful=True)
         fused, sparse = layout.unpack(received, int(packed[0].shape[0]))
         update, loss = fused[: layout.gradient_size + 1], fused[layout.gradient_size]
@@ -243,14 +256,6 @@ class TrainStep:
             variable.assign(tf.cast(tf.reshape(piece, variable.shape), variable.dtype))
         results = metric_results(self._metrics).values()
         return tf.concat([tf.reshape(tf.cast(value, tf.float32), [-1]) for value in results], axis=0)
-
-    def _exchange_numpy(self, layout: GradientLayout, arrays: tuple) -> List[np.ndarray]:
-        """The caller's exchange, called from the graph (keeps its exception for :meth:`run`)."""
-        try:
-            return self._exchange(layout, list(arrays))
-        except BaseException as error:
-            self._exchange_error = error
-            raise
 
     def _gradients_and_loss(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[list, tf.Tensor, Any]:
         """Every gradient (a tensor, ``tf.IndexedSlices`` or None), the loss, the predictions."""
@@ -312,6 +317,39 @@ class TrainStep:
         return tf.constant(True)
 
 
+class _ExchangeCall:
+    """One step's call of the gradient exchange from its graph, keeping what the exchange raised
+    (``tf.numpy_function`` hands on only its text)."""
+
+    def __init__(self, exchange: Callable[[GradientLayout, list], list]):
+        self._exchange = exchange
+        self.error: Optional[BaseException] = None
+
+    def __call__(self, layout: GradientLayout, arrays: list) -> List[np.ndarray]:
+        try:
+            return self._exchange(layout, arrays)
+        except BaseException as error:
+            self.error = error
+            raise
+
+
+def exchange_failure(error: BaseException) -> SparkTFError:
+    """The error a step raises when its gradient exchange raised ``error``: never the data's or the model's.
+
+    A ``CollectiveError`` (a lost, silent or unauthenticated peer) or any
+    other sparktf error as it is; a connection's ``OSError`` as a
+    ``CollectiveError`` (both relaunched); anything else is a bug of
+    sparktf's: an ``InternalError``, never relaunched.
+    """
+    if isinstance(error, SparkTFError):
+        return error
+    if isinstance(error, OSError):
+        return CollectiveError(f"the gradient exchange lost its connection: {type(error).__name__}: {error}")
+    return InternalError(
+        f"sparktf's gradient exchange failed ({type(error).__name__}: {error}). This is a bug of sparktf's, not of "
+        "the data or the model, and is not retried: please report it with the traceback in this error's __cause__")
+
+
 def _compiles(compiled: Any, layout: GradientLayout, dense: bool) -> bool:
     """Whether XLA lowers ``compiled`` (an update of ``layout``'s gradients, the rows dense or as
     :data:`MIN_PADDED_ROWS` rows) to HLO."""
@@ -321,7 +359,9 @@ def _compiles(compiled: Any, layout: GradientLayout, dense: bool) -> bool:
         for table in layout.sparse]
     try:
         compiled.experimental_get_compiler_ir(tf.zeros([layout.gradient_size + 1]), sample)(stage="hlo")
-    except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+    except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+        _LOG.info("the optimizer's update runs as TensorFlow ops, not XLA-compiled: %s",
+                  essential_line(error))
         return False
     return True
 
