@@ -1,42 +1,27 @@
 """``TFOptimizer``: synchronous data-parallel training of a Keras model on Spark barrier tasks.
 
-The driver runs training in *segments*. A segment is one Spark barrier job of
-``num_workers`` tasks (``training.loop.run_segment``, started by ``training.segment_job``) that trains from the
-driver's current state until the first iteration where the end, checkpoint or
-validation trigger fires, then hands the state back. Between segments the
-driver writes summaries and checkpoints, validates, and decides whether to go
-on. A failed segment is relaunched from the last good state (the latest
-checkpoint or later) up to ``max_failures`` times; with ``min_workers <
-num_workers`` training goes on with fewer workers while executors are gone
-(``training.membership``). See ``docs/design/training.md``.
+It checks its arguments and hands the training to
+:class:`~sparktf.training.run.TrainingRun` (segments, checkpoints,
+membership, validation, callbacks); see ``docs/design/training.md``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from sparktf.data.batch_maps import MappedElements
-from sparktf.data.sparse import model_structure
 from sparktf.data.specs import leaf_specs
-from sparktf.spark.cluster import watchdog_slack
-from sparktf.spark.resources import ResourceProfileLike, stage_profile
-from sparktf.spark.slot_planner import call_scope, current_label
-from sparktf.spark.task_devices import gpu_plan
-from sparktf.training.checkpoint import ModelState, find_checkpoint, load_checkpoint
-from sparktf.errors import DataError
-from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.inference.feeds import feature_leaves, keras_feed
+from sparktf.spark.resources import ResourceProfileLike, stage_profile
+from sparktf.spark.calls import call_scope
+from sparktf.summary import TrainSummary, ValidationSummary
+from sparktf.training.callbacks import default_verbose
+from sparktf.training.checkpoint import find_checkpoint, load_checkpoint
 from sparktf.training.preflight import (check_labels, check_membership, check_optimize, check_settings,
                                         compile_with_loss, recompile)
+from sparktf.training.run import RunRequest, RunSettings, RunState, TrainingRun, evaluate_model
 from sparktf.training.step import GradientClipping
-from sparktf.training.callbacks import DriverCallbacks, default_verbose
-from sparktf.training.checkpoint_writer import CheckpointWriter
-from sparktf.training.inputs import WorkerInputs
-from sparktf.training.loop import SegmentResult, SegmentSpec
-from sparktf.training.membership import Membership
-from sparktf.training.segment_records import record_segment, record_validation
-from sparktf.training.segment_job import SegmentRunner
-from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr
+from sparktf.triggers import EveryEpoch, MaxEpoch, Trigger
 
 __all__ = ["TFOptimizer"]
 
@@ -115,14 +100,9 @@ class TFOptimizer:
         self.clipping = GradientClipping()
         self.train_summary: Optional[TrainSummary] = None
         self.val_summary: Optional[ValidationSummary] = None
-        self.iteration = 0
-        self.last_loss: Optional[float] = None
-        self.last_score: Optional[float] = None
-        self.last_timings: Dict[str, float] = {}
-        self.last_traffic = None  # the last segment's gradient bytes on rank 0 (training.gradient_exchange.Traffic)
-        self._metric_state: Any = None  # the compiled metrics' states over the epoch so far (workers' sums)
+        self._state = RunState()  # where training stands: what the next optimize resumes from
         self._payload = None
-        self.history: Any = None
+        self.history: Any = None  # the last optimize call's keras.callbacks.History
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
 
@@ -323,101 +303,42 @@ class TFOptimizer:
         """
         end_trigger, checkpoint_trigger, validation_trigger, class_weight = check_optimize(
             self, (end_trigger, checkpoint_trigger, validation_trigger), class_weight)
-        checkpoints = CheckpointWriter(self.model_dir, self.keep_checkpoints, checkpoint_trigger, checkpoint_failures)
-        validation = self.dataset.val_dataset
-        stops = [end_trigger]
-        stops += [checkpoint_trigger] if self.model_dir else []
-        stops += [validation_trigger] if validation is not None else []
-        verbose = default_verbose() if verbose is None else verbose
-        callbacks = list(callbacks or [])
-        driver = self._driver_callbacks(callbacks, verbose, end_trigger, current_label())  # labelled in threads
-        stops += [EveryEpoch()] if callbacks else []  # callbacks see the model at every epoch end
-        history: Dict[str, Any] = {"loss": []}
-        with call_scope(self.session, "optimize") as call, \
-                WorkerInputs(self.dataset, self.collective_timeout + watchdog_slack(self.session)) as inputs:
-            profile = self.resource_profile  # its slots are held in the call: concurrent calls wait their turn
-            membership = Membership(self.session, self.num_workers, self.min_workers, self.replace_wait,
-                                    inputs.prepare, probe=lambda: call.slots(profile), busy_wait=call.busy_wait,
-                                    available=lambda: min(call.slots(profile).free, call.grantable(profile)))
-            runner = SegmentRunner(self.session, inputs, membership, self.max_failures, profile, call)
-            runner.start(self.iteration)  # too few task slots: fails before any job
-            progress = self._progress()
-            if driver is not None:
-                driver.train_begin()
-            while not end_trigger(progress):
-                if driver is not None:
-                    driver.segment_begins(progress)
-                first = progress.iteration + 1
-                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, class_weight)
-                progress = self._finish_segment(result, history)
-                checkpoints.after_segment(progress, lambda: ModelState.capture(self.model, self.iteration))
-                results = None
-                epoch_end = bool(callbacks) and progress.epoch_finished
-                if validation is not None and (validation_trigger(progress) or epoch_end):
-                    progress, results = self._validate(validation, progress, history)
-                if driver is not None and driver.segment_ends(first, result.losses, result.step_seconds, progress,
-                                                              results, result.workers, result.metrics):
-                    break
-            checkpoints.finish(lambda: ModelState.capture(self.model, self.iteration))
-            if driver is not None:
-                driver.train_end()
-        history["iterations"] = self.iteration
-        history["epochs"] = progress.epoch
-        return history
+        request = RunRequest(end_trigger, checkpoint_trigger, validation_trigger, list(callbacks or []),
+                             default_verbose() if verbose is None else verbose, class_weight, checkpoint_failures)
+        settings = RunSettings(self.session, self.num_workers, self.min_workers, self.replace_wait, self.max_failures,
+                               self.collective_timeout, self.gradient_compression, self.resource_profile,
+                               self.model_dir, self.keep_checkpoints)
+        run = TrainingRun(self.model, self.dataset, settings, self._state, self.clipping, self._payload_broadcast,
+                          self._elements_of, (self.train_summary, self.val_summary))
+        result, self.history = run.run(request)
+        return result
 
-    def _progress(self) -> TrainingProgress:
-        per_epoch = self.dataset.iterations_per_epoch(self.num_workers)
-        return TrainingProgress(self.iteration, per_epoch, self.last_loss, self.last_score)
+    # ------------------------------------------------------------------ where training stands
 
-    def _driver_callbacks(self, callbacks: List[Any], verbose: int, end_trigger: Trigger,
-                          label: Optional[str] = None) -> Optional[DriverCallbacks]:
-        """The callbacks and progress display of an ``optimize`` call (None: neither); ``label``: labelled lines."""
-        if not callbacks and not verbose:
-            return None
-        import keras
+    @property
+    def iteration(self) -> int:
+        """Iterations trained so far (absolute: from a loaded checkpoint on)."""
+        return self._state.iteration
 
-        epochs = end_trigger.n if isinstance(end_trigger, MaxEpoch) else None
-        self.history = keras.callbacks.History()
-        elastic = self.num_workers if self.min_workers < self.num_workers else None
-        return DriverCallbacks(callbacks, self.model, verbose, self.dataset.iterations_per_epoch(self.num_workers),
-                               self.dataset.batch_size, epochs, self.history, elastic, label)
+    @property
+    def last_loss(self) -> Optional[float]:
+        """The loss of the last iteration trained (None before any)."""
+        return self._state.last_loss
 
-    def _run_segment(
-        self, runner: SegmentRunner, progress: TrainingProgress, stop: Trigger,
-        driver: Optional[DriverCallbacks] = None, class_weight: Any = None,
-    ) -> SegmentResult:
-        """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
-        elements = self._elements_of(self.dataset)
-        structure = model_structure(self.model, elements.element)  # sparse or dense per model input
-        spec = SegmentSpec(self._payload_broadcast(), structure, progress, stop, self.clipping, self.collective_timeout,
-                           maps=elements, gradient_compression=self.gradient_compression,
-                           gpus=gpu_plan(self.session.conf, self.resource_profile), metric_state=self._metric_state,
-                           class_weight=class_weight)
-        on_launch = driver and (lambda workers: driver.launching(workers, progress.iteration))
-        return runner.run(spec, lambda: ModelState.capture(self.model, self.iteration), driver and driver.report,
-                          on_launch)
+    @property
+    def last_score(self) -> Optional[float]:
+        """The score of the last validation (None before any)."""
+        return self._state.last_score
 
-    def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
-        """Take the segment's state into the driver's model; log its iterations and the epochs it ended."""
-        result.state.apply_to(self.model)
-        first, per_epoch = self.iteration + 1, self.dataset.iterations_per_epoch(self.num_workers)
-        self.iteration, self.last_timings, self.last_traffic = result.iteration, result.timings, result.traffic
-        self._metric_state = result.metric_state
-        last = record_segment(result, first, per_epoch, self.dataset.batch_size, history, self.train_summary,
-                              self.last_score)
-        self.last_loss = self.last_loss if last is None else last
-        return self._progress()
+    @property
+    def last_timings(self) -> Dict[str, float]:
+        """The last segment's seconds per phase (launch, model load, data, compute, all-reduce, ...)."""
+        return self._state.last_timings
 
-    def _validate(
-        self, validation: Any, progress: TrainingProgress, history: Dict[str, Any]
-    ) -> Tuple[TrainingProgress, Dict[str, float]]:
-        try:
-            batch = validation.inference_batch_size(self.num_workers)
-        except DataError:
-            batch = self.dataset.local_batch_size(self.num_workers)
-        results = self._evaluate_blocks(validation, batch, self.resource_profile)
-        self.last_score = record_validation(results, progress, history, self.val_summary)
-        return self._progress(), results
+    @property
+    def last_traffic(self) -> Any:
+        """The last segment's gradient bytes on rank 0 (``training.gradient_exchange.Traffic``), or None."""
+        return self._state.last_traffic
 
     # ------------------------------------------------------------------ evaluation and state
 
@@ -445,14 +366,8 @@ class TFOptimizer:
         batch = batch_per_thread or dataset.inference_batch_size(self.num_workers)
         profile = self.resource_profile if resource_profile is None else stage_profile(self.session, resource_profile)
         with call_scope(self.session, "evaluate"):  # Ctrl-C in the driver cancels it, from any thread
-            return self._evaluate_blocks(dataset, int(batch), profile)
-
-    def _evaluate_blocks(self, dataset: Any, batch: int, profile: Any) -> Dict[str, float]:
-        from sparktf.training.evaluation import evaluate_blocks
-
-        state = ModelState.capture(self.model, self.iteration, include_optimizer=False)
-        return evaluate_blocks(self.model, dataset.blocks, self._elements_of(dataset), batch,
-                               self._payload_broadcast(), state, self.collective_timeout, profile)
+            return evaluate_model(self.model, dataset, self._elements_of(dataset), int(batch),
+                                  self._payload_broadcast(), self.iteration, self.collective_timeout, profile)
 
     def _elements_of(self, dataset: Any) -> MappedElements:
         """How the model gets ``dataset``'s batches: traced once for the training and validation data."""
@@ -472,8 +387,7 @@ class TFOptimizer:
         path = find_checkpoint(path, self.model_dir, version)
         state = load_checkpoint(path)
         state.apply_to(self.model)
-        self.iteration = state.iteration
-        self.last_loss = self.last_score = self._metric_state = None
+        self._state = RunState(iteration=state.iteration)
 
     def _payload_broadcast(self) -> Any:
         """The model's architecture and compile config, no weights (a few KB), shipped once per TFOptimizer.

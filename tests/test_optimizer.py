@@ -70,12 +70,15 @@ def test_one_epoch_equals_two_hand_computed_steps(sc, num_workers, batches):
     )
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.1, staircase=True)
     model = linear_model(keras.optimizers.SGD(schedule))
-    history = TFOptimizer.from_keras(model, dataset, num_workers=num_workers).optimize(MaxEpoch(1))
+    optimizer = TFOptimizer.from_keras(model, dataset, num_workers=num_workers)
+    history = optimizer.optimize(MaxEpoch(1), verbose=0)
     kernel, bias = hand_sgd(x, y, batches, [0.1, 0.01])
     np.testing.assert_allclose(model.get_weights()[0], kernel, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(model.get_weights()[1], [bias], rtol=1e-5, atol=1e-6)
     assert history["iterations"] == 2 and history["epochs"] == 1 and len(history["loss"]) == 2
     assert int(model.optimizer.iterations.numpy()) == 2
+    # silent and without callbacks, the call still keeps its Keras History: the epoch's mean loss
+    assert optimizer.history.history["loss"] == pytest.approx([np.mean(history["loss"])], rel=1e-6)
 
 
 def nonlinear_model(weights=None):
@@ -377,9 +380,9 @@ def test_concurrent_calls_overlap_and_a_third_waits_its_turn_for_slots(spark, tm
     the same weights, as each would alone."""
     from sparktf import TrainSummary
     from sparktf.spark.sessions import session_kind
-    from sparktf.spark.slot_planner import planner_for
+    from sparktf.spark.session_state import session_state
 
-    planner = planner_for(session_kind(spark))
+    planner = session_state(session_kind(spark)).planner
     x, y = regression_data(64)
     partners = {"a": "b", "b": "a", "c": None}
     optimizers = {}
