@@ -18,11 +18,11 @@ from pyspark.sql import SparkSession
 
 from sparktf.spark.session_kind import SessionKind
 from sparktf.spark.sessions import is_connect, session_kind
-from sparktf.spark.slot_planner import install_interrupt_handler
+from sparktf.spark.interrupts import install_interrupt_handler
+from sparktf.spark.session_state import session_state
 
 __all__ = ["init_spark", "ship_package", "warm_up_workers", "current_session", "spark_context", "reject_connect"]
 
-_SHIPPED_ATTR = "_sparktf_shipped_zip"
 WARM_UP_CONF = "spark.sparktf.warmUpWorkers"
 WARM_UP_SECONDS = 120.0
 _LOG = logging.getLogger("sparktf")
@@ -104,7 +104,7 @@ def init_spark(
         created = active is None if remote else SparkContext._active_spark_context is None
         session = builder.getOrCreate()
     kind = session_kind(session)
-    install_interrupt_handler()  # Ctrl-C cancels the sparktf calls of every thread (spark/slot_planner.py)
+    install_interrupt_handler()  # Ctrl-C cancels the sparktf calls of every thread (spark/interrupts.py)
     ship_package(kind)
     if created:
         warm_up_workers(kind)
@@ -221,9 +221,9 @@ def ship_package(session: Union[SparkSession, SessionKind]) -> str:
     or the process exits.
     """
     kind = session if isinstance(session, SessionKind) else session_kind(session)
-    shipped = getattr(kind.holder, _SHIPPED_ATTR, None)
-    if shipped:
-        return shipped
+    state = session_state(kind)
+    if state.shipped_package:
+        return state.shipped_package
     package_dir = os.path.dirname(os.path.abspath(__file__))
     out_dir = tempfile.mkdtemp(prefix="sparktf-pyfiles-")
     zip_path = os.path.join(out_dir, "sparktf.zip")
@@ -236,6 +236,6 @@ def ship_package(session: Union[SparkSession, SessionKind]) -> str:
                     rel = os.path.relpath(full, os.path.dirname(package_dir))
                     archive.write(full, rel)
     kind.add_python_file(zip_path)
-    setattr(kind.holder, _SHIPPED_ATTR, zip_path)
+    state.shipped_package = zip_path
     kind.on_stop(functools.partial(shutil.rmtree, out_dir, ignore_errors=True))
     return zip_path

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from sparktf.errors import DataError, SparkTFError, TrainingError
-from sparktf.spark import slot_planner
+from sparktf.spark import calls, interrupts, slot_admission
+from sparktf.spark.session_state import session_state
 from sparktf.spark.cluster import TaskSlots
 from sparktf.training import membership as membership_module
 from sparktf.training import segment_job
@@ -299,8 +300,44 @@ def test_busy_slots_are_waited_for_once_the_launch_data_is_ready(monkeypatch):
 
 # ---------------------------------------------------------------------- the slot planner (concurrent calls)
 
+class WaitingCall:
+    """What the planner needs of a call, and nothing of Spark."""
+
+    def __init__(self, what):
+        self.what, self.held, self.key, self.timeout, self.interrupted = what, 0, "", 5.0, False
+
+    def check(self):
+        if self.interrupted:
+            raise SparkTFError(f"{self.what} cancelled")
+
+    def cancel_jobs(self):
+        pass
+
+
+def test_admission_alone_is_fifo_per_profile_and_grows_only_when_nobody_waits():
+    import threading
+    import types
+
+    planner = slot_admission.SlotPlanner()
+    first, big = WaitingCall("first"), WaitingCall("big")
+    planner.acquire(first, 2, lambda: 3, first.timeout)
+    assert planner.held() == 2 and planner.grantable(3) == 1
+    taken = threading.Thread(target=planner.acquire, args=(big, 3, lambda: 3, big.timeout))
+    taken.start()
+    while not planner._queue:  # the big request queued, holding nothing
+        pass
+    assert planner.grantable(3) == 0 and not planner.try_grow(1, 3)  # a later small one waits behind it
+    gpus = types.SimpleNamespace(id=7, taskResources={}, executorResources={})
+    assert planner.try_grow(1, 3, profile=gpus) and planner.held(gpus) == 1  # another profile's, counted apart
+    planner.release(2)
+    taken.join(10)
+    assert not taken.is_alive() and planner.held() == 3 and not planner._queue
+    with pytest.raises(SparkTFError, match="needs 4 task slots at once, but the cluster has only 3"):
+        planner.acquire(WaitingCall("huge"), 4, lambda: 3, 1.0)
+
+
 class PlannerKind:
-    """A session for spark/slot_planner.py: ``total`` slots, no busy ones; cancelled tags recorded."""
+    """A session for spark/calls.py: ``total`` slots, no busy ones; cancelled tags recorded."""
 
     def __init__(self, total, slot_wait="3600"):
         self.total, self.cancelled, self.tags = total, [], []
@@ -308,7 +345,7 @@ class PlannerKind:
         self._slot_wait = slot_wait
 
     def setting(self, key, default):
-        return self._slot_wait if key == slot_planner.SLOT_WAIT_CONF else default
+        return self._slot_wait if key == slot_admission.SLOT_WAIT_CONF else default
 
     def slots(self, profile=None):
         return TaskSlots(self.total, {})
@@ -328,40 +365,40 @@ def test_slot_requests_are_granted_in_order_and_never_hold_while_waiting():
 
     kind = PlannerKind(total=3)
     order, started = [], threading.Event()
-    with slot_planner.call_scope(kind, "first") as first:
-        assert first.hold(2) == 2 and slot_planner.planner_for(kind).held() == 2
+    with calls.call_scope(kind, "first") as first:
+        assert first.hold(2) == 2 and session_state(kind).planner.held() == 2
 
         def wait_for(name, slots):
-            with slot_planner.call_scope(kind, name) as call:
+            with calls.call_scope(kind, name) as call:
                 started.set()
                 call.hold(slots)
-                order.append((name, slot_planner.planner_for(kind).held()))
+                order.append((name, session_state(kind).planner.held()))
 
         big = threading.Thread(target=wait_for, args=("big", 3))
         big.start()
         assert started.wait(10)
-        while not slot_planner.planner_for(kind)._queue:  # the big request queued (it holds nothing meanwhile)
+        while not session_state(kind).planner._queue:  # the big request queued (it holds nothing meanwhile)
             pass
         # a later small request that would fit now waits behind the big one (FIFO: no starvation)
-        assert slot_planner.planner_for(kind).grantable(3) == 0
+        assert session_state(kind).planner.grantable(3) == 0
         assert not first.planner.try_grow(1, 3)
     big.join(10)  # `first` ended and gave its slots back: the big one ran
-    assert order == [("big", 3)] and slot_planner.planner_for(kind).held() == 0 and kind.tags == []
+    assert order == [("big", 3)] and session_state(kind).planner.held() == 0 and kind.tags == []
 
 
 def test_a_request_beyond_the_cluster_fails_at_once_and_a_wait_past_slot_wait_names_the_holders():
     kind = PlannerKind(total=2, slot_wait="0.3")
-    with slot_planner.call_scope(kind, "optimize") as call:
+    with calls.call_scope(kind, "optimize") as call:
         with pytest.raises(SparkTFError, match=r"optimize needs 3 task slots at once, but the cluster has only 2"):
             call.hold(3)
         assert call.hold(2) == 2
-        with slot_planner.call_scope(kind, "sparktf.run") as other:
+        with calls.call_scope(kind, "sparktf.run") as other:
             with pytest.raises(SparkTFError, match=r"sparktf.run waited 0 s for 1 .* held by other calls of this "
                                                    r"driver: optimize holds 2.*spark.sparktf.slotWait"):
                 other.hold(1)
-            assert other.held == 0 and call.busy_wait() >= slot_planner.BUSY_WAIT_SECONDS
-        assert call.busy_wait() == slot_planner.BUSY_WAIT_SECONDS  # alone again
-    assert slot_planner.planner_for(kind).held() == 0 and not slot_planner.planner_for(kind)._queue
+            assert other.held == 0 and call.busy_wait() >= calls.BUSY_WAIT_SECONDS
+        assert call.busy_wait() == calls.BUSY_WAIT_SECONDS  # alone again
+    assert session_state(kind).planner.held() == 0 and not session_state(kind).planner._queue
 
 
 def test_an_interrupted_call_stops_waiting_and_has_its_jobs_cancelled():
@@ -369,11 +406,11 @@ def test_an_interrupted_call_stops_waiting_and_has_its_jobs_cancelled():
 
     kind = PlannerKind(total=1)
     errors = []
-    with slot_planner.call_scope(kind, "first") as first:
+    with calls.call_scope(kind, "first") as first:
         first.hold(1)
 
         def waiting():
-            with slot_planner.call_scope(kind, "second") as call:
+            with calls.call_scope(kind, "second") as call:
                 try:
                     call.hold(1)
                 except SparkTFError as error:
@@ -381,9 +418,9 @@ def test_an_interrupted_call_stops_waiting_and_has_its_jobs_cancelled():
 
         thread = threading.Thread(target=waiting)
         thread.start()
-        while not slot_planner.planner_for(kind)._queue:
+        while not session_state(kind).planner._queue:
             pass
-        slot_planner._interrupt_every_call()  # what Ctrl-C's handler does
+        interrupts.interrupt_every_call()  # what Ctrl-C's handler does
         thread.join(10)
         for cancelling in [t for t in threading.enumerate() if t.name == "sparktf-interrupt"]:
             cancelling.join(10)

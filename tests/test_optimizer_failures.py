@@ -250,9 +250,9 @@ def assert_process_ends(pid, within=30):
 
 def _planner(spark):
     from sparktf.spark.sessions import session_kind
-    from sparktf.spark.slot_planner import planner_for
+    from sparktf.spark.session_state import session_state
 
-    return planner_for(session_kind(spark))
+    return session_state(session_kind(spark)).planner
 
 
 def test_one_concurrent_call_fails_while_the_other_completes(spark):
@@ -306,7 +306,8 @@ def test_a_job_a_call_submits_after_ctrl_c_is_cancelled_too(spark, sc):
     import threading
 
     from sparktf.spark.sessions import session_kind
-    from sparktf.spark.slot_planner import call_scope, install_interrupt_handler
+    from sparktf.spark.calls import call_scope
+    from sparktf.spark.interrupts import install_interrupt_handler
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")

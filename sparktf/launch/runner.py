@@ -22,7 +22,7 @@ from sparktf.launch.program import pickle_program
 from sparktf.launch.slots import check_task_slots
 from sparktf.launch.task import TaskSpec, run_barrier_task
 from sparktf.spark.sessions import session_kind
-from sparktf.spark.slot_planner import call_scope
+from sparktf.spark.calls import call_scope
 
 __all__ = ["run"]
 

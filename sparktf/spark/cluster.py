@@ -210,13 +210,25 @@ def watchdog_slack(kind: Any) -> float:
     ConfigurationError
         The value is not a number of seconds >= 0.
     """
-    text = kind.setting(WATCHDOG_SLACK_CONF, "30")
+    return seconds_setting(kind, WATCHDOG_SLACK_CONF, 30.0)
+
+
+def seconds_setting(kind: Any, key: str, default: float) -> float:
+    """Seconds of the setting ``key`` (``"90"`` or ``"90s"``), read from this thread's local properties or else
+    from the session's settings.
+
+    Raises
+    ------
+    ConfigurationError
+        The value is not a number of seconds >= 0.
+    """
+    text = str(kind.setting(key, str(default)))
     try:
         seconds = float(text.strip().removesuffix("s"))
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds >= 0):
-        raise ConfigurationError(f"{WATCHDOG_SLACK_CONF} must be a number of seconds >= 0, got {text!r}")
+        raise ConfigurationError(f"{key} must be a number of seconds >= 0, got {text!r}")
     return seconds
 
 

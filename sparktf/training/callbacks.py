@@ -99,7 +99,7 @@ class DriverCallbacks:
         worker count are shown.
     label : str, optional
         Given for a call that runs beside others (see
-        :func:`sparktf.spark.slot_planner.current_label`): every line starts
+        :func:`sparktf.spark.calls.current_label`): every line starts
         with ``[label]`` and ``verbose=1`` shows one line per epoch, no bar.
     """
 
