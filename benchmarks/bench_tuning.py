@@ -71,7 +71,8 @@ def _grid_run(df, run: str, parallelism: int, workers, epochs: int, rates=RATES)
 
     from sparktf.ml import KerasEstimator
 
-    estimator = KerasEstimator(batchSize=ROWS // 2, epochs=epochs, numWorkers=workers, seed=0)
+    estimator = KerasEstimator(batchSize=ROWS // 2, epochs=epochs, numWorkers=workers, trialParallelism=parallelism,
+                               seed=0)
     grid = (ParamGridBuilder().addGrid(estimator.learningRate, list(rates))
             .addGrid(estimator.model, [_model(width, run) for width in WIDTHS]).build())
     validator = CrossValidator(estimator=estimator, estimatorParamMaps=grid, foldCol="fold", numFolds=2,

@@ -97,13 +97,13 @@ def test_pipeline_fits_scores_evaluates_and_round_trips(spark, flowers, tmp_path
 
 def test_a_validator_trains_in_parallel_and_chooses_as_a_serial_run(indexed, caplog):
     """TrainValidationSplit(parallelism=2) on local[2] (CrossValidator's path too: fitMultiple): two models
-    train at once, each on 1 worker (numWorkers unset: the free slots over the parallelism); every metric and
+    train at once, each on 1 worker (numWorkers unset: the free slots over trialParallelism); every metric and
     the chosen model equal a serial run on 1 worker."""
     import logging
 
     metrics, best_params = [], []
     for parallelism, workers in ((2, None), (1, 1)):
-        estimator = KerasEstimator(model=_classifier(), batchSize=16, numWorkers=workers)
+        estimator = KerasEstimator(model=_classifier(), batchSize=16, numWorkers=workers, trialParallelism=parallelism)
         grid = ParamGridBuilder().addGrid(estimator.learningRate, [0.003, 0.05]).build()
         validator = TrainValidationSplit(estimator=estimator, estimatorParamMaps=grid, parallelism=parallelism,
                                          evaluator=MulticlassClassificationEvaluator(metricName="logLoss"), seed=1)
@@ -117,6 +117,17 @@ def test_a_validator_trains_in_parallel_and_chooses_as_a_serial_run(indexed, cap
     np.testing.assert_allclose(metrics[0], metrics[1], atol=1e-6)
     assert metrics[0][0] != pytest.approx(metrics[0][1], abs=1e-3)  # the choice means something
     np.testing.assert_allclose(best_params[0], best_params[1], atol=1e-9)
+
+
+def test_trial_parallelism_sizes_each_model_the_same_alone_in_a_pipeline_or_under_any_validator(indexed):
+    estimator = KerasEstimator(model=_classifier(), trialParallelism=2)  # local[2]: 2 slots
+    pipeline = Pipeline(stages=[estimator])  # what a Pipeline fits is the estimator, with its Params
+    assert [stage._trial_workers(indexed) for stage in pipeline.getStages()] == [1]
+    assert KerasEstimator(model=_classifier(), trialParallelism=4)._trial_workers(indexed) == 1  # at least 1
+    assert KerasEstimator(model=_classifier(), trialParallelism=2, numWorkers=2)._trial_workers(indexed) is None
+    assert KerasEstimator(model=_classifier())._trial_workers(indexed) is None  # every slot: numWorkers' default
+    with pytest.raises(DataError, match="trialParallelism=0 is out of range"):
+        KerasEstimator(model=_classifier(), trialParallelism=0).fit(indexed)
 
 
 def test_regression_predicts_a_double_and_wider_outputs_an_array(spark, sc):

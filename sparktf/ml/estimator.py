@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -22,14 +21,14 @@ from sparktf.ml.params import EstimatorParams, init_params
 from sparktf.ml.persistence import SavedStage
 from sparktf.models.payload import ModelPayload
 from sparktf.optimizer import TFOptimizer
-from sparktf.spark.slot_planner import free_task_slots, install_interrupt_handler, labelled
+from sparktf.spark.calls import labelled, task_slot_total
+from sparktf.spark.interrupts import install_interrupt_handler
 from sparktf.triggers import MaxEpoch
 
 __all__ = ["KerasEstimator"]
 
 _LOG = logging.getLogger(__name__)
 _KERAS_FILE = "model.keras"
-_VALIDATOR_FRAMES = 6  # fitMultiple <- pyspark.ml.tuning._parallelFitTasks <- the validator's _fit
 _CLASS_INDEX_LOSSES = ("sparse_categorical_crossentropy",)
 _BINARY_LOSSES = ("binary_crossentropy", "binary_focal_crossentropy")
 
@@ -66,7 +65,15 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
     learningRate : float, optional
         Replaces the compiled optimizer's learning rate.
     numWorkers : int, optional
-        Training tasks (default: ``sc.defaultParallelism``).
+        Training tasks (default: ``sc.defaultParallelism``, or the task
+        slots // ``trialParallelism`` when that is over 1).
+    trialParallelism : int
+        How many models train at once: set it to the ``parallelism`` of the
+        ``CrossValidator`` or ``TrainValidationSplit`` (or of any validator)
+        that fits this estimator, alone or inside a ``Pipeline``. With
+        ``numWorkers`` unset each model then trains on the cluster's task
+        slots // ``trialParallelism`` workers (at least 1), so that that many
+        fit at once. Default 1: each model takes every slot.
     validationFraction : float
         The share of rows held out and evaluated after every epoch
         (``val_*`` in the model's ``history``); 0 for none.
@@ -92,6 +99,7 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         epochs: int = 1,
         learningRate: Optional[float] = None,
         numWorkers: Optional[int] = None,
+        trialParallelism: int = 1,
         validationFraction: float = 0.0,
         callbacks: Optional[List[Any]] = None,
         verbose: int = 0,
@@ -133,18 +141,24 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         call ``next()`` from ``k`` threads, so up to ``k`` models train at once,
         each as soon as its task slots are free (trials that do not fit wait
         their turn, in order). With ``numWorkers`` unset (in the estimator
-        and the param map) each model trains on ``free slots // k`` workers
-        (at least 1), the free slots counted once, here, for every model.
+        and the param map) each model trains on ``task slots //
+        trialParallelism`` workers (at least 1): set ``trialParallelism=k``
+        for ``k`` at once.
         """
         install_interrupt_handler()  # called from the validator's thread: Ctrl-C then cancels every trial
         param_maps = list(paramMaps)
-        parallelism = min(_validator_parallelism(), max(1, len(param_maps)))
-        workers = None
-        if parallelism > 1 and self.getNumWorkers() is None:
-            workers = max(1, free_task_slots(dataset.sparkSession) // parallelism)
+        workers = self._trial_workers(dataset)
+        if workers is not None:
             _LOG.info("KerasEstimator.fitMultiple: %d models, %d at a time, each on %d workers (numWorkers unset)",
-                      len(param_maps), parallelism, workers)
-        return _ConcurrentFits(self, dataset, param_maps, workers)
+                      len(param_maps), self.getTrialParallelism(), workers)
+        return _ConcurrentFits(self, dataset, param_maps)
+
+    def _trial_workers(self, dataset: DataFrame) -> Optional[int]:
+        """With ``numWorkers`` unset and ``trialParallelism`` k > 1, each model's workers: the cluster's task slots
+        // k (at least 1), the same for every model however many others hold slots; else None (numWorkers)."""
+        if self.getNumWorkers() is not None or self.getTrialParallelism() <= 1:
+            return None
+        return max(1, task_slot_total(dataset.sparkSession) // self.getTrialParallelism())
 
     def _compiled_model(self) -> Any:
         import keras
@@ -166,13 +180,14 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
             "validationFraction": 0.0 <= self.getValidationFraction() < 1.0,
             "learningRate": self.getLearningRate() is None or self.getLearningRate() > 0,
             "numWorkers": self.getNumWorkers() is None or self.getNumWorkers() >= 1,
+            "trialParallelism": self.getOrDefault(self.trialParallelism) >= 1,
             "verbose": self.getVerbose() in (0, 1, 2),
         }
         for name, fine in checks.items():
             if not fine:
                 raise DataError(
-                    f"{name}={self.getOrDefault(name)!r} is out of range: epochs, batchSize and numWorkers "
-                    "are >= 1, 0 <= validationFraction < 1, learningRate > 0, verbose is 0, 1 or 2"
+                    f"{name}={self.getOrDefault(name)!r} is out of range: epochs, batchSize, numWorkers and "
+                    "trialParallelism are >= 1, 0 <= validationFraction < 1, learningRate > 0, verbose is 0, 1 or 2"
                 )
 
     def _train(self, model: Any, df: DataFrame, columns: List[str], loss: Optional[str]) -> Tuple[Any, Dict]:
@@ -190,7 +205,7 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         )
         optimizer = TFOptimizer.from_keras(
             copy, dataset, optimizer=_with_learning_rate(copy.optimizer, self.getLearningRate()),
-            num_workers=self.getNumWorkers(),
+            num_workers=self.getNumWorkers() or self._trial_workers(df),
         )
         result = optimizer.optimize(MaxEpoch(self.getEpochs()), callbacks=self.getCallbacks(),
                                     verbose=self.getVerbose())
@@ -244,32 +259,13 @@ def _chunks(values: List[float], size: int) -> Iterator[List[float]]:
         yield values[start:start + size]
 
 
-def _validator_parallelism() -> int:
-    """The ``parallelism`` of the ``CrossValidator`` / ``TrainValidationSplit`` calling ``fitMultiple``, else 1.
-
-    The validators call ``est.fitMultiple(train, paramMaps)`` without saying
-    how many threads will draw from it; their ``_fit`` is a few frames up.
-    """
-    frame = sys._getframe(1)
-    for _ in range(_VALIDATOR_FRAMES):
-        frame = frame.f_back
-        if frame is None:
-            break
-        owner = frame.f_locals.get("self")
-        if owner is not None and hasattr(owner, "getParallelism") and hasattr(owner, "getEstimatorParamMaps"):
-            return max(1, int(owner.getParallelism()))
-    return 1
-
-
 class _ConcurrentFits:
     """``fitMultiple``'s thread-safe iterator: each ``next()`` takes the next param map and trains it in its thread."""
 
-    def __init__(self, estimator: KerasEstimator, dataset: DataFrame, param_maps: List[Dict[Any, Any]],
-                 workers: Optional[int]):
+    def __init__(self, estimator: KerasEstimator, dataset: DataFrame, param_maps: List[Dict[Any, Any]]):
         self._estimator = estimator
         self._dataset = dataset
         self._param_maps = param_maps
-        self._workers = workers
         self._lock = threading.Lock()
         self._next = 0
 
@@ -282,8 +278,5 @@ class _ConcurrentFits:
             if index >= len(self._param_maps):
                 raise StopIteration
             self._next += 1
-        params = dict(self._param_maps[index])
-        if self._workers is not None and not any(param.name == "numWorkers" for param in params):
-            params[self._estimator.numWorkers] = self._workers
         with labelled(f"model {index + 1}/{len(self._param_maps)}"):
-            return index, self._estimator.fit(self._dataset, params)
+            return index, self._estimator.fit(self._dataset, self._param_maps[index])

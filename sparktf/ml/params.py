@@ -131,6 +131,12 @@ class EstimatorParams(ColumnParams):
         Params._dummy(), "numWorkers", "training tasks (default: the SparkContext's default parallelism)",
         typeConverter=_optional_positive_int,
     )
+    trialParallelism = Param(
+        Params._dummy(), "trialParallelism",
+        "how many of fitMultiple's models train at once (a validator's parallelism): with numWorkers unset, "
+        "each trains on the task slots // trialParallelism workers",
+        typeConverter=TypeConverters.toInt,
+    )
     validationFraction = Param(
         Params._dummy(), "validationFraction",
         "the share of rows held out for validation after every epoch (val_* in history); 0: none",
@@ -190,6 +196,12 @@ class EstimatorParams(ColumnParams):
 
     def setNumWorkers(self, value: Any) -> Any:
         return self._set(numWorkers=value)
+
+    def getTrialParallelism(self) -> int:
+        return self.getOrDefault(self.trialParallelism)
+
+    def setTrialParallelism(self, value: Any) -> Any:
+        return self._set(trialParallelism=value)
 
     def getValidationFraction(self) -> float:
         return self.getOrDefault(self.validationFraction)
