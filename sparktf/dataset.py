@@ -17,7 +17,7 @@ import numpy as np
 from pyspark import RDD
 from pyspark.sql import DataFrame
 
-from sparktf.data import arrow_io, specs, tfrecord_files, tfrecord_io, weights
+from sparktf.data import arrow_io, specs, tfrecord_files, tfrecord_io, sample_weights
 from sparktf.data.block_dataset import UNSET as _UNSET
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.block_sets import BlockSet
@@ -242,7 +242,7 @@ class TFDataset(BlockDataset):
         feature_spec, label_spec = packed[0], (packed[1] if len(packed) == 2 else None)
         weight_spec = _weight_spec(sample_weight is not None, label_spec, "sample_weight")
         if weight_spec is not None:
-            element = (*element, weights.weight_column(sample_weight, len(arrays[0])))
+            element = (*element, sample_weights.weight_column(sample_weight, len(arrays[0])))
         record_format = RecordFormat.from_specs(feature_spec, label_spec, weight_spec)
         train_blocks, train_counts = ndarray_blocks(session, record_format, element, "tensors", partitions)
         val_blocks = val_counts = None
@@ -398,8 +398,9 @@ class TFDataset(BlockDataset):
         session = current_session()
         feature_spec, label_spec, weight_spec = tfrecord_io.trace_parse_fn(parse_fn)
         record_format = RecordFormat.from_specs(feature_spec, label_spec, weight_spec)
-        reader = weights.checked_maker(tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(session.conf)),
-                                       record_format.has_weights, "parse_fn's sample_weight")
+        reader = sample_weights.checked_maker(
+            tfrecord_io.TFRecordReader(parse_fn, record_format, gpu_plan(session.conf)), record_format.has_weights,
+            "parse_fn's sample_weight")
 
         def file_blocks(files: List[str], name: str) -> BlockSet:
             return item_partitions(session, files).map_partitions(reader, f"{name} TFRecords", cache)
@@ -470,7 +471,7 @@ def _weight_spec(weighted: bool, labels: Any, option: str) -> Any:
     if labels is None:
         raise DataError(f"{option} needs labels: sample weights weight each record's loss against its labels. "
                         "Give the labels too, or drop the weights")
-    return weights.weight_spec()
+    return sample_weights.weight_spec()
 
 
 def _validation_weights(val_tensors: Any, label_spec: Any) -> tuple:
@@ -478,5 +479,6 @@ def _validation_weights(val_tensors: Any, label_spec: Any) -> tuple:
     if isinstance(val_tensors, tuple) and not hasattr(val_tensors, "_fields") and len(val_tensors) == 3:
         x, y, sample_weight = val_tensors
         spec = _weight_spec(True, label_spec, "val_tensors' weights (x, y, weights)")
-        return (x, y, weights.weight_column(sample_weight, len(specs.flatten(x)[0]), "val_tensors' weights")), spec
+        weights = sample_weights.weight_column(sample_weight, len(specs.flatten(x)[0]), "val_tensors' weights")
+        return (x, y, weights), spec
     return tensors_element(val_tensors, "val_tensors"), None

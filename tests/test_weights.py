@@ -9,9 +9,9 @@ from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_
 
 from sparktf.data.columnar import RecordFormat
 from sparktf.data.tfrecord_io import trace_parse_fn
-from sparktf.data.weights import WeightChecked, weight_column, weight_spec
+from sparktf.data.sample_weights import WeightChecked, weight_column, weight_spec
 from sparktf.errors import DataError
-from sparktf.training.weights import batch_parts, class_weights
+from sparktf.training.class_weights import batch_parts, class_weights
 
 CLASS_WEIGHT = {0: 0.5, 1: 2.0, 2: 3.0}
 
@@ -48,7 +48,9 @@ def test_class_weight_errors_name_the_problem():
     model, labels = one_output_model(), tf.TensorSpec([], tf.int32)
     for bad, message in [([0.5, 2.0], "must be a non-empty dict"), ({}, "must be a non-empty dict"),
                          ({"cat": 1.0}, "key 'cat' is not a class index"), ({-1: 1.0}, "key -1 is not"),
-                         ({0: -1.0}, r"class_weight\[0\] = -1.0"), ({0: float("nan")}, "finite number")]:
+                         ({0: -1.0}, r"class_weight\[0\]: class weight -1.0 is negative"),
+                        ({0: float("nan")}, "class weight nan is not finite; every class weight must be a finite"),
+                        ({0: "2"}, r"class_weight\[0\] = '2': a class weight is a finite number")]:
         with pytest.raises(DataError, match=message):
             class_weights(bad, model, labels)
     inputs = keras.Input((2,))

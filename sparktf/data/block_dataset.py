@@ -47,7 +47,7 @@ class BlockDataset:
         is ``None`` for a dataset without labels.
     weight_spec : tf.TensorSpec, optional
         The spec of one record's sample weight (a scalar), for a dataset whose
-        records carry one (see :mod:`sparktf.data.weights`); needs labels.
+        records carry one (see :mod:`sparktf.data.sample_weights`); needs labels.
     batch_size : int
         Global training batch, or -1 when unset.
     batch_per_thread : int

@@ -47,8 +47,9 @@ def check_weight_spec(spec: Any, source: str) -> Any:
     return spec
 
 
-def check_weights(weights: Any, where: Callable[[int], str]) -> None:
-    """Refuse a negative or non-finite weight in ``weights`` (one per record).
+def check_weights(weights: Any, where: Callable[[int], str], kind: str = "sample weight") -> None:
+    """Refuse a negative or non-finite weight in ``weights`` (one per record, or per class): sparktf's one check
+    of a weight's value.
 
     Parameters
     ----------
@@ -57,6 +58,8 @@ def check_weights(weights: Any, where: Callable[[int], str]) -> None:
     where : callable
         ``where(i)``: where record ``i`` of ``weights`` comes from, e.g.
         ``"partition 3, record 17"``.
+    kind : str
+        What the weights are, for the message (``"class weight"``).
 
     Raises
     ------
@@ -69,9 +72,8 @@ def check_weights(weights: Any, where: Callable[[int], str]) -> None:
         index = int(np.argmax(bad))
         value = float(values[index])
         raise DataError(
-            f"{where(index)}: sample weight {value!r} is {'negative' if value < 0 else 'not finite'}; "
-            "every sample weight must be a finite number >= 0. Fix or filter these records (0 gives a record "
-            "no weight)"
+            f"{where(index)}: {kind} {value!r} is {'negative' if value < 0 else 'not finite'}; "
+            f"every {kind} must be a finite number >= 0 (0 gives no weight). Fix or filter these records"
         )
 
 

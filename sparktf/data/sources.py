@@ -22,7 +22,7 @@ from sparktf.data.block_sets import BlockSet, RddBlockSet
 from sparktf.data.columnar import RecordFormat, to_leaf_column
 from sparktf.data.driver_blocks import cached_driver_blocks, driver_partitions
 from sparktf.data.frame_blocks import EncodedBlocks, FrameBlockSet, encoded_frame
-from sparktf.data.weights import checked_maker
+from sparktf.data.sample_weights import checked_maker
 from sparktf.errors import DataError
 
 __all__ = [

@@ -11,7 +11,7 @@ import tensorflow as tf
 from sparktf.data import specs
 from sparktf.data.columnar import Block, RecordFormat, records_per_block, to_leaf_column
 from sparktf.data.tfrecord_files import record_dataset, reads_natively
-from sparktf.data.weights import check_weight_spec
+from sparktf.data.sample_weights import check_weight_spec
 from sparktf.errors import DataError
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value

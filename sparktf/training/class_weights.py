@@ -20,7 +20,6 @@ This module runs on executors: it never imports driver-only modules.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
@@ -28,6 +27,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from sparktf.data.specs import flatten, pack
+from sparktf.data.sample_weights import check_weights
 from sparktf.errors import DataError
 
 __all__ = ["ClassWeights", "class_weights", "batch_parts"]
@@ -103,8 +103,9 @@ def class_weights(class_weight: Any, model: Any, label_spec: Any) -> Optional[Cl
     for key, value in class_weight.items():
         if isinstance(key, bool) or not isinstance(key, numbers.Integral) or key < 0:
             raise DataError(f"class_weight key {key!r} is not a class index (an int >= 0); e.g. {{0: 1.0, 1: 5.0}}")
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise DataError(f"class_weight[{key!r}] = {value!r}: a class weight is a finite number >= 0")
+        check_weights([value], lambda _: f"class_weight[{key!r}]", "class weight")
     outputs = getattr(model, "outputs", None) or []
     if len(outputs) > 1 or (label_spec is not None and len(flatten(label_spec)) > 1):
         raise DataError(
