@@ -15,17 +15,20 @@ $(PY):
 # One TensorFlow per environment: a .venv made with the former [cpu] extra holds tensorflow-cpu
 # beside tensorflow (both write site-packages/tensorflow), so both go before the install.
 # The demo needs sparktf and what it requires, nothing more; the suite adds the test extra.
+# An editable install of a folder named like its package makes setuptools warn that such a folder in the
+# working directory may shadow the package: here it IS the package (its source), so the warning is hidden.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 $(STAMP): $(PY) setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	@if $(PY) -m pip show --quiet tensorflow-cpu >/dev/null 2>&1; then \
 	  echo "removing tensorflow-cpu and tensorflow from $(VENV) (two TensorFlows; tensorflow is installed again)"; \
 	  $(PY) -m pip uninstall --quiet --yes tensorflow-cpu tensorflow; \
 	fi
-	$(PY) -m pip install --quiet -e .
+	$(EDITABLE) $(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(EDITABLE) $(PY) -m pip install --quiet -e ".[test]"
 	touch $(TEST_STAMP)
 
 check-java:
@@ -54,7 +57,7 @@ SPARK35_TESTS := tests/test_readme.py \
 test-spark35: check-java
 	test -x $(SPARK35_VENV)/bin/python || $(PYTHON) -m venv $(SPARK35_VENV)
 	$(SPARK35_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(SPARK35_VENV)/bin/python -m pip install --quiet -e . "pyspark>=3.5,<3.6" "pytest>=7" "pytest-timeout>=2"
+	$(EDITABLE) $(SPARK35_VENV)/bin/python -m pip install --quiet -e . "pyspark>=3.5,<3.6" "pytest>=7" "pytest-timeout>=2"
 	$(SPARK35_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SPARK35_TESTS)
 
 docs: $(TEST_STAMP)
