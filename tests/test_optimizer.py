@@ -414,3 +414,21 @@ def test_concurrent_calls_overlap_and_a_third_waits_its_turn_for_slots(spark, tm
     assert planner.held() == 0
     printed = capsys.readouterr().out
     assert "[a] Epoch 25 - " in printed and "[c] Epoch 25 - " in printed  # labelled lines, no bars
+
+
+def test_an_update_without_tables_is_compiled_only_after_enough_steps_and_trains_the_same(monkeypatch):
+    from sparktf.training import step as step_module
+    from sparktf.training.gradient_exchange import GradientExchange
+
+    monkeypatch.setattr(step_module, "COMPILE_AFTER_UPDATES", 2)
+    x, y = regression_data(8)
+    reference, trained = nonlinear_model(), nonlinear_model()
+    trained.set_weights(reference.get_weights())
+    train_step = step_module.TrainStep(trained)
+    for _ in range(4):
+        reference.train_on_batch(x, y)
+        train_step.run(x, y, GradientExchange())
+    # two updates as TensorFlow ops, then the XLA-compiled one: a short job never pays the compile
+    assert sorted(compiled for _, compiled in train_step._update_fns) == [False, True]
+    for got, want in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)

@@ -45,6 +45,8 @@ from sparktf.training.metric_state import (build_metrics, metric_results, metric
 __all__ = ["GradientClipping", "StepResult", "TrainStep"]
 
 _LOG = logging.getLogger("sparktf.training")
+#: Updates of a model without tables a process applies before it XLA-compiles the update.
+COMPILE_AFTER_UPDATES = 32
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ class TrainStep:
         self.metric_names: List[str] = []
         self._exchange_call: Optional[_ExchangeCall] = None  # the running step's
         self._layout: Optional[GradientLayout] = None  # known once the step is traced
-        self._update_fns: dict = {}  # by the positions of the gradients that travel as rows
+        self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
+        self._updates = 0  # applied in this process, warm-up included
         # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
         # scaled float32 gradients are exchanged, and its apply() unscales them, skips a
         # non-finite step (identically on every rank: all hold the same sum) and adjusts the scale
@@ -213,6 +216,7 @@ class TrainStep:
         loss, learning_rate, finite, *metrics = outcome.numpy().tolist()
         if finite:  # never apply an update that would poison the weights
             self._update_function(self._layout)(update, sparse)
+            self._updates += 1
         return StepResult(loss, learning_rate, bool(finite), tuple(metrics))
 
     def _build_metric_state(self, features: Any, labels: Any) -> None:
@@ -278,11 +282,19 @@ class TrainStep:
         the update without running it. Rows change in number at every step:
         they reach the compiled update as ``update_form`` says (the dense
         gradient, or rows padded to a few shapes), or as they are through
-        TensorFlow ops.
+        TensorFlow ops. A model without tables is compiled only once this
+        process has applied :data:`COMPILE_AFTER_UPDATES` of its updates:
+        the compile costs seconds on a large model, which only a long job
+        repays.
         """
-        key = tuple(table.position for table in layout.sparse)
-        if key in self._update_fns:
-            return self._update_fns[key]
+        compile_now = bool(layout.sparse) or self._updates >= COMPILE_AFTER_UPDATES
+        key = (tuple(table.position for table in layout.sparse), compile_now)
+        if key not in self._update_fns:
+            self._update_fns[key] = self._built_update(layout, compile_now)
+        return self._update_fns[key]
+
+    def _built_update(self, layout: GradientLayout, compile_now: bool) -> Any:
+        """The update as TensorFlow ops, or (``compile_now``) XLA-compiled where ``update_form`` and XLA allow."""
         fused = tf.TensorSpec([layout.gradient_size + 1], tf.float32)
         rows = [tf.IndexedSlicesSpec(table.shape, tf.float32, tf.int64, tf.int64, [None]) for table in layout.sparse]
 
@@ -291,7 +303,7 @@ class TrainStep:
 
         function = tf.function(update, input_signature=[fused, rows], autograph=False)
         form = update_form(self.optimizer) if layout.sparse else "dense"
-        if form != "rows":
+        if form != "rows" and compile_now:
             dense = form == "dense"
             specs = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse] if dense else rows
             compiled = tf.function(update, input_signature=[fused, specs], jit_compile=True, autograph=False)
@@ -301,7 +313,6 @@ class TrainStep:
                         tf.convert_to_tensor(slices) if dense else padded_rows(slices, table.rows)
                         for slices, table in zip(sparse, layout.sparse)]),
                     input_signature=[fused, rows], autograph=False)
-        self._update_fns[key] = function
         return function
 
     def _update(self, layout: GradientLayout, fused: tf.Tensor, sparse: List[tf.IndexedSlices]) -> tf.Tensor:
