@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 
 _MAX_PEER_CHARS = 1024
-_MAX_PHASE_CHARS = 64  # "data_cache", "warm_up", "train", ...: a name, not a message
+_MAX_PHASE_NAME_CHARS = 64  # "data_cache", "warm_up", "train", ...: a name, not a message
 _MAX_BATCH_NAMES = 256  # the values of one iteration: the loss and the metrics
 _MAX_NAME_CHARS = 256
 _MAX_BATCHES_PER_REPORT = 4096  # a heartbeat sends far fewer (channel_client.MAX_REPORTED_BATCHES)
@@ -252,7 +252,7 @@ class JobChannel:
         if op == "report":
             loss = header.get("loss")
             failure = header.get("failure")
-            self._record_report(rank, str(header["phase"])[:_MAX_PHASE_CHARS], int(header["iteration"]),
+            self._record_report(rank, str(header["phase"])[:_MAX_PHASE_NAME_CHARS], int(header["iteration"]),
                                 None if loss is None else float(loss),
                                 None if failure is None else FailureRecord.from_wire(failure))
             if header.get("batches") is not None:
