@@ -33,7 +33,7 @@ def resnet101():
     before = [np.array(v) for v in model.weights]
     optimizer = TFOptimizer.from_keras(model, TFDataset.from_ndarrays((x, y), batch_size=8),
                                        model_dir=sys.argv[1])
-    history = optimizer.optimize(MaxIteration(2), checkpoint_trigger=SeveralIteration(1))
+    history = optimizer.optimize(MaxIteration(2), checkpoint_trigger=SeveralIteration(2))  # one segment
     changed = sum(not np.array_equal(a, np.array(v)) for a, v in zip(before, model.weights))
     driver = [np.array(v) for v in model.weights + model.optimizer.variables]
     state_mb = sum(a.nbytes for a in driver) / 2**20
