@@ -3,8 +3,8 @@
 A Connect client and a classic session do not share one process, so the
 client runs in a subprocess, twice: against a local Connect server
 (``SPARK_REMOTE=local[2]``) and against a Connect server over
-``local-cluster[2,1,1024]`` that the test starts with ``spark-submit`` and
-stops.
+``local-cluster[1,2,1024]`` (an executor of its own, with two cores) that the
+test starts with ``spark-submit`` and stops.
 """
 
 import contextlib
@@ -29,14 +29,14 @@ def client_env():
 
 @contextlib.contextmanager
 def connect_server(tmp_path):
-    """A Spark Connect server over ``local-cluster[2,1,1024]`` on 127.0.0.1; yields its ``sc://`` address."""
+    """A Spark Connect server over ``local-cluster[1,2,1024]`` on 127.0.0.1; yields its ``sc://`` address."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
     env = {**client_env(), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     command = [submit, "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-               "--master", "local-cluster[2,1,1024]", "--conf", f"spark.connect.grpc.binding.port={port}",
+               "--master", "local-cluster[1,2,1024]", "--conf", f"spark.connect.grpc.binding.port={port}",
                "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
                "--conf", "spark.ui.enabled=false", "--conf", f"spark.executorEnv.PYSPARK_PYTHON={sys.executable}",
                "spark-internal"]
