@@ -277,12 +277,12 @@ def main():
     spark = sparktf.init_spark(remote=remote, conf=None if remote else local_conf)
     result("session", module=type(spark).__module__, again=sparktf.init_spark() is spark)
 
-    train_case(spark, tmp)
     pipeline_case(spark, tmp, cross_validate=not remote)
     if remote:  # what a cluster runs differently (executors of their own), or only a cluster runs
         recover_case(tmp)
         cluster_case(spark)
-    else:  # the same code paths as on a server, run once
+    else:  # the same code paths as on a server (whose cases above train too), run once
+        train_case(spark, tmp)
         tfrecord_case(tmp)
         interrupt_case(tmp)
 
