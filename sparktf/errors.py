@@ -4,7 +4,7 @@ Every message names the offending thing (partition, record index, expected vs
 actual shape or dtype, worker rank) and says what to do about it.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Optional
 
 __all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone", "StorageError",
@@ -120,10 +120,11 @@ class FailureRecord:
         """The record of ``error``; its class is the nearest sparktf error class it derives from."""
         kind = next((klass.__name__ for klass in type(error).__mro__ if _KINDS.get(klass.__name__) is klass), _UNKNOWN)
         message = str(error) if kind != _UNKNOWN else f"{type(error).__name__}: {error}"
-        return cls(kind, message[:_MAX_MESSAGE_CHARS], bool(getattr(error, "transient", False)),
-                   getattr(error, "path", None) if kind == "StorageError" else None,
-                   getattr(error, "route", None) if kind == "StorageError" else None,
-                   int(getattr(error, "retries", 0) or 0) if kind == "StorageError" else 0, rank, shard)
+        record = cls(kind, message[:_MAX_MESSAGE_CHARS], rank=rank, shard=shard)
+        if isinstance(error, StorageError):
+            return replace(record, transient=error.transient, path=error.path, route=error.route,
+                           retries=error.retries)
+        return record
 
     @property
     def relaunch_helps(self) -> bool:

@@ -39,7 +39,6 @@ import numpy as np
 
 from sparktf.collective.auth import HandshakeError, server_handshake
 from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_message
-from sparktf.errors import FailureRecord
 from sparktf.collective.rendezvous import (
     HANDSHAKE_SECONDS,
     MAX_AUTHENTICATING,
@@ -49,6 +48,7 @@ from sparktf.collective.rendezvous import (
     format_peer,
     parse_peer,
 )
+from sparktf.errors import FailureRecord
 
 __all__ = ["JobChannel", "RankReport"]
 

@@ -25,8 +25,7 @@ import numpy as np
 from sparktf.collective.auth import HandshakeError, client_handshake
 from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_message
 from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, checked_claim, connect_before, parse_peer
-from sparktf.errors import CollectiveError
-from sparktf.errors import FailureRecord
+from sparktf.errors import CollectiveError, FailureRecord
 
 __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "start_heartbeat", "HEARTBEAT_SECONDS",
            "GUARD_GRACE_SECONDS", "MAX_REPORTED_BATCHES"]
@@ -154,7 +153,6 @@ class Heartbeat:
         self.phase = "start"
         self.iteration = 0
         self.loss: Optional[float] = None
-        self._failure: Optional[FailureRecord] = None
         self._batch_names: Tuple[str, ...] = ()
         self._batches: Deque[Tuple[int, List[float]]] = deque(maxlen=_MAX_QUEUED_BATCHES)
         self._per_report = MAX_REPORTED_BATCHES
@@ -200,19 +198,18 @@ class Heartbeat:
         self._thread.join(timeout=HANDSHAKE_SECONDS)
         if (final_phase is not None or failure is not None) and not self._thread.is_alive():
             self.phase = final_phase or self.phase
-            self._failure = failure
             try:
-                self._report()
+                self._report(failure)
             except (OSError, ValueError):  # the driver is gone: nobody is watching
                 pass
         self._client.close()
         self._wake.close()
         self._waker.close()
 
-    def _report(self) -> None:
+    def _report(self, failure: Optional[FailureRecord] = None) -> None:
         header = {"op": "report", "phase": self.phase, "iteration": int(self.iteration), "loss": self.loss}
-        if self._failure is not None:
-            header["failure"] = self._failure.to_wire()
+        if failure is not None:
+            header["failure"] = failure.to_wire()
         rows = [self._batches.popleft() for _ in range(min(self._per_report, len(self._batches)))]
         if rows:
             header["batches"] = {"first": rows[0][0], "names": list(self._batch_names),

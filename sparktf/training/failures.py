@@ -19,8 +19,7 @@ from typing import Iterator, Optional
 
 import tensorflow as tf
 
-from sparktf.errors import DataError, ModelError, SparkTFError
-from sparktf.errors import FailureRecord
+from sparktf.errors import DataError, FailureRecord, ModelError, SparkTFError
 from sparktf.models.batch_errors import essential_line
 
 __all__ = ["classified_failures", "deterministic_failure", "relaunch_helps"]

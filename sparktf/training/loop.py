@@ -62,8 +62,7 @@ from sparktf.models.cache import batch_mapper, cached, load_cached
 from sparktf.models.payload import payload_key
 from sparktf.training.checkpoint import ModelState
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
-from sparktf.errors import DataError, InternalError, ModelError, StorageError
-from sparktf.errors import FailureRecord
+from sparktf.errors import DataError, FailureRecord, InternalError, ModelError, StorageError
 from sparktf.training.failures import classified_failures
 from sparktf.training.state_source import StateSource
 from sparktf.training.gradient_exchange import GradientExchange, Traffic
