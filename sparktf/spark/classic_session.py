@@ -67,7 +67,8 @@ class ClassicSession(SessionKind):
 
     @property
     def conf(self) -> Any:
-        return self.sc.getConf()
+        # the context's own SparkConf: one py4j call per ``get`` (``getConf()`` copies every entry over py4j)
+        return self.sc._conf
 
     def setting(self, key: str, default: str) -> str:
         return self.sc.getLocalProperty(key) or self.conf.get(key, default)
