@@ -13,8 +13,9 @@ batch's metric states), called from the graph through
 ``tf.numpy_function``. Then, only if every global gradient and the loss are
 finite, the update: clipping of the global gradient and ``optimizer.apply``
 (which advances ``optimizer.iterations`` and with it any learning-rate
-schedule), a call of its own once the step has let go of the weights it
-read, XLA-compiled where XLA can compile it (rows in the form
+schedule), XLA-compiled where XLA can compile it. A model without tables
+updates inside the step; a model with tables in a call of its own, once the
+step has let go of the tables it read (rows in the form
 :mod:`sparktf.training.update_form` finds for the optimizer). Every worker
 applies the same global gradient to the same weights, so the weights stay
 identical everywhere. Like Keras' own train function, the step is traced
@@ -107,7 +108,7 @@ class StepResult:
 
 
 class TrainStep:
-    """Gradients and external exchange of a compiled Keras model in one graph call, then its update in another.
+    """Gradients, external exchange and update of a compiled Keras model in one graph call (tables: two calls).
 
     Parameters
     ----------
@@ -131,7 +132,9 @@ class TrainStep:
         self.metric_names: List[str] = []
         self._exchange_call: Optional[_ExchangeCall] = None  # the running step's
         self._layout: Optional[GradientLayout] = None  # known once the step is traced
-        self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
+        self._table_updates: dict = {}  # a model with tables: its update, by the positions of the tables
+        self._compiled_update: Any = None  # a model without tables: the XLA branch of the step's update
+        self._take_compiled = tf.Variable(False, trainable=False)  # ... taken from now on
         self._updates = 0  # applied in this process, warm-up included
         # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
         # scaled float32 gradients are exchanged, and its apply() unscales them, skips a
@@ -208,16 +211,24 @@ class TrainStep:
             self._weight.assign(weight)
             self._weight_value = weight
         try:
-            outcome, update, sparse = self._step_fn(features, labels, sample_weight)
+            outcome, table_update = self._step_fn(features, labels, sample_weight)
         except tf.errors.OpError:
             if call.error is not None:  # the exchange's, not the model's: sparktf's own error
                 raise exchange_failure(call.error) from call.error
             raise
         loss, learning_rate, finite, *metrics = outcome.numpy().tolist()
         if finite:  # never apply an update that would poison the weights
-            self._update_function(self._layout)(update, sparse)
+            if table_update is not None:
+                self._table_update(self._layout)(*table_update)
             self._updates += 1
+            if self._updates == COMPILE_AFTER_UPDATES and self._compiled_update is not None:
+                self._take_compiled.assign(_compiles(self._compiled_update, self._layout, dense=True))
         return StepResult(loss, learning_rate, bool(finite), tuple(metrics))
+
+    @property
+    def update_is_compiled(self) -> bool:
+        """Whether the next update runs XLA-compiled (a model with tables: always, where XLA can compile it)."""
+        return bool(self._layout and self._layout.sparse) or bool(self._take_compiled.numpy())
 
     def _build_metric_state(self, features: Any, labels: Any) -> None:
         """The compiled metrics' variables (built from this batch), their epoch sum, their result names."""
@@ -229,8 +240,9 @@ class TrainStep:
         self._metric_sizes = [int(np.prod(v.shape, dtype=np.int64)) for v in self._metric_variables]
         self._metric_state = tf.Variable(tf.zeros([sum(self._metric_sizes)], tf.float64), trainable=False)
 
-    def _step(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[tf.Tensor, tf.Tensor, list]:
-        """``(loss, learning rate, finite, metrics)``, the dense global gradients and loss, the sparse ones."""
+    def _step(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[tf.Tensor, Optional[tuple]]:
+        """``(loss, learning rate, finite, metrics)``, and for a model with tables the update its own call applies
+        (the dense global gradients and loss, the rows); None when the step applied it."""
         for metric in self._metrics:  # the states of this batch alone
             metric.reset_state()
         gradients, loss, predictions = self._gradients_and_loss(features, labels, sample_weight)
@@ -250,7 +262,30 @@ class TrainStep:
         outcome = tf.stack([loss, learning_rate, tf.cast(finite, tf.float32)])
         if self._metrics:
             outcome = tf.concat([outcome, self._epoch_metrics(fused[layout.gradient_size + 1 :])], axis=0)
-        return outcome, update, sparse
+        if layout.sparse:
+            return outcome, (update, sparse)
+        with tf.control_dependencies([self._applied_in_step(layout, update, finite)]):
+            return tf.identity(outcome), None
+
+    def _applied_in_step(self, layout: GradientLayout, update: tf.Tensor, finite: tf.Tensor) -> tf.Tensor:
+        """The update of a model without tables, in the step's graph when ``finite``.
+
+        As TensorFlow ops until this process has applied
+        :data:`COMPILE_AFTER_UPDATES` updates, XLA-compiled from then on
+        where XLA can compile it (:meth:`run` then takes the compiled branch;
+        XLA compiles it when it first runs). The compile costs seconds on a
+        large model, which only a long job repays.
+        """
+        def apply(buffer: tf.Tensor, sparse: list) -> tf.Tensor:
+            return self._update(layout, buffer, sparse)
+
+        spec = [tf.TensorSpec([layout.gradient_size + 1], tf.float32), []]
+        plain = tf.function(apply, input_signature=spec, autograph=False)
+        self._compiled_update = compiled = tf.function(apply, input_signature=spec, jit_compile=True,
+                                                       autograph=False)
+        return tf.cond(finite, lambda: tf.cond(self._take_compiled, lambda: compiled(update, []),
+                                               lambda: plain(update, [])),
+                       lambda: tf.constant(False))
 
     def _epoch_metrics(self, global_states: tf.Tensor) -> tf.Tensor:
         """Add the global batch's metric states to the epoch's; the metrics' values on the sum, flat."""
@@ -271,30 +306,24 @@ class TrainStep:
             scaled = self.optimizer.scale_loss(loss) if self._loss_scaled else loss
         return tape.gradient(scaled, self.variables), loss, predictions
 
-    def _update_function(self, layout: GradientLayout) -> Any:
-        """The update for ``layout``'s global gradients as a ``tf.function``, XLA-compiled where XLA can compile it.
+    def _table_update(self, layout: GradientLayout) -> Any:
+        """The update of a model with tables as a ``tf.function`` of its own, XLA-compiled where XLA can compile it.
 
-        It runs as a call of its own after the step, once the step has let go
-        of the weights it read. XLA fuses the optimizer's element-wise ops
-        (2x faster on parameter-heavy models), and it updates a table's rows
-        without switching the table to copy-on-read (see
-        ``training.update_form``); lowering to HLO checks that it can compile
-        the update without running it. Rows change in number at every step:
-        they reach the compiled update as ``update_form`` says (the dense
-        gradient, or rows padded to a few shapes), or as they are through
-        TensorFlow ops. A model without tables is compiled only once this
-        process has applied :data:`COMPILE_AFTER_UPDATES` of its updates:
-        the compile costs seconds on a large model, which only a long job
-        repays.
+        It runs after the step, once the step has let go of the tables it
+        read. XLA updates a table's rows without switching the table to
+        copy-on-read (see ``training.update_form``); lowering to HLO checks
+        that it can compile the update without running it. Rows change in
+        number at every step: they reach the compiled update as
+        ``update_form`` says (the dense gradient, or rows padded to a few
+        shapes), or as they are through TensorFlow ops.
         """
-        compile_now = bool(layout.sparse) or self._updates >= COMPILE_AFTER_UPDATES
-        key = (tuple(table.position for table in layout.sparse), compile_now)
-        if key not in self._update_fns:
-            self._update_fns[key] = self._built_update(layout, compile_now)
-        return self._update_fns[key]
+        key = tuple(table.position for table in layout.sparse)
+        if key not in self._table_updates:
+            self._table_updates[key] = self._built_table_update(layout)
+        return self._table_updates[key]
 
-    def _built_update(self, layout: GradientLayout, compile_now: bool) -> Any:
-        """The update as TensorFlow ops, or (``compile_now``) XLA-compiled where ``update_form`` and XLA allow."""
+    def _built_table_update(self, layout: GradientLayout) -> Any:
+        """The update as TensorFlow ops, or XLA-compiled where ``update_form`` and XLA allow."""
         fused = tf.TensorSpec([layout.gradient_size + 1], tf.float32)
         rows = [tf.IndexedSlicesSpec(table.shape, tf.float32, tf.int64, tf.int64, [None]) for table in layout.sparse]
 
@@ -302,13 +331,13 @@ class TrainStep:
             return self._update(layout, buffer, sparse)
 
         function = tf.function(update, input_signature=[fused, rows], autograph=False)
-        form = update_form(self.optimizer) if layout.sparse else "dense"
-        if form != "rows" and compile_now:
+        form = update_form(self.optimizer)
+        if form != "rows":
             dense = form == "dense"
             specs = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse] if dense else rows
             compiled = tf.function(update, input_signature=[fused, specs], jit_compile=True, autograph=False)
             if _compiles(compiled, layout, dense):
-                function = compiled if not layout.sparse else tf.function(
+                function = tf.function(
                     lambda buffer, sparse: compiled(buffer, [
                         tf.convert_to_tensor(slices) if dense else padded_rows(slices, table.rows)
                         for slices, table in zip(sparse, layout.sparse)]),
