@@ -120,6 +120,13 @@ def test_a_worker_failure_is_relaunched_and_ends_like_an_uninterrupted_run(resul
     assert recover["marker"] and recover["difference"] < 1e-5
 
 
+def test_two_optimize_calls_from_client_threads_train_at_once_one_on_a_sparse_vector_column(results):
+    concurrent = case_of(results, "concurrent")
+    assert concurrent["errors"] == {"sparse": [None, ""], "dense": [None, ""]}
+    assert concurrent["iterations"] == {"sparse": 8, "dense": 8}
+    assert concurrent["difference"] < 1e-5  # the sparse column trains as its dense twin
+
+
 def test_tfrecord_files_train_and_evaluate_in_both_cache_modes(results):
     for cache in ("True", "False"):
         records, iterations, evaluated, local = case_of(results, "tfrecord")[cache]

@@ -28,6 +28,8 @@ import numpy as np
 import keras
 from sparktf import MaxIteration, TFDataset, TFOptimizer, TFPredictor
 from sparktf.errors import SparkTFError
+from sparktf.spark.sessions import session_kind
+from sparktf.spark.session_state import session_state
 
 script, RECORDS = sys.argv[1], sys.argv[2]
 conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false",
@@ -93,7 +95,11 @@ scored = stage("predict_df_2gpus", lambda: TFPredictor.from_keras(model(), data)
 stage("predict_half", lambda: TFPredictor.from_keras(model(), data).predict_dataframe(
     frame, "features", resource_profile={"gpus": 0.5}).count())
 two_gpus = TFOptimizer.from_keras(model(), data, num_workers=1, resource_profile={"gpus": 2})
-stage("train_2gpus", lambda: two_gpus.optimize(MaxIteration(1), verbose=0))
+planner, held = session_state(session_kind(session)).planner, []
+watch = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: held.append(
+    (planner.held(two_gpus.resource_profile), planner.held())))
+stage("train_2gpus", lambda: two_gpus.optimize(MaxIteration(1), callbacks=[watch], verbose=0))
+print("HELD:", held, planner.held(two_gpus.resource_profile))
 try:
     TFOptimizer.from_keras(model(), data, num_workers=2, resource_profile={"gpus": 2}).optimize(MaxIteration(1))
 except SparkTFError as error:
@@ -145,5 +151,7 @@ def test_each_task_runs_tensorflow_on_its_own_spark_gpus(tmp_path):
     assert by_label["predict_half"] and all(r["growth"] == "true" and len(r["task"]) == 1
                                             for r in by_label["predict_half"])
     assert all(record["growth"] is None for label in ("train", "predict") for record in by_label[label])
+    # slot planning: the call held its one slot under its profile, none of the defaults', and gave it back
+    assert "HELD: [(1, 0)] 0" in output, output[-2000:]
     assert re.search(r"SLOTS: num_workers=2 .*\(of 1 in total, for resource profile \d+ \(task: [^)]*2 gpu", output), \
         output[-2000:]

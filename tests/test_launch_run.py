@@ -84,6 +84,28 @@ def test_run_twice_in_one_session_uses_fresh_processes(sc):
     assert first["pid"] != second["pid"] and _ended(first["pid"])
 
 
+def _meet(markers, ctx):
+    """Leave this run's marker, then wait (bounded) for the other run's: True only if both ran at once."""
+    mine, partner = markers
+    Path(mine).touch()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(partner) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"met": os.path.exists(partner), "pid": os.getpid(), "cluster": ctx.cluster_spec["worker"]}
+
+
+def test_two_concurrent_runs_each_get_a_slot_and_a_cluster_of_their_own(sc, tmp_path):
+    from concurrent_calls import in_threads
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    threads, outcomes = in_threads({"a": lambda: sparktf.run(_meet, args=(a, b), num_workers=1, timeout=120),
+                                    "b": lambda: sparktf.run(_meet, args=(b, a), num_workers=1, timeout=120)})
+    for thread in threads:
+        thread.join(180)
+    assert all(isinstance(outcomes.get(name), dict) and outcomes[name]["met"] for name in "ab"), outcomes
+    assert outcomes["a"]["pid"] != outcomes["b"]["pid"] and outcomes["a"]["cluster"] != outcomes["b"]["cluster"]
+
+
 def _await_driver_then_report(go_file, ctx):
     if ctx.worker_num == 0:
         print("waiting for the driver to see this line", flush=True)

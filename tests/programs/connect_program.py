@@ -9,7 +9,8 @@ only), ``recover`` (from_ndarrays, a worker failure relaunched, against an
 uninterrupted run; server only), ``cluster`` (server only:
 ``resource_profile`` and ``min_workers``), ``tfrecord`` (from_tfrecord_file
 in both cache modes; local only), ``interrupt`` (Ctrl-C while training
-cancels its job; local only), ``run`` (sparktf.run's result and its
+cancels its job; local only), ``concurrent`` (two optimize calls from threads, one on a
+``SparseVector`` column; local only), ``run`` (sparktf.run's result and its
 children's lines), then, local only (what the client checks whatever the
 server), ``run_failure``, ``slots`` (too many workers fails at once),
 ``rdd_only`` (the errors of what needs RDDs) and ``driver_host`` (an address
@@ -210,6 +211,43 @@ def cluster_case(spark):
            local=model.evaluate(x, y, verbose=0, return_dict=True)["loss"])
 
 
+def concurrent_case(spark):
+    """Two optimize calls from threads of this client, both in flight at once (each waits at its first epoch's
+    end for the other's): one on a ``SparseVector`` column, one on the same rows as an array column."""
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql.types import FloatType, StructField, StructType
+
+    x, y = regression_data(64, 8)
+    x[x < 0.3] = 0.0  # zeros a sparse vector leaves out
+    sparse = spark.createDataFrame(
+        [(Vectors.sparse(4, {i: float(v) for i, v in enumerate(row) if v}), float(label)) for row, label in zip(x, y)],
+        StructType([StructField("features", VectorUDT()), StructField("label", FloatType())]))
+    frames = {"sparse": sparse, "dense": frame(spark, x, y)}
+    initial, met = linear_model().get_weights(), threading.Barrier(2, timeout=120)
+    models, iterations = {}, {}
+
+    def train(name):
+        models[name] = model = linear_model()
+        model.set_weights(initial)
+        dataset = TFDataset.from_dataframe(frames[name], "features", "label", batch_size=16, shuffle=False)
+        meet = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: epoch or met.wait())
+        history = TFOptimizer.from_keras(model, dataset, num_workers=1).optimize(MaxEpoch(2), callbacks=[meet],
+                                                                                 verbose=0)
+        iterations[name] = history["iterations"]
+
+    outcomes = {}
+    threads = [threading.Thread(target=lambda n=name: outcomes.update({n: error_of(lambda: train(n))}))
+               for name in frames]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    result("concurrent", errors={name: outcome[:2] for name, outcome in outcomes.items()},
+           iterations=iterations,
+           difference=max(float(np.max(np.abs(a - b)))
+                          for a, b in zip(models["sparse"].get_weights(), models["dense"].get_weights())))
+
+
 def write_records(path, x, y):
     with tf.io.TFRecordWriter(path) as writer:
         for row, label in zip(x, y):
@@ -283,6 +321,7 @@ def main():
         cluster_case(spark)
     else:  # the same code paths as on a server (whose cases above train too), run once
         train_case(spark, tmp)
+        concurrent_case(spark)
         tfrecord_case(tmp)
         interrupt_case(tmp)
 
