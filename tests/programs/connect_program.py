@@ -229,7 +229,8 @@ def concurrent_case(spark):
     def train(name):
         models[name] = model = linear_model()
         model.set_weights(initial)
-        dataset = TFDataset.from_dataframe(frames[name], "features", "label", batch_size=16, shuffle=False)
+        # whole-data batches: the rows' order, which Spark does not keep, does not matter
+        dataset = TFDataset.from_dataframe(frames[name], "features", "label", batch_size=64)
         meet = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: epoch or met.wait())
         history = TFOptimizer.from_keras(model, dataset, num_workers=1).optimize(MaxEpoch(2), callbacks=[meet],
                                                                                  verbose=0)
