@@ -49,6 +49,8 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
+    if name == "optimizers":  # a subpackage: sparktf.optimizers.LazyAdam without importing it first
+        return importlib.import_module("sparktf.optimizers")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'sparktf' has no attribute {name!r}")

@@ -21,6 +21,7 @@ from sparktf.training.preflight import (check_labels, check_membership, check_op
                                         compile_with_loss, recompile)
 from sparktf.training.run import RunRequest, RunSettings, RunState, TrainingRun, evaluate_model
 from sparktf.training.step import GradientClipping
+from sparktf.training.update_form import log_table_updates
 from sparktf.triggers import EveryEpoch, MaxEpoch, Trigger
 
 __all__ = ["TFOptimizer"]
@@ -105,6 +106,7 @@ class TFOptimizer:
         self.history: Any = None  # the last optimize call's keras.callbacks.History
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+        log_table_updates(model)
 
     # ------------------------------------------------------------------ factories
 

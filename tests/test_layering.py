@@ -19,6 +19,7 @@ LAYERS = {
     "sparktf.triggers": 0,
     "sparktf.context": 2,
     "sparktf.tf_startup": 0,
+    "sparktf.optimizers": 0,
     "sparktf.spark": 1,
     "sparktf.collective": 1,
     "sparktf.storage": 1,

@@ -17,7 +17,9 @@ import pytest
 
 from ring_harness import run_ranks
 
-OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "lazy_adam", "row_wise_adagrad")
+#: sparktf's optimizers for tables: their own row updates, which a dense gradient would not give
+ROW_OPTIMIZERS = ("lazy_adam", "row_wise_adagrad")
 
 
 def _lazy_momentum():
@@ -44,10 +46,14 @@ CLIP_NORM = 0.05
 def _optimizer(name):
     import keras
 
+    from sparktf.optimizers import LazyAdam, RowWiseAdagrad
+
     return {"sgd": lambda: keras.optimizers.SGD(0.5),
             "momentum": lambda: keras.optimizers.SGD(0.5, momentum=0.9),
             "adagrad": lambda: keras.optimizers.Adagrad(0.5),
-            "adam": lambda: keras.optimizers.Adam(0.05)}[name]()
+            "adam": lambda: keras.optimizers.Adam(0.05),
+            "lazy_adam": lambda: LazyAdam(0.05),
+            "row_wise_adagrad": lambda: RowWiseAdagrad(0.5)}[name]()
 
 
 def _model(optimizer, items, policy="float32"):
@@ -85,7 +91,8 @@ VARIANTS = {"adam": ("bf16", "mixed_float16"), "sgd": ("clip",)}
 
 def _cases():
     return [(name, repeats, variant) for repeats in (False, True) for name in OPTIMIZERS
-            for variant in (None, *(VARIANTS.get(name, ()) if repeats else ()))]
+            for variant in (None, *(VARIANTS.get(name, ()) if repeats else ()))
+            if repeats or name not in ROW_OPTIMIZERS]  # theirs: with repeats (fit: tests/test_sparse_kernels.py)
 
 
 def train_ranks(rank, peers, listener, secret):
@@ -112,7 +119,8 @@ def train_ranks(rank, peers, listener, secret):
 
 
 def _one_process(name, repeats, clip_norm=None):
-    """Weights after ``fit`` on the global batches (no repeats), or after applying the dense gradient."""
+    """Weights after ``fit`` on the global batches (no repeats), or after applying the dense gradient (the rows,
+    repeats included, for sparktf's row optimizers)."""
     import tensorflow as tf
 
     model = _model(name, ITEMS if repeats else 4 * GLOBAL_BATCH)
@@ -122,7 +130,9 @@ def _one_process(name, repeats, clip_norm=None):
             continue
         with tf.GradientTape() as tape:
             loss = model.compute_loss(features, labels, model(features, training=True))
-        gradients = [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+        gradients = tape.gradient(loss, model.trainable_variables)
+        if name not in ROW_OPTIMIZERS:
+            gradients = [tf.convert_to_tensor(g) for g in gradients]
         if clip_norm is not None:
             gradients, _ = tf.clip_by_global_norm(gradients, clip_norm)
         model.optimizer.apply(gradients, model.trainable_variables)
@@ -152,10 +162,14 @@ def test_two_ranks_end_with_one_process_weights(ranks_results, name, repeats, va
 def test_each_optimizer_gets_its_rows_in_the_form_that_updates_alike():
     import keras
 
+    from sparktf.optimizers import LazyAdam, RowWiseAdagrad
     from sparktf.training.update_form import update_form
 
     assert update_form(keras.optimizers.SGD(0.1)) == "padded"
-    assert update_form(keras.optimizers.Adagrad(0.1)) == "rows"  # a slot per row: see update_form
+    assert update_form(keras.optimizers.Adagrad(0.1)) == "kernel"  # a slot per row: the touched rows' update
+    assert update_form(LazyAdam(0.1)) == "kernel"
+    assert update_form(RowWiseAdagrad(0.1)) == "padded"  # one value per row, and a zero row changes nothing
+    assert update_form(keras.optimizers.Adagrad(0.1, clipnorm=1.0)) == "rows"  # clipping: Keras' own
     assert update_form(keras.optimizers.SGD(0.1, momentum=0.9)) == "dense"
     assert update_form(keras.optimizers.Adam(0.1)) == "dense"
     assert update_form(_lazy_momentum()(0.1, momentum=0.9)) == "rows"  # a zero row would decay its momentum: padding would not do

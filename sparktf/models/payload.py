@@ -26,6 +26,7 @@ Python worker process for the same content.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import pickle
 import sys
@@ -202,6 +203,8 @@ class ModelPayload:
             package this process cannot import, naming the extra to install.
         """
         import keras
+
+        importlib.import_module("sparktf.optimizers")  # registers sparktf>RowWiseAdagrad and sparktf>LazyAdam
 
         config = json.loads(self.config)
         rebuild.require_packages(config)

@@ -39,6 +39,7 @@ import tensorflow as tf
 from sparktf.errors import CollectiveError, InternalError, SparkTFError
 from sparktf.models.batch_errors import essential_line
 from sparktf.training.gradient_exchange import GradientExchange, GradientLayout
+from sparktf.training.sparse_kernels import apply_rows
 from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
@@ -330,8 +331,11 @@ class TrainStep:
         def update(buffer: tf.Tensor, sparse: list) -> tf.Tensor:
             return self._update(layout, buffer, sparse)
 
-        function = tf.function(update, input_signature=[fused, rows], autograph=False)
         form = update_form(self.optimizer)
+        if form == "kernel":  # the touched rows alone, with the optimizer's exact row update
+            return tf.function(lambda buffer, sparse: self._update(layout, buffer, sparse, row_kernels=True),
+                               input_signature=[fused, rows], autograph=False)
+        function = tf.function(update, input_signature=[fused, rows], autograph=False)
         if form != "rows":
             dense = form == "dense"
             specs = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse] if dense else rows
@@ -344,7 +348,10 @@ class TrainStep:
                     input_signature=[fused, rows], autograph=False)
         return function
 
-    def _update(self, layout: GradientLayout, fused: tf.Tensor, sparse: List[tf.IndexedSlices]) -> tf.Tensor:
+    def _update(self, layout: GradientLayout, fused: tf.Tensor, sparse: List[tf.IndexedSlices],
+                row_kernels: bool = False) -> tf.Tensor:
+        """Clip the global gradients and apply them: all through ``optimizer.apply``, or (``row_kernels``) each
+        table's rows through :func:`~sparktf.training.sparse_kernels.apply_rows` first, then the rest."""
         gradients = [_map_values(lambda v: tf.cast(v, variable.dtype), g)
                      for g, variable in zip(layout.gradients(fused[:-1], sparse), self.variables)]
         if not self._loss_scaled:
@@ -353,7 +360,17 @@ class TrainStep:
             scale = self.optimizer.scale_loss(tf.constant(1.0, tf.float32))
             unscaled = self.clipping.apply([_map_values(lambda v: v / scale, g) for g in gradients])
             gradients = [_map_values(lambda v: v * scale, g) for g in unscaled]
-        self.optimizer.apply(gradients, self.variables)
+        if not row_kernels:
+            self.optimizer.apply(gradients, self.variables)
+            return tf.constant(True)
+        tables = {table.position for table in layout.sparse}
+        for position in sorted(tables):  # before apply(), which advances iterations (the schedule's step)
+            apply_rows(self.optimizer, self.variables[position], gradients[position], unique_indices=True)
+        rest = [(g, v) for position, (g, v) in enumerate(zip(gradients, self.variables)) if position not in tables]
+        if rest:
+            self.optimizer.apply([g for g, _ in rest], [v for _, v in rest])
+        else:
+            self.optimizer.iterations.assign_add(1)
         return tf.constant(True)
 
 

@@ -16,14 +16,18 @@ that switch, but XLA compiles anew for every number of rows. So, by what
   changes nothing (SGD): its update is a row update alone, so the rows are
   padded with zero rows of untouched indices to the next power of two
   (:func:`padded_rows`) and the compiled update sees a handful of shapes;
+* ``"kernel"``: an optimizer that keeps a slot per row and whose exact
+  update touches only the rows present (Keras' Adagrad,
+  :class:`~sparktf.optimizers.LazyAdam`): its row update in TensorFlow ops
+  (:mod:`sparktf.training.sparse_kernels`). Keras' own Adagrad computes its
+  denominator over the whole accumulator at every step (120-130 ms on a
+  2^20 x 16 table, against 2-6 ms for the touched rows), and XLA's row
+  updates on CPU are slower than TensorFlow's;
 * ``"rows"``: anything else (or an optimizer that cannot be copied from its
-  config) gets the ``tf.IndexedSlices`` as Keras would pass them. Keras'
-  Adagrad, say, computes its denominator over the whole accumulator at
-  every step, and XLA's row updates on CPU are slower than TensorFlow's:
-  measured on Wide & Deep's 2^20 x 16 table, compiled and padded cost more
-  than the table's copy on read.
+  config) gets the ``tf.IndexedSlices`` as Keras would pass them.
 
 Each form gives the update Keras' own ``optimizer.apply`` of the rows would.
+:func:`log_table_updates` says on the driver which one each table gets.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from typing import Any, List, Tuple
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["MIN_PADDED_ROWS", "padded_rows", "update_form"]
+from sparktf.training.sparse_kernels import kernel_description, sparse_kernel
+
+__all__ = ["MIN_PADDED_ROWS", "log_table_updates", "padded_rows", "update_form"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +50,16 @@ _SHAPE = (4, 3)
 _STEPS = ((0, 0.5), (1, 1.5), (2, 2.5))  # (row, value): each step touches one row
 
 
+_FORM_WORDS = {
+    "dense": "as a dense gradient, XLA-compiled (the optimizer moves every row, as Keras' own update does)",
+    "padded": "as its rows padded to a few shapes, XLA-compiled (touched rows only)",
+    "rows": "as rows, by Keras' own update",
+}
+
+
 def update_form(optimizer: Any) -> str:
-    """``"dense"``, ``"padded"`` or ``"rows"``: how ``optimizer`` gets a table's rows (see the module docstring)."""
+    """``"dense"``, ``"padded"``, ``"kernel"`` or ``"rows"``: how ``optimizer`` gets a table's rows (see the
+    module docstring)."""
     try:
         sliced = _probe(optimizer, lambda row, value: _slices([(row, value)]))
         dense = _probe(optimizer, lambda row, value: tf.convert_to_tensor(_slices([(row, value)])))
@@ -62,7 +76,21 @@ def update_form(optimizer: Any) -> str:
     row_slots = any(slot.shape == _SHAPE for slot in last[1:])
     if not moved and not row_slots and all(np.array_equal(a, b) for a, b in zip(last, padded_last)):
         return "padded"
-    return "rows"
+    return "kernel" if sparse_kernel(optimizer) is not None else "rows"
+
+
+def log_table_updates(model: Any) -> None:
+    """Log at INFO, once, how ``model``'s optimizer updates each ``Embedding`` table (nothing without tables)."""
+    import keras
+
+    tables = [layer.embeddings.path for layer in model._flatten_layers()
+              if isinstance(layer, keras.layers.Embedding) and layer.trainable]
+    if not tables or model.optimizer is None:
+        return
+    form = update_form(model.optimizer)
+    words = kernel_description(model.optimizer) if form == "kernel" else _FORM_WORDS[form]
+    for path in tables:
+        logger.info("embedding table %s gets its %s update %s", path, type(model.optimizer).__name__, words)
 
 
 def padded_rows(rows: tf.IndexedSlices, table_rows: int) -> tf.IndexedSlices:
