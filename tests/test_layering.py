@@ -20,6 +20,7 @@ LAYERS = {
     "sparktf.context": 2,
     "sparktf.tf_startup": 0,
     "sparktf.optimizers": 0,
+    "sparktf.process_state": 0,
     "sparktf.spark": 1,
     "sparktf.collective": 1,
     "sparktf.storage": 1,

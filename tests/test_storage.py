@@ -442,10 +442,13 @@ def test_a_read_the_store_breaks_off_mid_file_is_a_transient_storage_error_and_i
 
 def test_files_opened_early_are_taken_over_at_most_max_early_kept_and_dropped_when_nobody_comes(
         monkeypatch, tmp_path):
+    from sparktf import process_state
     from sparktf.data import tfrecord_readahead
-    from sparktf.data.tfrecord_readahead import MAX_EARLY, _EARLY, file_runs, open_early
+    from sparktf.data.tfrecord_readahead import MAX_EARLY, file_runs, open_early
 
     monkeypatch.setattr(tfrecord_readahead, "CHUNK_BYTES", 64)
+    process_state.reset()
+    waiting = tfrecord_readahead._early()._readers  # the process's early readers
     write_records(str(tmp_path), files=2, per_file=20)
     first, second = (str(tmp_path / f"part-{index}.tfrecord") for index in range(2))
     expected = [record.numpy() for record in tf.data.TFRecordDataset(second)]
@@ -455,20 +458,21 @@ def test_files_opened_early_are_taken_over_at_most_max_early_kept_and_dropped_wh
 
     assert records(first, None, None, (("test", second, 1), second, None)) == [
         record.numpy() for record in tf.data.TFRecordDataset(first)]
-    early = _EARLY._readers[("test", second, 1)]  # opened once the first file's last chunk was fetched
+    early = waiting[("test", second, 1)]  # opened once the first file's last chunk was fetched
     assert records(second, None, ("test", second, 1)) == expected
-    assert ("test", second, 1) not in _EARLY._readers and early._stop.is_set()  # taken over, then closed
+    assert ("test", second, 1) not in waiting and early._stop.is_set()  # taken over, then closed
 
     for index in range(MAX_EARLY + 2):
         open_early(("bound", index), second)
-    kept = [key for key in _EARLY._readers if key[0] == "bound"]
+    kept = [key for key in waiting if key[0] == "bound"]
     assert kept == [("bound", index) for index in range(2, MAX_EARLY + 2)]
-    for key in kept:
-        _EARLY._readers.pop(key).close()
+    closing = [waiting[key] for key in kept]
+    process_state.reset()  # closes the readers nobody took
+    assert all(reader._stop.is_set() for reader in closing) and "early_readers" not in process_state._STATE.names()
 
     monkeypatch.setattr(tfrecord_readahead, "IDLE_SECONDS", 0.2)
     open_early(("idle",), second)
-    idle = _EARLY._readers[("idle",)]
+    idle = tfrecord_readahead._early()._readers[("idle",)]
     idle._thread.join(30)  # its queue is full (the file has more chunks): it gives up on its own
     assert not idle._thread.is_alive() and not idle.claim()
     assert records(second, None, ("idle",)) == expected  # read afresh

@@ -26,6 +26,7 @@ from sparktf.data.columnar import TARGET_BLOCK_BYTES, Block
 from sparktf.data.shard_files import ShardFiles, spill_directory
 from sparktf.data.train_batches import TrainBatches
 from sparktf.errors import TrainingError
+from sparktf.process_state import process_cache
 
 __all__ = ["BlockFeed", "FeedStream", "shards_for_claims"]
 
@@ -159,7 +160,7 @@ class BlockFeed:
             drain = threading.Thread(target=_read_to_end, args=(blocks,), name="sparktf-input-drain", daemon=True)
             drain.start()
         if files.nbytes <= self.memory_budget:
-            source, window = _IN_MEMORY.get(files, self.memory_budget), None
+            source, window = process_cache("in_memory_shards", _InMemoryShards).get(files, self.memory_budget), None
         else:
             record_bytes = max(1, files.nbytes // max(1, files.num_records))
             source, window = files, max(1, _window_bytes(self.memory_budget) // record_bytes)
@@ -217,5 +218,6 @@ class _InMemoryShards:
             self._shards[files.directory] = (files.nbytes, shard)
             return shard
 
-
-_IN_MEMORY = _InMemoryShards()
+    def clear(self) -> None:
+        with self._lock:
+            self._shards.clear()

@@ -17,13 +17,13 @@ opens its first files while ``tf.data`` builds its pipeline. At most
 oldest out), and one nobody takes within :data:`IDLE_SECONDS` stops and
 drops its chunks.
 
-Memory: a reader holds at most ``AHEAD_CHUNKS + 2`` chunks (queued, being
-fetched, being parsed) and the unparsed part of a record that spans chunks.
-A training worker reads at most 4 files at once (the interleave's cycle) and
-keeps at most :data:`MAX_EARLY` early readers: at most
-``(4 + MAX_EARLY) * (AHEAD_CHUNKS + 2) * CHUNK_BYTES`` = 64 MiB of chunks
-per worker, plus the runs ``tf.data`` holds (one chunk's records per file
-being read) and any record longer than a chunk.
+Memory: one budget, :data:`READ_AHEAD_BYTES` (64 MiB) of chunks per
+process, sets both how many files a training stream reads at once
+(:data:`INTERLEAVE_WIDTH`) and how many readers wait opened early
+(:data:`MAX_EARLY`): a reader holds at most ``AHEAD_CHUNKS + 2`` chunks
+(queued, being fetched, being parsed) and the unparsed part of a record that
+spans chunks. On top come the runs ``tf.data`` holds (one chunk's records
+per file being read) and any record longer than a chunk.
 
 Every wait is bounded: a reader thread waits for room in its queue only while
 its consumer is there (it checks every :data:`POLL_SECONDS`; an early reader
@@ -44,17 +44,24 @@ from functools import partial
 from typing import BinaryIO, Callable, Hashable, Iterator, List, Optional, Tuple
 
 from sparktf.errors import DataError, StorageError
+from sparktf.process_state import process_cache
 from sparktf.storage import store_for
 from sparktf.storage.faults import storage_error, transport_error
 
-__all__ = ["CHUNK_BYTES", "AHEAD_CHUNKS", "MAX_EARLY", "ChunkReader", "file_runs", "open_early", "records_of_chunks"]
+__all__ = ["CHUNK_BYTES", "AHEAD_CHUNKS", "INTERLEAVE_WIDTH", "MAX_EARLY", "READ_AHEAD_BYTES", "ChunkReader", "file_runs", "open_early", "records_of_chunks"]
 
 #: Bytes of one ranged read.
 CHUNK_BYTES = 2 << 20
 #: Chunks a reader fetches ahead of the consumer.
 AHEAD_CHUNKS = 2
-#: Early-opened readers waiting to be taken, per process.
-MAX_EARLY = 4
+#: Bytes of chunks a process's readers hold at most: those of the files a stream reads and those opened early.
+READ_AHEAD_BYTES = 64 << 20
+#: Readers that budget holds, each at most ``AHEAD_CHUNKS + 2`` chunks (queued, being fetched, being parsed).
+_READERS = READ_AHEAD_BYTES // ((AHEAD_CHUNKS + 2) * CHUNK_BYTES)
+#: Files a training stream reads at once (its interleave's cycle): half the readers.
+INTERLEAVE_WIDTH = _READERS // 2
+#: Early-opened readers waiting to be taken, per process: the other half.
+MAX_EARLY = _READERS - INTERLEAVE_WIDTH
 #: Seconds an early reader waits to be taken before it stops and drops its chunks.
 IDLE_SECONDS = 300.0
 #: Most seconds a consumer waits for the next chunk (a transient ``StorageError`` then).
@@ -199,14 +206,22 @@ class _EarlyReaders:
         reader.claim(then)
         return reader
 
+    def clear(self) -> None:
+        """Close every reader waiting to be taken."""
+        with self._lock:
+            readers, self._readers = list(self._readers.values()), OrderedDict()
+        for reader in readers:
+            reader.close()
 
-_EARLY = _EarlyReaders()
+
+def _early() -> _EarlyReaders:
+    return process_cache("early_readers", _EarlyReaders)
 
 
 def open_early(key: Hashable, uri: str, size: Optional[int] = None) -> None:
     """Start reading the file ``uri`` (``size`` bytes, when known) for the :func:`file_runs` that will ask for
     ``key``."""
-    _EARLY.start(key, uri, size)
+    _early().start(key, uri, size)
 
 
 def file_runs(uri: str, size: Optional[int] = None, key: Optional[Hashable] = None,
@@ -231,7 +246,7 @@ def file_runs(uri: str, size: Optional[int] = None, key: Optional[Hashable] = No
     StorageError
         When the store fails the read (``transient`` when it broke off or did not answer).
     """
-    reader = _EARLY.take(key, uri, size, None if open_next is None else partial(open_early, *open_next))
+    reader = _early().take(key, uri, size, None if open_next is None else partial(open_early, *open_next))
     try:
         yield from records_of_chunks(reader.chunks(), uri)
     finally:

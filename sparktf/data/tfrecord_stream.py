@@ -30,9 +30,10 @@ from sparktf.data.columnar import RecordFormat
 from sparktf.data.sources import item_partitions
 from sparktf.data.tfrecord_io import load_parse_fn
 from sparktf.data.tfrecord_files import ReadFailures, file_size, record_dataset, reads_natively
-from sparktf.data.tfrecord_readahead import MAX_EARLY, open_early
+from sparktf.data.tfrecord_readahead import INTERLEAVE_WIDTH, open_early
 from sparktf.data.sample_weights import check_weights
 from sparktf.errors import DataError, SparkTFError, StorageError
+from sparktf.process_state import process_cache
 from sparktf.spark.task_devices import GpuPlan, gpu_plan, prepare_tensorflow_task
 from sparktf.spark.user_code import pickle_by_value
 
@@ -41,8 +42,6 @@ __all__ = ["TFRecordStream", "TFRecordFeed", "assign_files"]
 #: Most raw records in a worker's shuffle buffer (the memory budget may allow fewer).
 MAX_SHUFFLE_BUFFER = 10_000
 _SEED_STRIDE = 1_000_003
-# Files a worker reads at once (the interleave's cycle): as many as early-opened readers a process keeps.
-_CYCLE = MAX_EARLY
 # What TensorFlow's own readers (gs://) raise when the store breaks off or does not answer.
 _STORE_FAILURES = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError)
 
@@ -159,7 +158,7 @@ class TFRecordFeed:
         process holding rank ``r``'s stream open offers to take ``r``'s
         place in the data (see :func:`~sparktf.data.block_feed.shards_for_claims`).
         """
-        key = _PARKED.key_at(start_batch)  # (identity, rank, local batch), as open() parks it
+        key = _parked().key_at(start_batch)  # (identity, rank, local batch), as open() parks it
         if key is None or key[0] != self.identity:
             return None
         _, rank, local_batch = key
@@ -177,13 +176,13 @@ class TFRecordFeed:
                 "empty; write the data into more even files or use fewer workers"
             )
         key = (self.identity, rank, local_batch)
-        parked = _PARKED.pop(key, start_batch)
+        parked = _parked().pop(key, start_batch)
         if parked is None:
             first = start_batch * local_batch
             failures = ReadFailures()
             parked = self._batches(rank, self._dataset(rank, first // records, first % records, local_batch, failures),
                                    failures)
-        return FeedStream(parked, park=lambda next_batch, batches: _PARKED.put(key, next_batch, batches),
+        return FeedStream(parked, park=lambda next_batch, batches: _parked().put(key, next_batch, batches),
                           start_batch=start_batch)
 
     def _dataset(self, rank: int, first_pass: int, skip: int, local_batch: int,
@@ -191,7 +190,7 @@ class TFRecordFeed:
         parse_fn = load_parse_fn(self.parse_fn_bytes)
         files, sizes = tf.constant(self.files[rank]), tf.constant(self.sizes[rank], tf.int64)
         count = len(self.files[rank])
-        cycle = min(count, _CYCLE)
+        cycle = min(count, INTERLEAVE_WIDTH)
         seed, shuffle, buffer = self.seed, self.shuffle, self.shuffle_buffer
         native = reads_natively(self.files[rank])
         name = uuid.uuid4().hex  # names this pipeline's early-opened readers in the process
@@ -290,12 +289,17 @@ class _ParkedStream:
                              daemon=True).start()
             self._parked = None
 
+    def clear(self) -> None:
+        with self._lock:
+            self._drop_parked()
+
 
 def _close(batches: Iterator) -> None:
     batches.close()
 
 
-_PARKED = _ParkedStream()
+def _parked() -> _ParkedStream:
+    return process_cache("parked_stream", _ParkedStream)
 
 
 def _read_error(rank: int, files: List[str], exc: tf.errors.OpError,

@@ -1,7 +1,8 @@
 """The per-process cache of loaded models (Keras payloads, SavedModels, TFNet graphs).
 
 A Python worker keeps the models its tasks loaded, keyed by content hash, so
-later tasks and jobs with the same model skip the load (a small LRU).
+later tasks and jobs with the same model skip the load (a small LRU; the
+``models`` entry of :mod:`sparktf.process_state`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import threading
 from typing import Any, Callable, Optional, Union
 
 from sparktf.models.payload import ModelPayload, payload_key
+from sparktf.process_state import process_cache
 
 __all__ = ["ModelCache", "cached", "load_cached", "batch_mapper", "load_count", "DEFAULT_CACHE_ENTRIES"]
 
@@ -45,8 +47,14 @@ class ModelCache:
                 self._entries.popitem(last=False)
             return value
 
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._entries.clear()
 
-_CACHE = ModelCache()
+
+def _cache() -> ModelCache:
+    return process_cache("models", ModelCache)
 
 
 def cached(key: str, loader: Callable[[], Any]) -> Any:
@@ -55,7 +63,7 @@ def cached(key: str, loader: Callable[[], Any]) -> Any:
     Shared by every model kind (Keras payloads, SavedModels) so that
     :func:`load_count` counts them all.
     """
-    return _CACHE.get_or_load(key, loader)
+    return _cache().get_or_load(key, loader)
 
 
 def load_cached(source: Union["ModelPayload", bytes, Any], key: Optional[str] = None) -> Any:
@@ -100,4 +108,4 @@ def _unmapped(leaves: list) -> list:
 
 def load_count() -> int:
     """How many models this process has loaded (cache misses) so far."""
-    return _CACHE.loads
+    return _cache().loads

@@ -8,7 +8,7 @@ import socket
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
-from sparktf.errors import ConfigurationError, SparkTFError
+from sparktf.errors import ConfigurationError
 from sparktf.spark.jobs import jvm_gone
 
 __all__ = ["SessionKind", "TaskFunction", "Shared", "DRIVER_HOST_CONF", "RENDEZVOUS_CONF"]
