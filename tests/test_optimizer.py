@@ -427,9 +427,9 @@ def test_an_update_without_tables_is_compiled_only_after_enough_steps_and_trains
     train_step = step_module.TrainStep(trained)
     compiled = []
     for _ in range(4):
-        compiled.append(train_step.update_is_compiled)
         reference.train_on_batch(x, y)
         train_step.run(x, y, GradientExchange())
+        compiled.append(train_step.last_update_compiled)
     # two updates as TensorFlow ops, then XLA-compiled ones: a short job never pays the compile
     assert compiled == [False, False, True, True]
     for got, want in zip(trained.get_weights(), reference.get_weights()):

@@ -179,7 +179,7 @@ def test_a_failing_gradient_exchange_is_sparktfs_error_never_the_datas(raised, e
     raised = errors.CollectiveError("rank 1 vanished") if raised == "CollectiveError" else raised
     step = TrainStep(classifier())
 
-    def exchange(layout, arrays):
+    def exchange(layout, parts):
         raise raised
 
     with pytest.raises(getattr(errors, expected)) as info:

@@ -6,26 +6,28 @@ and gets back the global batch's. Two halves:
 * :class:`GradientLayout`, in the step's graph: which gradients are dense and
   which are ``tf.IndexedSlices`` (an ``Embedding`` table's gradient holds only
   the rows the batch looked up), known when the step is traced. ``pack``
-  turns the local gradients into the arrays that travel: ONE float32 buffer
-  of every dense gradient, flat, followed by the exact tail (the loss and
-  the compiled metrics' states), and for each sparse gradient its row
-  indices (int64, each once: duplicate lookups within the batch are summed
-  first) and their rows. Gradients and loss are scaled by the worker's share
-  of the global batch, so that sums over the workers are the record-weighted
-  means. ``unpack`` turns the arrays that come back into the global
-  gradients: dense tensors and ``tf.IndexedSlices`` of the global batch's
-  rows, each index once, as Keras' own train step hands the optimizer in one
+  turns the local gradients into what travels, :class:`ExchangedParts`: ONE
+  float32 buffer of every dense gradient, flat, followed by the exact tail
+  (the loss and the compiled metrics' states), and for each sparse gradient
+  its row indices (int64, each once: duplicate lookups within the batch are
+  summed first) and their rows. Gradients and loss are scaled by the
+  worker's share of the global batch, so that sums over the workers are the
+  record-weighted means. ``received``, ``dense_gradients``, ``loss``,
+  ``metric_states`` and ``sparse_gradients`` read the global sums that come
+  back: dense tensors and ``tf.IndexedSlices`` of the global batch's rows,
+  each index once, as Keras' own train step hands the optimizer in one
   process (with repeated ids already summed, which is the gradient's true
   value; Keras 3's Adagrad and Adam would otherwise square each repeat on its
-  own).
+  own). The parts are a flat list only at ``tf.numpy_function``'s edge.
 * :class:`GradientExchange`, in NumPy, called from the graph: sums those
-  arrays over the ranks. The dense buffer is all-reduced (its gradient part
+  parts over the ranks. The dense buffer is all-reduced (its gradient part
   in ``compression``'s wire dtype, the tail exactly). For each sparse
   gradient the ranks first all-reduce how many rows each holds, then all
   take the same decision: the rows travel as they are (an all-gather of
   indices and rows, merged by index on every rank alike) unless the table
   would move fewer bytes dense, when the rows are scattered into the table
-  and all-reduced with a mask of the rows touched.
+  and all-reduced with a mask of the rows touched. :func:`wire_bytes` counts
+  what a rank sent.
 
 Every rank ends with the same bits, so the weights stay identical everywhere.
 """
@@ -40,7 +42,8 @@ import tensorflow as tf
 
 from sparktf.collective import WIRE_DTYPES
 
-__all__ = ["GradientExchange", "GradientLayout", "SparseTable", "Traffic", "merge_rows"]
+__all__ = ["ExchangedParts", "GradientExchange", "GradientLayout", "SparseTable", "Traffic", "merge_rows",
+           "wire_bytes"]
 
 _INDEX_BYTES = 8
 
@@ -102,40 +105,56 @@ class GradientLayout:
 
     @property
     def output_types(self) -> List[tf.DType]:
-        """Dtypes of the arrays that travel: the fused buffer, then indices and rows per sparse table."""
+        """Dtypes of :meth:`ExchangedParts.flat`: the fused buffer, then indices and rows per table."""
         return [tf.float32] + [tf.int64, tf.float32] * len(self.sparse)
 
-    def pack(self, gradients: Sequence[Any], share: tf.Tensor, tail: Sequence[tf.Tensor],
-             exact_tail: Sequence[tf.Tensor] = ()) -> List[tf.Tensor]:
-        """The arrays to exchange (in the graph): fused dense gradients and tail, then each table's rows.
+    def pack(self, gradients: Sequence[Any], share: tf.Tensor, loss: tf.Tensor,
+             metric_states: Sequence[tf.Tensor] = ()) -> "ExchangedParts":
+        """What this worker sends (in the graph): its dense gradients, loss and metric states fused, its tables' rows.
 
-        ``gradients`` and ``tail`` (the loss) are scaled by ``share``;
-        ``exact_tail`` (the metric states) travels as it is.
+        Gradients and loss are scaled by ``share``; the metric states travel
+        as they are. A table's repeated indices are summed, so each index
+        appears once.
         """
         dense = [tf.zeros([size], tf.float32) if gradients[i] is None
                  else tf.reshape(tf.cast(tf.convert_to_tensor(gradients[i]), tf.float32), [-1]) * share
                  for i, size in zip(self.dense_positions, self.dense_sizes)]
-        fused = tf.concat(dense + [tf.reshape(tf.cast(t, tf.float32), [-1]) * share for t in tail]
-                          + [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in exact_tail], axis=0)
-        arrays = [fused]
+        fused = tf.concat(dense + [tf.reshape(tf.cast(loss, tf.float32), [1]) * share]
+                          + [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in metric_states], axis=0)
+        rows = []
         for table in self.sparse:
             slices = gradients[table.position]
             indices, positions = tf.unique(tf.cast(slices.indices, tf.int64))
-            rows = tf.math.unsorted_segment_sum(tf.cast(slices.values, tf.float32), positions, tf.size(indices))
-            arrays += [indices, rows * share]
-        return arrays
+            summed = tf.math.unsorted_segment_sum(tf.cast(slices.values, tf.float32), positions, tf.size(indices))
+            rows.append((indices, summed * share))
+        return ExchangedParts(fused, rows)
 
-    def unpack(self, arrays: Sequence[tf.Tensor], fused_size: int) -> Tuple[tf.Tensor, List[tf.IndexedSlices]]:
-        """``(fused buffer, sparse gradients)`` from the exchanged arrays (in the graph), with their static shapes."""
-        fused = arrays[0]
-        fused.set_shape([fused_size])
-        sparse = []
-        for k, table in enumerate(self.sparse):
-            indices, rows = arrays[1 + 2 * k], arrays[2 + 2 * k]
+    def received(self, arrays: Sequence[tf.Tensor], fused_size: int) -> "ExchangedParts":
+        """The global sums as they come back through the graph's edge (:meth:`ExchangedParts.flat`), with their
+        static shapes."""
+        parts = ExchangedParts.of_flat(arrays)
+        parts.fused.set_shape([fused_size])
+        for (indices, rows), table in zip(parts.rows, self.sparse):
             indices.set_shape([None])
             rows.set_shape([None, *table.shape[1:]])
-            sparse.append(tf.IndexedSlices(rows, indices, tf.constant(table.shape, tf.int64)))
-        return fused, sparse
+        return parts
+
+    def dense_gradients(self, fused: Any) -> Any:
+        """The dense gradients' part of a fused buffer."""
+        return fused[: self.gradient_size]
+
+    def loss(self, fused: Any) -> Any:
+        """The loss in a fused buffer."""
+        return fused[self.gradient_size]
+
+    def metric_states(self, fused: Any) -> Any:
+        """The metric states' part of a fused buffer."""
+        return fused[self.gradient_size + 1 :]
+
+    def sparse_gradients(self, parts: "ExchangedParts") -> List[tf.IndexedSlices]:
+        """Each table's global rows as the ``tf.IndexedSlices`` Keras hands an optimizer."""
+        return [tf.IndexedSlices(rows, indices, tf.constant(table.shape, tf.int64))
+                for (indices, rows), table in zip(parts.rows, self.sparse)]
 
     def gradients(self, dense_flat: tf.Tensor, sparse: Sequence[tf.IndexedSlices]) -> List[Any]:
         """Every variable's gradient, in variable order, from the dense part and the sparse ones."""
@@ -146,6 +165,34 @@ class GradientLayout:
         for table, slices in zip(self.sparse, sparse):
             gradients[table.position] = slices
         return gradients
+
+
+@dataclass
+class ExchangedParts:
+    """What a step exchanges, in the graph (tensors) or in NumPy (arrays).
+
+    Attributes
+    ----------
+    fused : tensor or array
+        1-D float32: the dense gradients (``GradientLayout.gradient_size``
+        values, the part compression applies to), then the exact tail: the
+        loss, then the compiled metrics' states.
+    rows : list of (indices, rows)
+        Per table of ``GradientLayout.sparse``: its row indices (int64, each
+        once) and their rows.
+    """
+
+    fused: Any
+    rows: List[Tuple[Any, Any]]
+
+    def flat(self) -> list:
+        """The parts as one list, for ``tf.numpy_function``'s edge: ``fused``, then indices and rows per table."""
+        return [self.fused] + [part for pair in self.rows for part in pair]
+
+    @classmethod
+    def of_flat(cls, arrays: Sequence[Any]) -> "ExchangedParts":
+        """The parts from :meth:`flat`'s list."""
+        return cls(arrays[0], [(arrays[k], arrays[k + 1]) for k in range(1, len(arrays), 2)])
 
 
 def merge_rows(indices: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -221,42 +268,35 @@ class GradientExchange:
         """The number of ranks exchanging."""
         return 1 if self._communicator is None else self._communicator.world_size
 
-    def __call__(self, layout: GradientLayout, arrays: List[np.ndarray]) -> List[np.ndarray]:
-        """The global sums of ``arrays`` (``GradientLayout.pack``'s, as NumPy): the same on every rank."""
+    def __call__(self, layout: GradientLayout, parts: ExchangedParts) -> ExchangedParts:
+        """The global sums of ``parts`` (``GradientLayout.pack``'s, in NumPy): the same on every rank."""
         if self.world_size == 1:
-            return arrays
-        comm, world = self._communicator, self.world_size
-        fused = arrays[0] if arrays[0].flags.writeable else arrays[0].copy()
+            return parts
+        comm = self._communicator
+        fused = parts.fused if parts.fused.flags.writeable else parts.fused.copy()
         if self._compression is None:
             comm.allreduce(fused, op="sum")
         else:
             comm.allreduce(fused[:layout.gradient_size], op="sum", compression=self._compression)
             comm.allreduce(fused[layout.gradient_size:], op="sum")
-        ring_share = 2 * (world - 1) / world
-        exact_bytes = (fused.size - layout.gradient_size) * 4
-        sent = ring_share * (layout.gradient_size * self._wire.itemsize + exact_bytes)
-        dense = sent + ring_share * sum(t.rows * t.row_size for t in layout.sparse) * self._wire.itemsize
-        outputs = [fused]
+        counts = np.zeros((self.world_size, len(layout.sparse)), np.int64)
+        rows: List[Any] = [None] * len(layout.sparse)
+        as_rows: List[int] = []
         if layout.sparse:
-            counts = np.zeros((world, len(layout.sparse)), np.int64)
-            counts[comm.rank] = [arrays[1 + 2 * k].size for k in range(len(layout.sparse))]
+            counts[comm.rank] = [indices.size for indices, _ in parts.rows]
             comm.allreduce(counts, op="sum")
-            sent += ring_share * counts.nbytes
-            gathered = []
             for k, table in enumerate(layout.sparse):
-                indices, rows = arrays[1 + 2 * k], arrays[2 + 2 * k]
                 if self._travels_as_rows(table, int(counts[:, k].sum())):
-                    gathered.append((k, table, indices, rows))
-                    outputs += [None, None]
+                    as_rows.append(k)
                 else:
-                    outputs += self._densified_sum(table, indices, rows)
-                    sent += ring_share * table.rows * (table.row_size + 1) * self._wire.itemsize
-            if gathered:
-                sent += self._gather_rows(gathered, counts, outputs)
+                    rows[k] = self._densified_sum(table, *parts.rows[k])
+            if as_rows:
+                self._gather_rows(layout, parts, counts, as_rows, rows)
+        sent, dense = wire_bytes(layout, fused.size, counts, as_rows, self._wire.itemsize, comm.rank)
         self.traffic.steps += 1
         self.traffic.sent += sent
         self.traffic.dense += dense
-        return outputs
+        return ExchangedParts(fused, rows)
 
     def _travels_as_rows(self, table: SparseTable, total_rows: int) -> bool:
         """Whether the rows move fewer bytes than the table (every rank decides alike from the same counts).
@@ -267,7 +307,8 @@ class GradientExchange:
         row_bytes = table.row_size * self._wire.itemsize
         return total_rows * (row_bytes + _INDEX_BYTES) <= 2 * table.rows * (row_bytes + self._wire.itemsize)
 
-    def _densified_sum(self, table: SparseTable, indices: np.ndarray, rows: np.ndarray) -> List[np.ndarray]:
+    def _densified_sum(self, table: SparseTable, indices: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray,
+                                                                                              np.ndarray]:
         """All-reduce the rows scattered into the table, with a mask of the rows any rank touched."""
         size = table.rows * table.row_size
         buffer = self._tables.get(table.position)
@@ -280,38 +321,80 @@ class GradientExchange:
         self._communicator.allreduce(buffer, op="sum", compression=self._compression)
         where = np.flatnonzero(touched > 0.5).astype(np.int64)
         self.traffic.dense_tables += 1
-        return [where, values[where].reshape((len(where), *table.shape[1:]))]
+        return where, values[where].reshape((len(where), *table.shape[1:]))
 
-    def _gather_rows(self, gathered: list, counts: np.ndarray, outputs: List[Any]) -> float:
-        """All-gather the row tables' indices and rows in one call, merge them; the bytes this rank sent."""
-        comm, world = self._communicator, self.world_size
-        row_sizes = [table.row_size for _, table, _, _ in gathered]
-        columns = [k for k, _, _, _ in gathered]
+    def _gather_rows(self, layout: GradientLayout, parts: ExchangedParts, counts: np.ndarray, as_rows: List[int],
+                     rows: List[Any]) -> None:
+        """All-gather the indices and rows of the tables ``as_rows`` in one call and merge them into ``rows``."""
+        comm, world, itemsize = self._communicator, self.world_size, self._wire.itemsize
         # per rank, per table: its indices (int64) then its rows (wire dtype), as bytes
-        part_bytes = counts[:, columns] * (_INDEX_BYTES + np.array(row_sizes) * self._wire.itemsize)
+        part_bytes = _row_part_bytes(layout, counts, as_rows, itemsize)
         part = np.empty(int(part_bytes[comm.rank].sum()), np.uint8)
         offset = 0
-        for k, table, indices, rows in gathered:
+        for k in as_rows:
+            indices, table_rows = parts.rows[k]
             end = offset + indices.size * _INDEX_BYTES
             part[offset:end] = indices.astype(np.int64, copy=False).view(np.uint8)
-            offset, end = end, end + rows.size * self._wire.itemsize
-            part[offset:end] = np.ascontiguousarray(rows, self._wire).reshape(-1).view(np.uint8)
+            offset, end = end, end + table_rows.size * itemsize
+            part[offset:end] = np.ascontiguousarray(table_rows, self._wire).reshape(-1).view(np.uint8)
             offset = end
         received = comm.allgatherv(part, part_bytes.sum(axis=1))
         rank_offsets = np.concatenate(([0], np.cumsum(part_bytes.sum(axis=1))))
-        for j, (k, table, _, _) in enumerate(gathered):
+        for j, k in enumerate(as_rows):
+            table = layout.sparse[k]
             all_indices, all_rows = [], []
             for rank in range(world):
                 start = int(rank_offsets[rank] + part_bytes[rank, :j].sum())
                 count = int(counts[rank, k])
                 middle = start + count * _INDEX_BYTES
                 all_indices.append(received[start:middle].view(np.int64))
-                end = middle + count * table.row_size * self._wire.itemsize
+                end = middle + count * table.row_size * itemsize
                 all_rows.append(received[middle:end].view(self._wire).reshape(count, table.row_size))
-            indices, rows = merge_rows(np.concatenate(all_indices),
-                                       np.concatenate(all_rows).astype(np.float32, copy=False))
-            outputs[1 + 2 * k] = indices
-            outputs[2 + 2 * k] = rows.reshape((len(indices), *table.shape[1:]))
+            indices, merged = merge_rows(np.concatenate(all_indices),
+                                         np.concatenate(all_rows).astype(np.float32, copy=False))
+            rows[k] = (indices, merged.reshape((len(indices), *table.shape[1:])))
             self.traffic.sparse_tables += 1
-        right = (comm.rank + 1) % world
-        return float(part_bytes.sum() - part_bytes[right].sum())
+
+
+def _row_part_bytes(layout: GradientLayout, counts: np.ndarray, as_rows: List[int], itemsize: int) -> np.ndarray:
+    """Bytes each rank (row) sends of each table travelling as rows (column): its indices and its rows."""
+    row_sizes = np.array([layout.sparse[k].row_size for k in as_rows], np.int64)
+    return counts[:, as_rows] * (_INDEX_BYTES + row_sizes * itemsize)
+
+
+def wire_bytes(layout: GradientLayout, fused_size: int, counts: np.ndarray, as_rows: List[int], itemsize: int,
+               rank: int) -> Tuple[float, float]:
+    """``(sent, dense)``: the bytes ``rank`` sends in one exchange, and what it would send with every table dense.
+
+    Parameters
+    ----------
+    layout : GradientLayout
+        The step's gradients.
+    fused_size : int
+        Values in the fused buffer (dense gradients, then the exact tail).
+    counts : ndarray
+        Rows per rank (row) and table (column).
+    as_rows : list of int
+        The tables (indices into ``layout.sparse``) that travelled as rows;
+        the others were all-reduced dense with their row mask.
+    itemsize : int
+        Bytes of a gradient value on the wire.
+    rank : int
+        This rank.
+
+    A ring all-reduce sends ``2 (world - 1) / world`` of its buffer from each
+    rank; an all-gather sends every part but the right neighbour's.
+    """
+    world = counts.shape[0]
+    ring_share = 2 * (world - 1) / world
+    gradients, exact = layout.gradient_size, fused_size - layout.gradient_size
+    sent = ring_share * (gradients * itemsize + exact * 4)
+    dense = sent + ring_share * sum(t.rows * t.row_size for t in layout.sparse) * itemsize
+    if layout.sparse:
+        sent += ring_share * counts.nbytes
+        sent += sum(ring_share * layout.sparse[k].rows * (layout.sparse[k].row_size + 1) * itemsize
+                    for k in range(len(layout.sparse)) if k not in as_rows)
+    if as_rows:
+        part_bytes = _row_part_bytes(layout, counts, as_rows, itemsize)
+        sent += float(part_bytes.sum() - part_bytes[(rank + 1) % world].sum())
+    return sent, dense

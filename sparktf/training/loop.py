@@ -1,44 +1,15 @@
 """The training loop of one barrier task (one worker), for one segment of training.
 
-The driver runs training as a sequence of *segments*, one Spark barrier job
-each (see ``docs/design/training.md``). In a segment every barrier task:
-
-1. sets TensorFlow's thread counts to ``spark.task.cpus``;
-2. starts, each in a thread, connecting to its peers (``collective.Communicator``)
-   and opening its endless stream of local batches
-   (``spec.feed``: its partition spilled to local disk and read in memory or
-   through a bounded shuffle window, or its TFRecord files read with
-   ``tf.data``), starting at the segment's first iteration. With TFRecord
-   files a rank reads the shard of another when its process holds that
-   shard's stream open from a previous segment (the ranks publish it as they
-   connect, and the input opens once they have, see
-   ``data.block_feed.shards_for_claims``), and meanwhile:
-3. gets the model from the per-process cache (built once per Python worker
-   from the broadcast ``ModelPayload``), the first time traces and
-   compiles its step by running it once without all-reduce
-   (``TrainStep.warm_up``), and assigns the segment's start state (weights,
-   optimizer variables), streamed from the driver's job channel (or, without
-   one, read from a broadcast);
-4. loops, a step and an update call per iteration (``TrainStep.run``): local batch ->
-   gradients + loss, weighted by the rank's share of the global batch, and
-   the compiled metrics' states of the batch -> exchange (sum: the
-   record-weighted mean, called from the graph; dense gradients fused and
-   all-reduced, ``Embedding`` gradients as the rows they touch, see
-   ``training.gradient_exchange``; gradient values travel as bfloat16 or
-   float16 with ``gradient_compression``) -> global-gradient
-   clipping and ``optimizer.apply``, and the metrics over the epoch so far
-   (their states restart at every epoch's first iteration; a segment that
-   starts mid-epoch continues from ``spec.metric_state``), until the
-   segment's stop trigger fires on the (identical) progress every worker sees;
-5. averages the non-trainable float variables (BatchNorm statistics) across
-   workers; rank 0 uploads the state to the job channel and returns the
-   per-iteration records and where the time went.
-
-Throughout, a heartbeat reports the rank's phase and iteration to the
-driver's watchdog, and ends this worker process if the driver gives up on the
-job while the task is stuck (see ``collective.channel_client.Heartbeat``).
-Rank 0's reports also carry the loss and metrics of every iteration since
-its previous one: the driver's live ``on_train_batch_end`` calls.
+:func:`run_segment` is the segment's barrier job (see ``docs/design/training.md``,
+"A segment on a worker"): it connects the worker to its peers, opens its
+batches from ``spec.feed``, takes the model and its traced step from the
+process's cache, assigns the segment's start state, runs
+:meth:`TrainStep.run` until the segment's stop trigger fires on the progress
+every worker sees, averages the non-trainable variables, and on rank 0
+uploads the state and returns a :class:`SegmentResult`: the per-iteration
+records and where the time went. A heartbeat reports the rank's phase and
+iteration to the driver's watchdog throughout, and rank 0's carries every
+iteration's loss and metrics for the driver's live callbacks.
 
 This module runs on executors: it never imports driver-only modules.
 """
@@ -350,9 +321,9 @@ class _TimedExchange(GradientExchange):
         super().__init__(communicator, compression)
         self._watch = watch
 
-    def __call__(self, layout: Any, arrays: list) -> list:
+    def __call__(self, layout: Any, parts: Any) -> Any:
         self._watch.lap("compute")
-        summed = super().__call__(layout, arrays)
+        summed = super().__call__(layout, parts)
         self._watch.lap("allreduce")
         return summed
 

@@ -13,14 +13,12 @@ batch's metric states), called from the graph through
 ``tf.numpy_function``. Then, only if every global gradient and the loss are
 finite, the update: clipping of the global gradient and ``optimizer.apply``
 (which advances ``optimizer.iterations`` and with it any learning-rate
-schedule), XLA-compiled where XLA can compile it. A model without tables
-updates inside the step; a model with tables in a call of its own, once the
-step has let go of the tables it read (rows in the form
+schedule), a call of its own once the step has let go of the weights it
+read, XLA-compiled where XLA can compile it (rows in the form
 :mod:`sparktf.training.update_form` finds for the optimizer). Every worker
 applies the same global gradient to the same weights, so the weights stay
 identical everywhere. Like Keras' own train function, the step is traced
-without AutoGraph (the model's Python runs as it is; tracing ResNet-50's
-step took 3 CPU-s less).
+without AutoGraph: the model's Python runs as it is.
 
 The global metric states add up over the epoch in a float64 variable of the
 step; the metrics' values on that sum (the running epoch value ``fit``
@@ -38,7 +36,7 @@ import tensorflow as tf
 
 from sparktf.errors import CollectiveError, InternalError, SparkTFError
 from sparktf.models.batch_errors import essential_line
-from sparktf.training.gradient_exchange import GradientExchange, GradientLayout
+from sparktf.training.gradient_exchange import ExchangedParts, GradientExchange, GradientLayout
 from sparktf.training.sparse_kernels import apply_rows
 from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
@@ -109,7 +107,7 @@ class StepResult:
 
 
 class TrainStep:
-    """Gradients, external exchange and update of a compiled Keras model in one graph call (tables: two calls).
+    """Gradients and external exchange of a compiled Keras model in one graph call, then its update in another.
 
     Parameters
     ----------
@@ -132,10 +130,8 @@ class TrainStep:
         self._metric_state: Optional[tf.Variable] = None
         self.metric_names: List[str] = []
         self._exchange_call: Optional[_ExchangeCall] = None  # the running step's
-        self._layout: Optional[GradientLayout] = None  # known once the step is traced
-        self._table_updates: dict = {}  # a model with tables: its update, by the positions of the tables
-        self._compiled_update: Any = None  # a model without tables: the XLA branch of the step's update
-        self._take_compiled = tf.Variable(False, trainable=False)  # ... taken from now on
+        self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
+        self._last_update: Optional[_Update] = None  # the update the last iteration called
         self._updates = 0  # applied in this process, warm-up included
         # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
         # scaled float32 gradients are exchanged, and its apply() unscales them, skips a
@@ -143,7 +139,7 @@ class TrainStep:
         self._loss_scaled = hasattr(self.optimizer, "inner_optimizer") and hasattr(self.optimizer, "scale_loss")
         self._weight = tf.Variable(1.0, trainable=False, dtype=tf.float32)
         self._weight_value = 1.0
-        self._step_fn = tf.function(self._step, autograph=False)  # as Keras' own train function: ~20% less tracing
+        self._step_fn = tf.function(self._step, autograph=False)  # as Keras' own train function
         self.warmed_up = False
 
     def warm_up(self, features: Any, labels: Any, sample_weight: Any = None) -> None:
@@ -178,7 +174,7 @@ class TrainStep:
         return None if self._metric_state is None else self._metric_state.numpy()
 
     def run(
-        self, features: Any, labels: Any, exchange: Callable[[GradientLayout, list], list], weight: float = 1.0,
+        self, features: Any, labels: Any, exchange: Callable[[GradientLayout, ExchangedParts], ExchangedParts], weight: float = 1.0,
         sample_weight: Any = None,
     ) -> StepResult:
         """Run one iteration on a local batch.
@@ -189,8 +185,8 @@ class TrainStep:
             One batch, nested like the model's inputs and targets (``labels``
             may be None when the loss comes from ``model.losses`` only).
         exchange : callable
-            ``exchange(layout, arrays)`` returns the sums over all workers of
-            the arrays ``layout`` packed (a :class:`GradientExchange`).
+            ``exchange(layout, parts)`` returns the sums over all workers of
+            the :class:`ExchangedParts` ``layout`` packed (a :class:`GradientExchange`).
         weight : float
             This worker's share of the global batch (its records / all
             records): the gradients and loss are scaled by it before the
@@ -212,24 +208,23 @@ class TrainStep:
             self._weight.assign(weight)
             self._weight_value = weight
         try:
-            outcome, table_update = self._step_fn(features, labels, sample_weight)
+            step = self._step_fn.get_concrete_function(features, labels, sample_weight)
+            outcome, update, sparse = step(features, labels, sample_weight)
         except tf.errors.OpError:
             if call.error is not None:  # the exchange's, not the model's: sparktf's own error
                 raise exchange_failure(call.error) from call.error
             raise
         loss, learning_rate, finite, *metrics = outcome.numpy().tolist()
         if finite:  # never apply an update that would poison the weights
-            if table_update is not None:
-                self._table_update(self._layout)(*table_update)
+            self._last_update = self._update_function(step.graph.sparktf_layout)
+            self._last_update.function(update, sparse)
             self._updates += 1
-            if self._updates == COMPILE_AFTER_UPDATES and self._compiled_update is not None:
-                self._take_compiled.assign(_compiles(self._compiled_update, self._layout, dense=True))
         return StepResult(loss, learning_rate, bool(finite), tuple(metrics))
 
     @property
-    def update_is_compiled(self) -> bool:
-        """Whether the next update runs XLA-compiled (a model with tables: always, where XLA can compile it)."""
-        return bool(self._layout and self._layout.sparse) or bool(self._take_compiled.numpy())
+    def last_update_compiled(self) -> bool:
+        """Whether the last iteration's update ran XLA-compiled."""
+        return self._last_update is not None and self._last_update.compiled
 
     def _build_metric_state(self, features: Any, labels: Any) -> None:
         """The compiled metrics' variables (built from this batch), their epoch sum, their result names."""
@@ -241,52 +236,35 @@ class TrainStep:
         self._metric_sizes = [int(np.prod(v.shape, dtype=np.int64)) for v in self._metric_variables]
         self._metric_state = tf.Variable(tf.zeros([sum(self._metric_sizes)], tf.float64), trainable=False)
 
-    def _step(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[tf.Tensor, Optional[tuple]]:
-        """``(loss, learning rate, finite, metrics)``, and for a model with tables the update its own call applies
-        (the dense global gradients and loss, the rows); None when the step applied it."""
+    def _step(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[tf.Tensor, tf.Tensor, list]:
+        """``(loss, learning rate, finite, metrics)``, the dense global gradients, the rows of the tables.
+
+        The layout of the gradients it traced stays with its graph
+        (``sparktf_layout``): a retrace has its own.
+        """
         for metric in self._metrics:  # the states of this batch alone
             metric.reset_state()
         gradients, loss, predictions = self._gradients_and_loss(features, labels, sample_weight)
         if self._metrics:
             self.model.compute_metrics(features, labels, predictions, sample_weight=sample_weight)
         batch_states = [tf.reshape(v, [-1]) for v in self._metric_variables]
-        self._layout = layout = GradientLayout(self.variables, gradients)
-        packed = layout.pack(gradients, self._weight, [loss], batch_states)
-        received = tf.numpy_function(lambda *arrays: self._exchange_call(layout, list(arrays)), packed,
-                                     layout.output_types, stateful=True)
-        fused, sparse = layout.unpack(received, int(packed[0].shape[0]))
-        update, loss = fused[: layout.gradient_size + 1], fused[layout.gradient_size]
+        layout = GradientLayout(self.variables, gradients)
+        sent = layout.pack(gradients, self._weight, loss, batch_states)
+        received = tf.numpy_function(  # the exchange's structure is flat only at this edge
+            lambda *arrays: self._exchange_call(layout, ExchangedParts.of_flat(arrays)).flat(), sent.flat(),
+            layout.output_types, stateful=True)
+        parts = layout.received(received, int(sent.fused.shape[0]))
+        fused, sparse = parts.fused, layout.sparse_gradients(parts)
+        update, loss = layout.dense_gradients(fused), layout.loss(fused)
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
         # a loss-scaled gradient may overflow (the optimizer skips that step); the loss may not
         checked = [loss] if self._loss_scaled else [update] + [slices.values for slices in sparse]
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in checked]))
         outcome = tf.stack([loss, learning_rate, tf.cast(finite, tf.float32)])
         if self._metrics:
-            outcome = tf.concat([outcome, self._epoch_metrics(fused[layout.gradient_size + 1 :])], axis=0)
-        if layout.sparse:
-            return outcome, (update, sparse)
-        with tf.control_dependencies([self._applied_in_step(layout, update, finite)]):
-            return tf.identity(outcome), None
-
-    def _applied_in_step(self, layout: GradientLayout, update: tf.Tensor, finite: tf.Tensor) -> tf.Tensor:
-        """The update of a model without tables, in the step's graph when ``finite``.
-
-        As TensorFlow ops until this process has applied
-        :data:`COMPILE_AFTER_UPDATES` updates, XLA-compiled from then on
-        where XLA can compile it (:meth:`run` then takes the compiled branch;
-        XLA compiles it when it first runs). The compile costs seconds on a
-        large model, which only a long job repays.
-        """
-        def apply(buffer: tf.Tensor, sparse: list) -> tf.Tensor:
-            return self._update(layout, buffer, sparse)
-
-        spec = [tf.TensorSpec([layout.gradient_size + 1], tf.float32), []]
-        plain = tf.function(apply, input_signature=spec, autograph=False)
-        self._compiled_update = compiled = tf.function(apply, input_signature=spec, jit_compile=True,
-                                                       autograph=False)
-        return tf.cond(finite, lambda: tf.cond(self._take_compiled, lambda: compiled(update, []),
-                                               lambda: plain(update, [])),
-                       lambda: tf.constant(False))
+            outcome = tf.concat([outcome, self._epoch_metrics(layout.metric_states(fused))], axis=0)
+        tf.compat.v1.get_default_graph().sparktf_layout = layout
+        return outcome, update, sparse
 
     def _epoch_metrics(self, global_states: tf.Tensor) -> tf.Tensor:
         """Add the global batch's metric states to the epoch's; the metrics' values on the sum, flat."""
@@ -307,53 +285,60 @@ class TrainStep:
             scaled = self.optimizer.scale_loss(loss) if self._loss_scaled else loss
         return tape.gradient(scaled, self.variables), loss, predictions
 
-    def _table_update(self, layout: GradientLayout) -> Any:
-        """The update of a model with tables as a ``tf.function`` of its own, XLA-compiled where XLA can compile it.
+    def _update_function(self, layout: GradientLayout) -> "_Update":
+        """The update for ``layout``'s global gradients as a ``tf.function`` of its own, XLA-compiled where XLA can
+        compile it.
 
-        It runs after the step, once the step has let go of the tables it
-        read. XLA updates a table's rows without switching the table to
-        copy-on-read (see ``training.update_form``); lowering to HLO checks
-        that it can compile the update without running it. Rows change in
-        number at every step: they reach the compiled update as
-        ``update_form`` says (the dense gradient, or rows padded to a few
-        shapes), or as they are through TensorFlow ops.
+        It runs after the step, once the step has let go of the weights it
+        read (a table's row update would otherwise copy the table). XLA fuses
+        the optimizer's element-wise ops, and updates a table's rows without
+        switching the table to copy-on-read (see ``training.update_form``);
+        lowering to HLO checks that it can compile the update without
+        running it. Rows change in number at every step: they reach the
+        compiled update as ``update_form`` says (the dense gradient, or rows
+        padded to a few shapes), or go to the optimizer's exact row update
+        (``"kernel"``), or to Keras' own through TensorFlow ops. A model
+        without tables is compiled only once this process has applied
+        :data:`COMPILE_AFTER_UPDATES` of its updates: the compile costs
+        seconds on a large model, which only a long job repays.
         """
-        key = tuple(table.position for table in layout.sparse)
-        if key not in self._table_updates:
-            self._table_updates[key] = self._built_table_update(layout)
-        return self._table_updates[key]
+        compile_now = bool(layout.sparse) or self._updates >= COMPILE_AFTER_UPDATES
+        key = (tuple(table.position for table in layout.sparse), compile_now)
+        if key not in self._update_fns:
+            self._update_fns[key] = self._built_update(layout, compile_now)
+        return self._update_fns[key]
 
-    def _built_table_update(self, layout: GradientLayout) -> Any:
-        """The update as TensorFlow ops, or XLA-compiled where ``update_form`` and XLA allow."""
-        fused = tf.TensorSpec([layout.gradient_size + 1], tf.float32)
+    def _built_update(self, layout: GradientLayout, compile_now: bool) -> "_Update":
+        """The update as TensorFlow ops, or (``compile_now``) XLA-compiled where ``update_form`` and XLA allow."""
+        dense_spec = tf.TensorSpec([layout.gradient_size], tf.float32)
         rows = [tf.IndexedSlicesSpec(table.shape, tf.float32, tf.int64, tf.int64, [None]) for table in layout.sparse]
 
-        def update(buffer: tf.Tensor, sparse: list) -> tf.Tensor:
-            return self._update(layout, buffer, sparse)
+        def update(dense: tf.Tensor, sparse: list) -> tf.Tensor:
+            return self._update(layout, dense, sparse)
 
-        form = update_form(self.optimizer)
+        form = update_form(self.optimizer) if layout.sparse else "dense"
         if form == "kernel":  # the touched rows alone, with the optimizer's exact row update
-            return tf.function(lambda buffer, sparse: self._update(layout, buffer, sparse, row_kernels=True),
-                               input_signature=[fused, rows], autograph=False)
-        function = tf.function(update, input_signature=[fused, rows], autograph=False)
-        if form != "rows":
-            dense = form == "dense"
-            specs = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse] if dense else rows
-            compiled = tf.function(update, input_signature=[fused, specs], jit_compile=True, autograph=False)
-            if _compiles(compiled, layout, dense):
-                function = tf.function(
-                    lambda buffer, sparse: compiled(buffer, [
-                        tf.convert_to_tensor(slices) if dense else padded_rows(slices, table.rows)
+            return _Update(tf.function(lambda dense, sparse: self._update(layout, dense, sparse, row_kernels=True),
+                                       input_signature=[dense_spec, rows], autograph=False), False)
+        function = tf.function(update, input_signature=[dense_spec, rows], autograph=False)
+        if form != "rows" and compile_now:
+            as_dense = form == "dense"
+            specs = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse] if as_dense else rows
+            compiled = tf.function(update, input_signature=[dense_spec, specs], jit_compile=True, autograph=False)
+            if _compiles(compiled, layout, as_dense):
+                return _Update(compiled if not layout.sparse else tf.function(
+                    lambda dense, sparse: compiled(dense, [
+                        tf.convert_to_tensor(slices) if as_dense else padded_rows(slices, table.rows)
                         for slices, table in zip(sparse, layout.sparse)]),
-                    input_signature=[fused, rows], autograph=False)
-        return function
+                    input_signature=[dense_spec, rows], autograph=False), True)
+        return _Update(function, False)
 
-    def _update(self, layout: GradientLayout, fused: tf.Tensor, sparse: List[tf.IndexedSlices],
+    def _update(self, layout: GradientLayout, dense: tf.Tensor, sparse: List[tf.IndexedSlices],
                 row_kernels: bool = False) -> tf.Tensor:
         """Clip the global gradients and apply them: all through ``optimizer.apply``, or (``row_kernels``) each
         table's rows through :func:`~sparktf.training.sparse_kernels.apply_rows` first, then the rest."""
         gradients = [_map_values(lambda v: tf.cast(v, variable.dtype), g)
-                     for g, variable in zip(layout.gradients(fused[:-1], sparse), self.variables)]
+                     for g, variable in zip(layout.gradients(dense, sparse), self.variables)]
         if not self._loss_scaled:
             gradients = self.clipping.apply(gradients)
         elif self.clipping.active:  # clip the true gradients; the optimizer takes scaled ones
@@ -374,17 +359,25 @@ class TrainStep:
         return tf.constant(True)
 
 
+@dataclass(frozen=True)
+class _Update:
+    """A built update: its ``tf.function`` ``(dense gradients, rows) -> True``, and whether XLA compiles it."""
+
+    function: Any
+    compiled: bool
+
+
 class _ExchangeCall:
     """One step's call of the gradient exchange from its graph, keeping what the exchange raised
     (``tf.numpy_function`` hands on only its text)."""
 
-    def __init__(self, exchange: Callable[[GradientLayout, list], list]):
+    def __init__(self, exchange: Callable[[GradientLayout, ExchangedParts], ExchangedParts]):
         self._exchange = exchange
         self.error: Optional[BaseException] = None
 
-    def __call__(self, layout: GradientLayout, arrays: list) -> List[np.ndarray]:
+    def __call__(self, layout: GradientLayout, parts: ExchangedParts) -> ExchangedParts:
         try:
-            return self._exchange(layout, arrays)
+            return self._exchange(layout, parts)
         except BaseException as error:
             self.error = error
             raise
@@ -415,7 +408,7 @@ def _compiles(compiled: Any, layout: GradientLayout, dense: bool) -> bool:
         tf.range(min(MIN_PADDED_ROWS, table.rows), dtype=tf.int64), tf.constant(table.shape, tf.int64))
         for table in layout.sparse]
     try:
-        compiled.experimental_get_compiler_ir(tf.zeros([layout.gradient_size + 1]), sample)(stage="hlo")
+        compiled.experimental_get_compiler_ir(tf.zeros([layout.gradient_size]), sample)(stage="hlo")
     except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
         _LOG.info("the optimizer's update runs as TensorFlow ops, not XLA-compiled: %s",
                   essential_line(error))

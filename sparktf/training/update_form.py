@@ -3,9 +3,8 @@
 Keras hands an optimizer a ``tf.IndexedSlices`` for a gathered table, and
 TensorFlow applies it with row updates (``scatter_*``). Those switch the
 table to copy-on-read: from then on every dense read of it, such as the one
-in Keras' ``Embedding.call``, copies the whole table (~8 ms for 64 MB on one
-core) at every step. An XLA-compiled update writes the same rows without
-that switch, but XLA compiles anew for every number of rows. So, by what
+in Keras' ``Embedding.call``, copies the whole table at every step. An
+XLA-compiled update writes the same rows without that switch, but XLA compiles anew for every number of rows. So, by what
 :func:`update_form` finds on copies of the optimizer:
 
 * ``"dense"``: the optimizer moves rows no gradient touched (Adam, SGD with
@@ -20,9 +19,9 @@ that switch, but XLA compiles anew for every number of rows. So, by what
   update touches only the rows present (Keras' Adagrad,
   :class:`~sparktf.optimizers.LazyAdam`): its row update in TensorFlow ops
   (:mod:`sparktf.training.sparse_kernels`). Keras' own Adagrad computes its
-  denominator over the whole accumulator at every step (120-130 ms on a
-  2^20 x 16 table, against 2-6 ms for the touched rows), and XLA's row
-  updates on CPU are slower than TensorFlow's;
+  denominator over the whole accumulator at every step, and XLA's row
+  updates on CPU are slower than TensorFlow's (the costs measured:
+  ``docs/design/training.md``);
 * ``"rows"``: anything else (or an optimizer that cannot be copied from its
   config) gets the ``tf.IndexedSlices`` as Keras would pass them.
 
