@@ -1,6 +1,6 @@
 """The compiled training step of one worker, with the gradient exchange inside the graph.
 
-:meth:`TrainStep.run` is two ``tf.function`` calls per iteration. The step:
+:meth:`TrainStep.run` is two ``tf.function`` calls per iteration (one for a small model). The step:
 forward pass, loss (the compiled loss plus ``model.losses``, weighted by the
 batch's sample weights), backward pass and the compiled metrics' update on
 this batch alone; the gradients, the loss and the batch's metric states
@@ -14,8 +14,9 @@ batch's metric states), called from the graph through
 finite, the update: clipping of the global gradient and ``optimizer.apply``
 (which advances ``optimizer.iterations`` and with it any learning-rate
 schedule), a call of its own once the step has let go of the weights it
-read, XLA-compiled where XLA can compile it (rows in the form
-:mod:`sparktf.training.update_form` finds for the optimizer). Every worker
+read (a small model without tables: inside the step), XLA-compiled where
+XLA can compile it (rows in the form :mod:`sparktf.training.update_form`
+finds for the optimizer). Every worker
 applies the same global gradient to the same weights, so the weights stay
 identical everywhere. Like Keras' own train function, the step is traced
 without AutoGraph: the model's Python runs as it is.
@@ -47,6 +48,8 @@ __all__ = ["GradientClipping", "StepResult", "TrainStep"]
 _LOG = logging.getLogger("sparktf.training")
 #: Updates of a model without tables a process applies before it XLA-compiles the update.
 COMPILE_AFTER_UPDATES = 32
+#: A model without tables and with at most this many trainable variables updates inside its step.
+FUSED_UPDATE_MAX_VARIABLES = 32
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ class StepResult:
 
 
 class TrainStep:
-    """Gradients and external exchange of a compiled Keras model in one graph call, then its update in another.
+    """Gradients and external exchange of a compiled Keras model in one graph call, then its update in another
+    (a small model without tables: in the same).
 
     Parameters
     ----------
@@ -131,7 +135,8 @@ class TrainStep:
         self.metric_names: List[str] = []
         self._exchange_call: Optional[_ExchangeCall] = None  # the running step's
         self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
-        self._last_update: Optional[_Update] = None  # the update the last iteration called
+        self._take_compiled = tf.Variable(False, trainable=False)  # an update in the step: its XLA branch runs
+        self._last_compiled = False  # whether the last iteration's update ran XLA-compiled
         self._updates = 0  # applied in this process, warm-up included
         # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
         # scaled float32 gradients are exchanged, and its apply() unscales them, skips a
@@ -174,8 +179,8 @@ class TrainStep:
         return None if self._metric_state is None else self._metric_state.numpy()
 
     def run(
-        self, features: Any, labels: Any, exchange: Callable[[GradientLayout, ExchangedParts], ExchangedParts], weight: float = 1.0,
-        sample_weight: Any = None,
+        self, features: Any, labels: Any, exchange: Callable[[GradientLayout, ExchangedParts], ExchangedParts],
+        weight: float = 1.0, sample_weight: Any = None,
     ) -> StepResult:
         """Run one iteration on a local batch.
 
@@ -215,16 +220,23 @@ class TrainStep:
                 raise exchange_failure(call.error) from call.error
             raise
         loss, learning_rate, finite, *metrics = outcome.numpy().tolist()
-        if finite:  # never apply an update that would poison the weights
-            self._last_update = self._update_function(step.graph.sparktf_layout)
-            self._last_update.function(update, sparse)
+        if finite:  # never apply an update that would poison the weights (the step's own applied it only then)
+            trace: _StepTrace = step.graph.sparktf_trace
+            if trace.in_step_compiled is None:
+                built = self._update_function(trace.layout)
+                built.function(update, sparse)
+                self._last_compiled = built.compiled
+            else:
+                self._last_compiled = bool(self._take_compiled.numpy())
             self._updates += 1
+            if trace.in_step_compiled is not None and self._updates == COMPILE_AFTER_UPDATES:
+                self._take_compiled.assign(_compiles(trace.in_step_compiled, trace.layout, dense=True))
         return StepResult(loss, learning_rate, bool(finite), tuple(metrics))
 
     @property
     def last_update_compiled(self) -> bool:
         """Whether the last iteration's update ran XLA-compiled."""
-        return self._last_update is not None and self._last_update.compiled
+        return self._last_compiled
 
     def _build_metric_state(self, features: Any, labels: Any) -> None:
         """The compiled metrics' variables (built from this batch), their epoch sum, their result names."""
@@ -239,8 +251,9 @@ class TrainStep:
     def _step(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[tf.Tensor, tf.Tensor, list]:
         """``(loss, learning rate, finite, metrics)``, the dense global gradients, the rows of the tables.
 
-        The layout of the gradients it traced stays with its graph
-        (``sparktf_layout``): a retrace has its own.
+        A small model without tables applies its update here (see
+        :meth:`_applied_in_step`) and returns no gradients. What the trace
+        found stays with its graph (``sparktf_trace``): a retrace has its own.
         """
         for metric in self._metrics:  # the states of this batch alone
             metric.reset_state()
@@ -263,8 +276,36 @@ class TrainStep:
         outcome = tf.stack([loss, learning_rate, tf.cast(finite, tf.float32)])
         if self._metrics:
             outcome = tf.concat([outcome, self._epoch_metrics(layout.metric_states(fused))], axis=0)
-        tf.compat.v1.get_default_graph().sparktf_layout = layout
-        return outcome, update, sparse
+        graph = tf.compat.v1.get_default_graph()
+        if layout.sparse or len(self.variables) > FUSED_UPDATE_MAX_VARIABLES:
+            graph.sparktf_trace = _StepTrace(layout, None)
+            return outcome, update, sparse
+        applied, compiled = self._applied_in_step(layout, update, finite)
+        graph.sparktf_trace = _StepTrace(layout, compiled)
+        with tf.control_dependencies([applied]):
+            return tf.identity(outcome), None, None
+
+    def _applied_in_step(self, layout: GradientLayout, update: tf.Tensor, finite: tf.Tensor) -> Tuple[tf.Tensor, Any]:
+        """The update of a small model without tables in the step's graph, when ``finite``; its XLA branch.
+
+        One call per iteration instead of two saves about 0.3 ms a step,
+        which counts on a small model; on a large one the update in the
+        step's graph makes its first trace and run much dearer (see
+        ``docs/design/training.md``), so it keeps a call of its own
+        (:data:`FUSED_UPDATE_MAX_VARIABLES`). The update runs as TensorFlow
+        ops until the process has applied :data:`COMPILE_AFTER_UPDATES`,
+        XLA-compiled from then on where XLA can compile it (:meth:`run`
+        switches branches; XLA compiles its branch when it first runs).
+        """
+        def apply(dense: tf.Tensor, sparse: list) -> tf.Tensor:
+            return self._update(layout, dense, sparse)
+
+        spec = [tf.TensorSpec([layout.gradient_size], tf.float32), []]
+        plain = tf.function(apply, input_signature=spec, autograph=False)
+        compiled = tf.function(apply, input_signature=spec, jit_compile=True, autograph=False)
+        return tf.cond(finite, lambda: tf.cond(self._take_compiled, lambda: compiled(update, []),
+                                               lambda: plain(update, [])),
+                       lambda: tf.constant(False)), compiled
 
     def _epoch_metrics(self, global_states: tf.Tensor) -> tf.Tensor:
         """Add the global batch's metric states to the epoch's; the metrics' values on the sum, flat."""
@@ -357,6 +398,14 @@ class TrainStep:
         else:
             self.optimizer.iterations.assign_add(1)
         return tf.constant(True)
+
+
+@dataclass(frozen=True)
+class _StepTrace:
+    """What tracing the step found, kept on its graph: a retrace has its own."""
+
+    layout: GradientLayout  # which gradients travel dense, which as rows
+    in_step_compiled: Any  # the XLA branch of an update in the step; None: the update is a call of its own
 
 
 @dataclass(frozen=True)
