@@ -44,19 +44,6 @@ def loopback_listeners(pids):
     return ports
 
 
-def python_worker_pids():
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    if b"pyspark.daemon" in cmdline.read():
-                        pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
-
-
 class SilentAttacker:
     """Holds silent connections to every listener of ``pids()`` that was not there when it started."""
 
