@@ -47,12 +47,13 @@ test: check-java $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 # The oldest supported Spark (3.5), in an environment of its own: training, evaluate, both predict
-# paths, the ML stage and sparktf.run (.ci/run runs it after `make test`).
+# paths, the ML stage, sparktf.run and a SparseVector column (.ci/run runs it after `make test`).
 SPARK35_VENV  := .venv-spark35
 SPARK35_TESTS := tests/test_readme.py \
   tests/test_ml_pipeline.py::test_pipeline_fits_scores_evaluates_and_round_trips \
   tests/test_launch_run.py::test_chief_result_ctx_and_both_roles_logs_reach_the_driver \
-  tests/test_predictor.py::test_a_resource_profile_on_a_dataframe_stage_is_passed_under_spark4_and_refused_naming_it_under_35
+  tests/test_predictor.py::test_a_resource_profile_on_a_dataframe_stage_is_passed_under_spark4_and_refused_naming_it_under_35 \
+  tests/test_dataset_dataframe.py::test_a_wide_sparse_vector_column_stays_sparse_and_trains_evaluates_and_predicts_as_dense_keras
 
 test-spark35: check-java
 	test -x $(SPARK35_VENV)/bin/python || $(PYTHON) -m venv $(SPARK35_VENV)
