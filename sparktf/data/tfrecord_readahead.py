@@ -48,7 +48,8 @@ from sparktf.process_state import process_cache
 from sparktf.storage import store_for
 from sparktf.storage.faults import storage_error, transport_error
 
-__all__ = ["CHUNK_BYTES", "AHEAD_CHUNKS", "INTERLEAVE_WIDTH", "MAX_EARLY", "READ_AHEAD_BYTES", "ChunkReader", "file_runs", "open_early", "records_of_chunks"]
+__all__ = ["CHUNK_BYTES", "AHEAD_CHUNKS", "INTERLEAVE_WIDTH", "MAX_EARLY", "READ_AHEAD_BYTES", "ChunkReader",
+           "file_runs", "open_early", "records_of_chunks"]
 
 #: Bytes of one ranged read.
 CHUNK_BYTES = 2 << 20

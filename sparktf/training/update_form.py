@@ -4,8 +4,9 @@ Keras hands an optimizer a ``tf.IndexedSlices`` for a gathered table, and
 TensorFlow applies it with row updates (``scatter_*``). Those switch the
 table to copy-on-read: from then on every dense read of it, such as the one
 in Keras' ``Embedding.call``, copies the whole table at every step. An
-XLA-compiled update writes the same rows without that switch, but XLA compiles anew for every number of rows. So, by what
-:func:`update_form` finds on copies of the optimizer:
+XLA-compiled update writes the same rows without that switch, but XLA
+compiles anew for every number of rows. So, by what :func:`update_form`
+finds on copies of the optimizer:
 
 * ``"dense"``: the optimizer moves rows no gradient touched (Adam, SGD with
   momentum: their moments decay every row), so Keras densifies the rows in
