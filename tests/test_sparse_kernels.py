@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from sparktf.optimizers import LazyAdam, RowWiseAdagrad
-from sparktf.optimizers.row_wise_adagrad import sum_duplicate_rows
+from sparktf.optimizers.rows import sum_duplicate_rows
 from sparktf.training.sparse_kernels import (ADAGRAD_KERNEL, LAZY_ADAM_KERNEL, ROW_WISE_ADAGRAD_KERNEL, SGD_KERNEL,
                                              apply_rows, kernel_description, sparse_kernel)
 

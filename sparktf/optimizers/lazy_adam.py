@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from sparktf.optimizers.row_wise_adagrad import native_variable, sum_duplicate_rows
+from sparktf.optimizers.rows import native_variable, sum_duplicate_rows
 
 __all__ = ["LazyAdam"]
 

@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.collective import WIRE_DTYPES
+from sparktf.optimizers.rows import sum_duplicate_rows
 
 __all__ = ["ExchangedParts", "GradientExchange", "GradientLayout", "SparseTable", "Traffic", "merge_rows",
            "wire_bytes"]
@@ -124,8 +125,7 @@ class GradientLayout:
         rows = []
         for table in self.sparse:
             slices = gradients[table.position]
-            indices, positions = tf.unique(tf.cast(slices.indices, tf.int64))
-            summed = tf.math.unsorted_segment_sum(tf.cast(slices.values, tf.float32), positions, tf.size(indices))
+            indices, summed = sum_duplicate_rows(tf.cast(slices.indices, tf.int64), tf.cast(slices.values, tf.float32))
             rows.append((indices, summed * share))
         return ExchangedParts(fused, rows)
 

@@ -40,7 +40,7 @@ import keras
 import tensorflow as tf
 
 from sparktf.optimizers import LazyAdam, RowWiseAdagrad
-from sparktf.optimizers.row_wise_adagrad import native_variable, sum_duplicate_rows
+from sparktf.optimizers.rows import native_variable, sum_duplicate_rows
 
 __all__ = ["ADAGRAD_KERNEL", "LAZY_ADAM_KERNEL", "ROW_WISE_ADAGRAD_KERNEL", "SGD_KERNEL", "apply_rows",
            "kernel_description", "sparse_kernel"]
