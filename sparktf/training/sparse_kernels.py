@@ -6,8 +6,6 @@ whole table (Keras' Adagrad takes ``sqrt(accumulator + epsilon)`` of every
 row at every step). For the optimizers below an update of the present rows
 alone gives the same values, so :func:`apply_rows` does that:
 
-* ``keras.optimizers.SGD`` without momentum: ``ResourceScatterSub`` of ``lr * g``
-  (TensorFlow has no sparse gradient-descent training kernel; this is Keras' own op);
 * ``keras.optimizers.Adagrad``: gather, add ``g ** 2``, scatter, with Keras'
   formula ``w -= lr * g / sqrt(acc + epsilon)``. TensorFlow's
   ``ResourceSparseApplyAdagradV2`` computes ``lr * g / (sqrt(acc) + epsilon)``
@@ -16,6 +14,9 @@ alone gives the same values, so :func:`apply_rows` does that:
   not used;
 * :class:`~sparktf.optimizers.RowWiseAdagrad` and
   :class:`~sparktf.optimizers.LazyAdam`: their own row update.
+
+Plain SGD needs none of this: its exact touched-rows update is the padded,
+XLA-compiled one of :mod:`sparktf.training.update_form`.
 
 An optimizer with weight decay, clipping, EMA, gradient accumulation or loss
 scaling gets no kernel (:func:`sparse_kernel` is None): those act on the
@@ -42,19 +43,19 @@ import tensorflow as tf
 from sparktf.optimizers import LazyAdam, RowWiseAdagrad
 from sparktf.optimizers.rows import native_variable, sum_duplicate_rows
 
-__all__ = ["ADAGRAD_KERNEL", "LAZY_ADAM_KERNEL", "ROW_WISE_ADAGRAD_KERNEL", "SGD_KERNEL", "apply_rows",
-           "kernel_description", "sparse_kernel"]
+__all__ = ["ADAGRAD_KERNEL", "LAZY_ADAM_KERNEL", "ROW_WISE_ADAGRAD_KERNEL", "apply_rows", "kernel_description",
+           "sparse_kernel"]
 
-SGD_KERNEL = "ResourceScatterSub"
 ADAGRAD_KERNEL = "adagrad_gather_scatter"
 ROW_WISE_ADAGRAD_KERNEL = "row_wise_adagrad_rows"
 LAZY_ADAM_KERNEL = "lazy_adam_rows"
 
-_DESCRIPTIONS = {
-    SGD_KERNEL: "sparse SGD kernel (ResourceScatterSub, touched rows only)",
-    ADAGRAD_KERNEL: "sparse Adagrad update (gather/scatter with Keras' formula, touched rows only)",
-    ROW_WISE_ADAGRAD_KERNEL: "RowWiseAdagrad's row update (touched rows only)",
-    LAZY_ADAM_KERNEL: "LazyAdam's row update (touched rows only)",
+# by exact class (a subclass may change update_step): the kernel and how the log names it
+_KERNELS = {
+    keras.optimizers.Adagrad: (ADAGRAD_KERNEL,
+                               "sparse Adagrad update (gather/scatter with Keras' formula, touched rows only)"),
+    RowWiseAdagrad: (ROW_WISE_ADAGRAD_KERNEL, "RowWiseAdagrad's row update (touched rows only)"),
+    LazyAdam: (LAZY_ADAM_KERNEL, "LazyAdam's row update (touched rows only)"),
 }
 # optimizer settings that act on the whole gradient list or on every variable
 _WHOLE_MODEL_SETTINGS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor")
@@ -73,14 +74,9 @@ def _refusal(optimizer: Any) -> Optional[str]:
         return "use_ema is set"
     if getattr(optimizer, "gradient_accumulation_steps", None):
         return "gradient_accumulation_steps is set"
-    kind = type(optimizer)  # exact classes: a subclass may change update_step
-    if kind is keras.optimizers.SGD:
-        if optimizer.momentum != 0 or optimizer.nesterov:
-            return "SGD with momentum"
-        return None
-    if kind in (keras.optimizers.Adagrad, RowWiseAdagrad, LazyAdam):
-        return None
-    return f"no exact sparse kernel for {kind.__name__}"
+    if type(optimizer) not in _KERNELS:
+        return f"no exact sparse kernel for {type(optimizer).__name__}"
+    return None
 
 
 def sparse_kernel(optimizer: Any) -> Optional[str]:
@@ -94,26 +90,16 @@ def sparse_kernel(optimizer: Any) -> Optional[str]:
     Returns
     -------
     str or None
-        One of :data:`SGD_KERNEL`, :data:`ADAGRAD_KERNEL`,
-        :data:`ROW_WISE_ADAGRAD_KERNEL`, :data:`LAZY_ADAM_KERNEL`, or None
-        when only Keras' own update is exact.
+        One of :data:`ADAGRAD_KERNEL`, :data:`ROW_WISE_ADAGRAD_KERNEL`,
+        :data:`LAZY_ADAM_KERNEL`, or None when only Keras' own update is exact.
     """
-    if _refusal(optimizer) is not None:
-        return None
-    kind = type(optimizer)
-    if kind is keras.optimizers.SGD:
-        return SGD_KERNEL
-    if kind is keras.optimizers.Adagrad:
-        return ADAGRAD_KERNEL
-    return ROW_WISE_ADAGRAD_KERNEL if kind is RowWiseAdagrad else LAZY_ADAM_KERNEL
+    return None if _refusal(optimizer) is not None else _KERNELS[type(optimizer)][0]
 
 
 def kernel_description(optimizer: Any) -> str:
     """A short human name of the update :func:`apply_rows` would use for ``optimizer``, for a log line."""
     reason = _refusal(optimizer)
-    if reason is not None:
-        return f"Keras' own update ({reason})"
-    return _DESCRIPTIONS[sparse_kernel(optimizer)]
+    return f"Keras' own update ({reason})" if reason is not None else _KERNELS[type(optimizer)][1]
 
 
 def apply_rows(optimizer: Any, variable: Any, slices: tf.IndexedSlices, learning_rate: Any = None, *,
@@ -153,15 +139,12 @@ def apply_rows(optimizer: Any, variable: Any, slices: tf.IndexedSlices, learning
                          "optimizer.build(model.trainable_variables) before applying rows")
     if learning_rate is None:
         learning_rate = optimizer.learning_rate
-    table = native_variable(variable)
-    dtype = table.dtype
+    dtype = native_variable(variable).dtype
     indices, rows = slices.indices, tf.cast(slices.values, dtype)
     if not unique_indices:
         indices, rows = sum_duplicate_rows(indices, rows)
     lr = tf.cast(learning_rate, dtype)
-    if kernel == SGD_KERNEL:
-        tf.raw_ops.ResourceScatterSub(resource=table.handle, indices=indices, updates=rows * lr)
-    elif kernel == ADAGRAD_KERNEL:
+    if kernel == ADAGRAD_KERNEL:
         _adagrad_rows(optimizer, variable, indices, rows, lr)
     else:
         optimizer.update_rows(variable, indices, rows, lr)
