@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Iterator, List, Tuple
 
-__all__ = ["install", "list_devices", "quietly", "StartupLineFilter"]
+__all__ = ["install", "import_without_devices", "list_devices", "quietly", "StartupLineFilter"]
 
 SHOW_ENV = "SPARKTF_SHOW_TF_STARTUP"
 
@@ -81,6 +81,20 @@ def install() -> None:
         return
     if not any(isinstance(finder, _QuietTensorFlowFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietTensorFlowFinder())
+
+
+def import_without_devices() -> None:
+    """Import TensorFlow and Keras now, quietly, without listing devices (so no runtime starts).
+
+    For a process that forks Spark's Python workers: each task lists the
+    devices later, once its own are chosen. Does nothing more than the imports
+    when TensorFlow is loaded already.
+    """
+    for finder in [finder for finder in sys.meta_path if isinstance(finder, _QuietTensorFlowFinder)]:
+        sys.meta_path.remove(finder)
+    with quietly():
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
 
 
 class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):

@@ -28,6 +28,9 @@ SPARK_TEST_CONF = {
     "spark.sql.shuffle.partitions": "4",
     "spark.default.parallelism": "2",
     "spark.python.worker.reuse": "true",
+    # workers fork from a daemon that loaded TensorFlow: each replaced worker saves its ~2-3 CPU-s import
+    # (the sessions that tests start in processes of their own keep PySpark's stock daemon)
+    "spark.python.daemon.module": "sparktf.spark.tf_daemon",
     "spark.driver.memory": "2g",
     # a call that leaked its slots (a bug) fails the tests after it with the planner's message, not pytest's timeout
     "spark.sparktf.slotWait": "240",

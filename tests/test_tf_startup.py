@@ -1,8 +1,10 @@
 """sparktf.tf_startup drops TensorFlow's start-up lines and nothing else."""
 
 import os
+import subprocess
+import sys
 
-from sparktf.tf_startup import StartupLineFilter, _filtered_stderr
+from sparktf.tf_startup import _ALWAYS, _CUINIT, _NO_DRIVER, StartupLineFilter, _filtered_stderr
 
 # As TensorFlow 2.21 writes them on a machine without a GPU (absl's prefix: level, date, time, thread).
 STARTUP = [
@@ -48,3 +50,25 @@ def test_standard_error_is_filtered_inside_the_block_only(capfd):
         os.write(2, b"an unfinished line")
     os.write(2, STARTUP[0])
     assert capfd.readouterr().err.encode() == b"".join(KEPT) + b"an unfinished line" + STARTUP[0]
+
+
+def test_the_worker_daemon_preloads_tensorflow_without_its_start_up_lines_or_a_runtime():
+    code = ("import sys; from sparktf.spark import tf_daemon; tf_daemon.preload(); "
+            "from tensorflow.python.eager import context; c = context.context_safe(); "
+            "print(c is None or not c._initialized, 'keras' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.split() == [b"True", b"True"]
+    assert not any(pattern.search(done.stderr) for pattern in (*_ALWAYS, _NO_DRIVER, _CUINIT)), done.stderr.decode()
+
+
+def test_the_shared_sessions_python_workers_fork_from_the_preloading_daemon(sc):
+    def daemon_of_this_worker(_):
+        import os
+
+        parent = os.getppid()
+        with open(f"/proc/{parent}/cmdline", "rb") as cmdline, open(f"/proc/{parent}/maps") as maps:
+            yield b"sparktf.spark.tf_daemon" in cmdline.read().split(b"\0"), "_pywrap_tensorflow_internal" in maps.read()
+
+    assert sc.parallelize([0], 1).mapPartitions(daemon_of_this_worker).collect() == [(True, True)]
