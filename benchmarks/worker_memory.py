@@ -32,7 +32,7 @@ def _descends_from(pid: int, ancestor: int, parents: Dict[int, int]) -> bool:
 
 
 def python_workers() -> Dict[int, int]:
-    """``{pid: RssAnon bytes}`` of this process's Spark Python workers (forked from its JVM's ``pyspark.daemon``)."""
+    """``{pid: RssAnon bytes}`` of this process's Spark Python workers (and their daemon: PySpark's or sparktf's)."""
     found = {}
     parents = _parents()
     for pid in parents:
@@ -40,7 +40,8 @@ def python_workers() -> Dict[int, int]:
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if b"pyspark.daemon" not in cmdline.read():
+                arguments = cmdline.read().split(b"\0")
+                if not {b"pyspark.daemon", b"sparktf.spark.tf_daemon"} & set(arguments):
                     continue
             with open(f"/proc/{pid}/status") as status:
                 for line in status:

@@ -39,6 +39,7 @@ def connect_server(tmp_path):
                "--master", "local-cluster[1,2,1024]", "--conf", f"spark.connect.grpc.binding.port={port}",
                "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
                "--conf", "spark.ui.enabled=false", "--conf", f"spark.executorEnv.PYSPARK_PYTHON={sys.executable}",
+               "--conf", "spark.python.daemon.module=sparktf.spark.tf_daemon",
                "spark-internal"]
     log = open(tmp_path / "connect-server.log", "w")
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

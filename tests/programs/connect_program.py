@@ -312,7 +312,8 @@ def main():
     remote = sys.argv[2] if len(sys.argv) > 2 else None
     if remote is None:
         os.environ["SPARK_REMOTE"] = "local[2]"
-    local_conf = {"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false"}  # a server has its own
+    local_conf = {"spark.driver.host": "127.0.0.1", "spark.ui.enabled": "false",  # a server has its own
+                  "spark.python.daemon.module": "sparktf.spark.tf_daemon"}
     spark = sparktf.init_spark(remote=remote, conf=None if remote else local_conf)
     result("session", module=type(spark).__module__, again=sparktf.init_spark() is spark)
 

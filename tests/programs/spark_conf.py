@@ -6,4 +6,5 @@ CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.default.parallelism": "2",
+    "spark.python.daemon.module": "sparktf.spark.tf_daemon",  # workers fork with TensorFlow loaded
 }
