@@ -13,6 +13,20 @@ each taken (single numbers on a shared VM move by up to 2x between runs):
 * **Wide & Deep**: 26 hashed categorical features sharing one 2^20 x 16
   table (and a 2^20 x 1 wide table), 13 dense features, MLP 256-128, Adagrad,
   global batch 2,048.
+* **DLRM shaped like Criteo**: 26 categorical features, each its own table
+  of 16 with Criteo Kaggle's cardinalities capped at 2^18 rows (1.86 M rows
+  in all), 13 dense features through a bottom MLP 64-16, the pairwise dot
+  products of the 27 vectors, a top MLP 128-64, ``RowWiseAdagrad``, global
+  batch 4,096.
+
+The tables' update: sparktf applies Adagrad and ``RowWiseAdagrad`` to the
+rows present only (``sparktf.training.sparse_kernels``); ``fit`` with Keras'
+Adagrad passes over every row. So Wide & Deep and DLRM are also run as one
+process with the same sparse update (a ``tf.function`` step of forward,
+gradients, ``apply_rows`` for the tables and ``optimizer.apply`` for the
+rest, in a subprocess of its own): the ratio against it is the scaling alone.
+Each case prints the largest peak RssAnon of a Python worker while sparktf
+trained (every worker holds every table and its slots).
 
 The bytes: rank 0 counts the gradient bytes it sent per step, and what the
 dense exchange (every table all-reduced in full) would have sent
@@ -21,12 +35,15 @@ bytes over its sparse bytes.
 
 Last lines::
 
+    RESULT dlrm_ratio=<sparktf samples/s / fit samples/s>
+    RESULT dlrm_same_update_ratio=<sparktf samples/s / one process with the same update>
+    RESULT wide_deep_same_update_ratio=...
     RESULT sparse_ratio_sgd=<sparktf samples/s / fit samples/s>
     RESULT sparse_ratio_adam=...
     RESULT wide_deep_ratio=...
     RESULT sparse_bytes_ratio=<dense bytes per step / sparse bytes per step>
 
-Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_sparse.py [--quick]``.
+Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_sparse.py [--quick] [--only dlrm,wide_deep]``.
 """
 
 from __future__ import annotations
@@ -40,21 +57,41 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # worker_memory beside this file
+
 USERS, ITEMS = 138_493, 26_744
 HASH_BUCKETS, CATEGORICAL, NUMERIC = 1 << 20, 26, 13
 GLOBAL_BATCH = 2048
 ITERATIONS = {"full": 160, "quick": 30}
 ROUNDS = {"full": 2, "quick": 1}
-WORKLOADS = (("ncf", "sgd"), ("ncf", "adam"), ("wide_deep", "adagrad"))
+WORKLOADS = (("ncf", "sgd"), ("ncf", "adam"), ("wide_deep", "adagrad"), ("dlrm", "row_wise_adagrad"))
+#: Criteo Kaggle's 26 categorical cardinalities, each capped at DLRM_MAX_ROWS so that the tables fit here.
+CRITEO_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+                        14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
+DLRM_MAX_ROWS, DLRM_DIM, DLRM_BATCH = 1 << 18, 16, 4096
+SAME_UPDATE_KINDS = ("wide_deep", "dlrm")
+
+
+def global_batch(kind: str) -> int:
+    return DLRM_BATCH if kind == "dlrm" else GLOBAL_BATCH
+
+
+def dlrm_rows():
+    return [min(rows, DLRM_MAX_ROWS) for rows in CRITEO_CARDINALITIES]
 
 
 def build_model(kind: str, optimizer: str):
     import keras
 
+    from sparktf.optimizers import RowWiseAdagrad
+
     keras.utils.set_random_seed(0)
     optimizers = {"sgd": lambda: keras.optimizers.SGD(0.05), "adam": lambda: keras.optimizers.Adam(1e-3),
-                  "adagrad": lambda: keras.optimizers.Adagrad(0.05)}
-    if kind == "ncf":
+                  "adagrad": lambda: keras.optimizers.Adagrad(0.05),
+                  "row_wise_adagrad": lambda: RowWiseAdagrad(0.05)}
+    if kind == "dlrm":
+        model = build_dlrm()
+    elif kind == "ncf":
         user, item = keras.Input((1,), dtype="int32", name="user"), keras.Input((1,), dtype="int32", name="item")
 
         def embedded(ids, rows, width):
@@ -80,6 +117,25 @@ def build_model(kind: str, optimizer: str):
     return model
 
 
+def build_dlrm():
+    """DLRM: a bottom MLP on the dense features, one table per categorical one, their dot products, a top MLP."""
+    import keras
+
+    ids = keras.Input((len(CRITEO_CARDINALITIES),), dtype="int32", name="categorical")
+    numeric = keras.Input((NUMERIC,), name="numeric")
+    bottom = keras.layers.Dense(64, activation="relu")(numeric)
+    bottom = keras.layers.Dense(DLRM_DIM, activation="relu")(bottom)
+    vectors = [bottom] + [keras.layers.Embedding(rows, DLRM_DIM, name=f"table_{i}")(ids[:, i])
+                          for i, rows in enumerate(dlrm_rows())]
+    stacked = keras.ops.stack(vectors, axis=1)
+    dots = keras.ops.reshape(keras.ops.matmul(stacked, keras.ops.transpose(stacked, (0, 2, 1))), (-1, 27 * 27))
+    pairs = [i * 27 + j for i in range(27) for j in range(i + 1, 27)]
+    top = keras.layers.Concatenate()([bottom, keras.ops.take(dots, np.array(pairs), axis=1)])
+    for width in (128, 64):
+        top = keras.layers.Dense(width, activation="relu")(top)
+    return keras.Model([ids, numeric], keras.layers.Dense(1, activation="sigmoid")(top))
+
+
 def make_data(kind: str, records: int):
     """Interactions: uniform users and Zipf items (NCF), or Zipf hashed ids per feature (Wide & Deep)."""
     rng = np.random.default_rng(1)
@@ -88,24 +144,63 @@ def make_data(kind: str, records: int):
         users = rng.integers(0, USERS, (records, 1)).astype(np.int32)
         items = ((rng.zipf(1.2, (records, 1)) - 1) % ITEMS).astype(np.int32)
         return [users, items], labels
+    if kind == "dlrm":
+        ids = np.stack([(rng.zipf(1.2, records) - 1) % rows for rows in dlrm_rows()], axis=1).astype(np.int32)
+        return [ids, rng.normal(size=(records, NUMERIC)).astype(np.float32)], labels
     offsets = rng.integers(0, HASH_BUCKETS, CATEGORICAL)  # each feature's values hash all over the table
     ids = ((rng.zipf(1.3, (records, CATEGORICAL)) + offsets) % HASH_BUCKETS).astype(np.int32)
     return [ids, rng.normal(size=(records, NUMERIC)).astype(np.float32)], labels
 
 
-def one_process(kind: str, optimizer: str, iterations: int) -> float:
-    """Samples/s of ``model.fit`` on in-memory arrays, timed after a traced first epoch."""
+def one_process(kind: str, optimizer: str, iterations: int, method: str) -> float:
+    """Samples/s of ``model.fit`` (or the same-update loop) on in-memory arrays, timed after a traced start."""
     model = build_model(kind, optimizer)
-    features, labels = make_data(kind, GLOBAL_BATCH * iterations)
-    model.fit(features, labels, batch_size=GLOBAL_BATCH, epochs=1, steps_per_epoch=5, verbose=0, shuffle=False)
+    batch = global_batch(kind)
+    features, labels = make_data(kind, batch * iterations)
+    if method == "same_update":
+        return same_update_loop(model, features, labels, batch, iterations)
+    model.fit(features, labels, batch_size=batch, epochs=1, steps_per_epoch=5, verbose=0, shuffle=False)
     started = time.perf_counter()
-    model.fit(features, labels, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, shuffle=False)
-    return GLOBAL_BATCH * iterations / (time.perf_counter() - started)
+    model.fit(features, labels, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+    return batch * iterations / (time.perf_counter() - started)
 
 
-def run_one_process(kind: str, optimizer: str, iterations: int) -> float:
+def same_update_loop(model, features, labels, batch: int, iterations: int) -> float:
+    """Samples/s of a one-process loop that updates the tables as sparktf does: their rows present only."""
+    import tensorflow as tf
+
+    from sparktf.training.sparse_kernels import apply_rows
+
+    optimizer, variables = model.optimizer, model.trainable_variables
+    optimizer.build(variables)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+        dense = []
+        for gradient, variable in zip(tape.gradient(loss, variables), variables):
+            if isinstance(gradient, tf.IndexedSlices):
+                apply_rows(optimizer, variable, gradient)
+            else:
+                dense.append((gradient, variable))
+        optimizer.apply(*zip(*dense))
+        return loss
+
+    batches = [([part[i * batch:(i + 1) * batch] for part in features], labels[i * batch:(i + 1) * batch])
+               for i in range(iterations)]
+    for x, y in batches[:5]:
+        float(step(x, y))
+    started = time.perf_counter()
+    for x, y in batches:
+        loss = step(x, y)
+    float(loss)
+    return batch * iterations / (time.perf_counter() - started)
+
+
+def run_one_process(kind: str, optimizer: str, iterations: int, method: str = "fit") -> float:
     """:func:`one_process` in a fresh subprocess, owning TensorFlow's default thread pools."""
-    out = subprocess.run([sys.executable, __file__, "--single", kind, optimizer, str(iterations)],
+    out = subprocess.run([sys.executable, __file__, "--single", kind, optimizer, str(iterations), method],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["samples_per_second"]
 
@@ -114,30 +209,37 @@ def run_sparktf(kind: str, optimizer: str, iterations: int):
     """Samples/s of a warm 2-worker ``optimize`` of ``iterations`` steps; rank 0's timings and traffic."""
     from sparktf import MaxIteration, TFDataset, TFOptimizer
 
-    dataset = TFDataset.from_ndarrays(make_data(kind, GLOBAL_BATCH * iterations), batch_size=GLOBAL_BATCH,
+    from worker_memory import PeakSampler
+
+    batch = global_batch(kind)
+    dataset = TFDataset.from_ndarrays(make_data(kind, batch * iterations), batch_size=batch,
                                       num_partitions=2, shuffle=False)
     dataset.num_records
     trainer = TFOptimizer.from_keras(build_model(kind, optimizer), dataset, num_workers=2)
     warm = MaxIteration(5)
     trainer.optimize(end_trigger=warm, checkpoint_trigger=warm, verbose=0)
     end = MaxIteration(iterations)
-    started = time.perf_counter()
-    history = trainer.optimize(end_trigger=end, checkpoint_trigger=end, verbose=0)
-    seconds = time.perf_counter() - started
+    with PeakSampler(interval=0.2) as memory:
+        started = time.perf_counter()
+        history = trainer.optimize(end_trigger=end, checkpoint_trigger=end, verbose=0)
+        seconds = time.perf_counter() - started
     assert history["iterations"] == iterations, history["iterations"]
-    return GLOBAL_BATCH * (iterations - 5) / seconds, trainer.last_timings, trainer.last_traffic
+    return batch * (iterations - 5) / seconds, trainer.last_timings, trainer.last_traffic, memory.peak
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (about 3 minutes)")
-    parser.add_argument("--single", nargs=3, metavar=("KIND", "OPTIMIZER", "ITERATIONS"), help=argparse.SUPPRESS)
+    parser.add_argument("--only", help="comma-separated model kinds (ncf, wide_deep, dlrm); default all")
+    parser.add_argument("--single", nargs=4, metavar=("KIND", "OPTIMIZER", "ITERATIONS", "METHOD"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.single:
-        rate = one_process(args.single[0], args.single[1], int(args.single[2]))
+        rate = one_process(args.single[0], args.single[1], int(args.single[2]), args.single[3])
         print(json.dumps({"samples_per_second": rate}))
         return
+    kinds = args.only.split(",") if args.only else [kind for kind, _ in WORKLOADS]
 
     import sparktf
 
@@ -146,31 +248,49 @@ def main() -> None:
         "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
         "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
     spark.sparkContext.setLogLevel("ERROR")
-    print(f"local[2] on {os.cpu_count()} cores; global batch {GLOBAL_BATCH}, {iterations} timed iterations")
-    ratios, bytes_ratio = {}, None
+    print(f"local[2] on {os.cpu_count()} cores; global batch {GLOBAL_BATCH} ({DLRM_BATCH} for DLRM), "
+          f"{iterations} timed iterations")
+    results = {}
     for kind, optimizer in WORKLOADS:
-        singles, runs = [], []
-        for _ in range(ROUNDS["quick" if args.quick else "full"]):
-            singles.append(run_one_process(kind, optimizer, iterations))
-            runs.append(run_sparktf(kind, optimizer, iterations))
-        print(f"{kind:9s} {optimizer:7s} rounds: fit {' '.join(f'{r:.0f}' for r in singles)}, sparktf "
-              f"{' '.join(f'{r[0]:.0f}' for r in runs)} samples/s")
-        single, (rate, timings, traffic) = max(singles), max(runs, key=lambda run: run[0])
-        ratios[(kind, optimizer)] = rate / single
-        steps = iterations - 5
-        phases = " ".join(f"{p}={1000 * timings.get(p, 0.0) / steps:.2f}ms"
-                          for p in ("batches", "compute", "allreduce", "apply"))
-        sent, dense = traffic.sent / traffic.steps, traffic.dense / traffic.steps
-        print(f"{kind:9s} {optimizer:7s} fit {single:9.0f} samples/s | sparktf 2 workers {rate:9.0f} samples/s | "
-              f"ratio {rate / single:.3f} | rank 0 per step: {phases} | gradient bytes sent {sent / 1e6:.3f} MB "
-              f"(dense {dense / 1e6:.1f} MB; tables as rows {traffic.sparse_tables}, dense {traffic.dense_tables})")
-        if (kind, optimizer) == ("ncf", "sgd"):
-            bytes_ratio = dense / sent
+        if kind in kinds:
+            results[kind, optimizer] = compare(kind, optimizer, iterations, ROUNDS["quick" if args.quick else "full"])
     spark.stop()
-    print(f"RESULT wide_deep_ratio={ratios[('wide_deep', 'adagrad')]:.3f}")
-    print(f"RESULT sparse_ratio_adam={ratios[('ncf', 'adam')]:.3f}")
-    print(f"RESULT sparse_bytes_ratio={bytes_ratio:.1f}")
-    print(f"RESULT sparse_ratio_sgd={ratios[('ncf', 'sgd')]:.3f}")
+    lines = [("dlrm", "row_wise_adagrad", "fit", "dlrm_ratio"),
+             ("dlrm", "row_wise_adagrad", "same_update", "dlrm_same_update_ratio"),
+             ("wide_deep", "adagrad", "same_update", "wide_deep_same_update_ratio"),
+             ("wide_deep", "adagrad", "fit", "wide_deep_ratio"),
+             ("ncf", "adam", "fit", "sparse_ratio_adam"),
+             ("ncf", "sgd", "bytes", "sparse_bytes_ratio"),
+             ("ncf", "sgd", "fit", "sparse_ratio_sgd")]
+    for kind, optimizer, against, name in lines:
+        if (kind, optimizer) in results:
+            print(f"RESULT {name}={results[kind, optimizer][against]:.{1 if against == 'bytes' else 3}f}")
+
+
+def compare(kind: str, optimizer: str, iterations: int, rounds: int) -> dict:
+    """One workload's rounds (one process and sparktf alternating); prints them; its ratios and bytes ratio."""
+    methods = ("fit", "same_update") if kind in SAME_UPDATE_KINDS else ("fit",)
+    singles, runs = {method: [] for method in methods}, []
+    for _ in range(rounds):
+        for method in methods:
+            singles[method].append(run_one_process(kind, optimizer, iterations, method))
+        runs.append(run_sparktf(kind, optimizer, iterations))
+    print(f"{kind:9s} {optimizer:7s} rounds: " + ", ".join(
+        f"{method} {' '.join(f'{r:.0f}' for r in rates)}" for method, rates in singles.items())
+        + f", sparktf {' '.join(f'{r[0]:.0f}' for r in runs)} samples/s")
+    rate, timings, traffic, peak = max(runs, key=lambda run: run[0])
+    best = {method: max(rates) for method, rates in singles.items()}
+    steps = iterations - 5
+    phases = " ".join(f"{p}={1000 * timings.get(p, 0.0) / steps:.2f}ms"
+                      for p in ("batches", "compute", "allreduce", "apply"))
+    sent, dense = traffic.sent / traffic.steps, traffic.dense / traffic.steps
+    one_process_rates = " | ".join(f"{method} {value:9.0f} samples/s" for method, value in best.items())
+    ratios = " ".join(f"ratio vs {method} {rate / value:.3f}" for method, value in best.items())
+    print(f"{kind:9s} {optimizer:7s} {one_process_rates} | sparktf 2 workers {rate:9.0f} samples/s | {ratios} | "
+          f"rank 0 per step: {phases} | gradient bytes sent {sent / 1e6:.3f} MB (dense {dense / 1e6:.1f} MB; "
+          f"tables as rows {traffic.sparse_tables}, dense {traffic.dense_tables}) | peak worker RssAnon "
+          f"{peak / 2**20:.0f} MB (tables not sharded)")
+    return {**{method: rate / value for method, value in best.items()}, "bytes": dense / sent}
 
 
 if __name__ == "__main__":

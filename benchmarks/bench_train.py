@@ -37,6 +37,11 @@ first as ``ratio_2w_batch64``. The last line is
 ``RESULT train_ratio_2w=<(c) records/s / (a) records/s>`` over both workloads
 at the main batches (total records / total seconds).
 
+``--cold-rounds N`` measures the cold first job alone, N times: each round
+starts a fresh session in a subprocess (``init_spark``'s warm-up done, then
+the CNN job on 2 workers, launch included) and runs (a) in another, and
+prints each round's ratio and ``RESULT train_ratio_2w_cold_cnn=<median>``.
+
 ``--connect`` compares sessions instead: the CNN job on 2 workers
 (``from_ndarrays``, ``TFOptimizer.optimize``, after one short warm job) in a
 classic session and in a Spark Connect session, each in a process of its
@@ -70,6 +75,13 @@ OLD_FULL_ITERATIONS = {"cnn": 200, "mlp": 600}
 OLD_QUICK_ITERATIONS = {"cnn": 40, "mlp": 120}
 CONNECT_ITERATIONS = {"full": 400, "quick": 40}
 CONNECT_ROUNDS = {"full": 3, "quick": 1}
+SESSION_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.python.worker.reuse": "true",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
 
 
 def build_model(kind: str):
@@ -191,6 +203,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (< 2 minutes)")
     parser.add_argument("--connect", action="store_true", help="Spark Connect against a classic session")
+    parser.add_argument("--cold-rounds", type=int, metavar="N", help="only the cold first CNN job, N fresh sessions")
+    parser.add_argument("--cold-job", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--single", nargs=3, metavar=("KIND", "BATCH", "ITERATIONS"), help=argparse.SUPPRESS)
     parser.add_argument("--session-run", nargs=3, metavar=("SESSION", "ITERATIONS", "ROUNDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -206,26 +220,25 @@ def main() -> None:
     if args.connect:
         compare_sessions("quick" if args.quick else "full")
         return
+    cnn_iterations = (QUICK_ITERATIONS if args.quick else FULL_ITERATIONS)["cnn"]
+    if args.cold_job:
+        print(json.dumps(cold_job(cnn_iterations)))
+        return
+    if args.cold_rounds:
+        compare_cold(cnn_iterations, args.cold_rounds)
+        return
 
     import sparktf
     from sparktf.context import WARM_UP_CONF
 
-    conf = {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.python.worker.reuse": "true",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-    }
     print(f"local[2] on {os.cpu_count()} cores; {RECORDS} records per workload")
-    cnn_iterations = (QUICK_ITERATIONS if args.quick else FULL_ITERATIONS)["cnn"]
-    spark = sparktf.init_spark("local[2]", app_name="bench-train", conf={**conf, WARM_UP_CONF: "false"})
+    spark = sparktf.init_spark("local[2]", app_name="bench-train", conf={**SESSION_CONF, WARM_UP_CONF: "false"})
     unwarmed, _ = run_sparktf("cnn", GLOBAL_BATCH["cnn"], cnn_iterations, 2)
     print(f"cold, no warm-up: the first CNN job of a session starts 2 Python workers and imports TensorFlow: "
           f"{unwarmed:.1f}s")
     spark.stop()
     # the default; said explicitly because PySpark's session builder keeps the options of the earlier session
-    spark = sparktf.init_spark("local[2]", app_name="bench-train", conf={**conf, WARM_UP_CONF: "true"})
+    spark = sparktf.init_spark("local[2]", app_name="bench-train", conf={**SESSION_CONF, WARM_UP_CONF: "true"})
     spark.sparkContext.setLogLevel("ERROR")
     warm_up_seconds = wait_for_warm_up()
     cold, _ = run_sparktf("cnn", GLOBAL_BATCH["cnn"], cnn_iterations, 2)
@@ -274,6 +287,33 @@ def compare_sessions(mode: str) -> None:
     for session, value in best.items():
         print(f"{session:8s} best {images / value:.0f} images/s")
     print(f"RESULT connect_ratio={best['classic'] / best['connect']:.3f}")
+
+
+def cold_job(iterations: int) -> dict:
+    """A fresh session's first CNN job on 2 workers, after ``init_spark``'s warm-up: seconds and rank 0's timings."""
+    import sparktf
+
+    spark = sparktf.init_spark("local[2]", app_name="bench-train-cold", conf=SESSION_CONF)
+    spark.sparkContext.setLogLevel("ERROR")
+    warm_up = wait_for_warm_up()
+    seconds, timings = run_sparktf("cnn", GLOBAL_BATCH["cnn"], iterations, 2)
+    spark.stop()
+    return {"seconds": seconds, "warm_up": warm_up, "timings": timings}
+
+
+def compare_cold(iterations: int, rounds: int) -> None:
+    """Rounds of (a) and a fresh session's cold CNN job, each in a subprocess; prints the median ratio."""
+    ratios = []
+    for round_number in range(rounds):
+        single = run_single_process("cnn", GLOBAL_BATCH["cnn"], iterations)
+        out = subprocess.run([sys.executable, __file__, "--cold-job"] + (["--quick"] if iterations < 100 else []),
+                             check=True, capture_output=True, text=True).stdout
+        cold = json.loads(out.strip().splitlines()[-1])
+        ratios.append(single / cold["seconds"])
+        print(f"round {round_number}: (a) {single:.2f}s, cold 2 workers {cold['seconds']:.2f}s "
+              f"(warm-up {cold['warm_up']:.1f}s) ratio {ratios[-1]:.3f}; rank 0: "
+              f"{format_timings(cold['timings'], iterations)}", flush=True)
+    print(f"RESULT train_ratio_2w_cold_cnn={float(np.median(ratios)):.3f}")
 
 
 def wait_for_warm_up() -> float:

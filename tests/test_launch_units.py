@@ -12,6 +12,7 @@ import pytest
 import sparktf
 from sparktf.launch import failures
 from sparktf.launch.context import absolute_path
+from sparktf.launch.logstream import LogClient, LogServer
 from sparktf.launch.ports import PortReservation
 from sparktf.launch.program import pickle_program
 from sparktf.launch.tf_config import build_tf_config, master_to_chief, task_roles
@@ -116,7 +117,7 @@ def test_absolute_path_follows_tfos_rules(tmp_path):
     assert absolute_path("rel", "hdfs://nn:8020", "/w").startswith("hdfs://nn:8020/user/")
 
 
-def test_failure_message_names_role_exit_and_exception_and_survives_encoding():
+def test_failure_message_names_role_exit_and_exception():
     output = ["noise"] * 300 + [
         "Traceback (most recent call last):",
         '  File "prog.py", line 3, in main_fun',
@@ -126,9 +127,6 @@ def test_failure_message_names_role_exit_and_exception_and_survives_encoding():
     message = failures.failure_message("worker 1", 1, output)
     assert message.splitlines()[0] == "sparktf.run: worker 1 failed (exit code 1): ValueError: bad input"
     assert "noise" not in message and len(message.splitlines()) == 6
-    wrapped = "py4j blah\n  RuntimeError: " + failures.encode(message) + "\n\tat org.apache..."
-    assert failures.decode(wrapped) == message
-    assert failures.decode("no marker here") is None
     killed = failures.failure_message("chief 0", -9, [f"line {i}" for i in range(100)])
     assert "killed by SIGKILL" in killed.splitlines()[0] and killed.splitlines()[-1] == "line 99"
     assert len(killed.splitlines()) == 2 + failures.LINES_WITHOUT_TRACEBACK
@@ -168,3 +166,18 @@ def test_parameter_servers_are_refused_with_the_reason_before_any_job():
 def test_bad_arguments_are_refused(kwargs, error):
     with pytest.raises(error):
         sparktf.run(_defined_in_a_test_module, **kwargs)
+
+
+def test_the_log_server_takes_lines_and_acknowledged_failures_from_clients_that_prove_the_secret():
+    lines = []
+    with LogServer("127.0.0.1", lines.append) as server:
+        client = LogClient(server.address, server.secret)
+        client.send("[worker 0] héllo")
+        assert client.report_failure("sparktf.run: worker 0 failed (exit code 1): ValueError: bad")
+        assert server.failures() == ["sparktf.run: worker 0 failed (exit code 1): ValueError: bad"]
+        client.close()
+        intruder = LogClient(server.address, b"not the secret")
+        intruder.send("[worker 1] forged")
+        assert not intruder.report_failure("forged failure")  # the server closed the connection
+        intruder.close()
+    assert lines == ["[worker 0] héllo"] and len(server.failures()) == 1

@@ -18,6 +18,7 @@ from sparktf import (
     TFOptimizer,
     TrainingError,
 )
+from sparktf.errors import InternalError
 from sparktf.spark.cluster import WATCHDOG_SLACK_CONF
 
 from concurrent_calls import in_threads
@@ -130,6 +131,50 @@ def test_persistent_failure_raises_training_error_with_worker_message(sc):
     optimizer = TFOptimizer.from_keras(model, TFDataset.from_ndarrays(data(), batch_size=8), max_failures=0)
     with pytest.raises(TrainingError, match=r"(?s)failed 1 time.*the layer always fails"):
         optimizer.optimize(MaxIteration(2))
+    assert optimizer.iteration == 0
+
+
+class BreakTheExchangeOnce(PythonHook):
+    """On rank 0, makes this worker's next gradient exchange raise a ValueError, as a bug of sparktf's would.
+
+    The exchange is patched for one call only (a reused Python worker runs later tests). ``marker`` gets a
+    line per step run on rank 0, so the test sees whether the segment was relaunched.
+    """
+
+    def __init__(self, marker, **kwargs):
+        super().__init__(**kwargs)
+        self.marker = marker
+
+    def hook(self):
+        from pyspark import TaskContext
+
+        from sparktf.training.gradient_exchange import GradientExchange
+
+        if TaskContext.get().partitionId() != 0:
+            return
+        with open(self.marker, "a") as handle:
+            handle.write("step\n")
+        original = GradientExchange.__call__
+
+        def broken(exchange, layout, parts):
+            GradientExchange.__call__ = original
+            raise ValueError("injected: row offsets out of range")
+
+        GradientExchange.__call__ = broken
+
+    def get_config(self):
+        return {**super().get_config(), "marker": self.marker}
+
+
+def test_a_bug_in_the_exchange_inside_a_spark_task_is_an_internal_error_at_once_never_the_datas(sc, tmp_path):
+    marker = str(tmp_path / "steps")
+    model = keras.Sequential([keras.Input((3,)), BreakTheExchangeOnce(marker), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    optimizer = TFOptimizer.from_keras(model, TFDataset.from_ndarrays(data(), batch_size=8), max_failures=3)
+    with pytest.raises(InternalError, match=r"(?s)row offsets out of range.*please report it") as raised:
+        optimizer.optimize(MaxIteration(2), verbose=0)
+    assert not isinstance(raised.value, DataError)
+    assert open(marker).read() == "step\n"  # one step on rank 0, no relaunch although max_failures=3
     assert optimizer.iteration == 0
 
 

@@ -1,26 +1,22 @@
-"""A failed child as a short text that survives Spark's error path to the driver.
+"""The message of a failed child: its role, how it ended, and its last traceback or output lines.
 
-A task raises ``RuntimeError(encode(message))``; Spark carries the text (in
-the task's Python traceback) into the driver's ``Py4JJavaError``, where
-``decode`` finds it again. The message is plain text in base64 between
-markers, so Java's and Python's exception formatting cannot mangle it.
+The task sends it to the driver over the log stream (``LogClient.report_failure``),
+and the driver raises it.
 """
 
 from __future__ import annotations
 
-import base64
 import re
 import signal
 from typing import Optional, Sequence
 
-__all__ = ["failure_message", "exception_line", "encode", "decode"]
+__all__ = ["failure_message", "exception_line"]
 
 MAX_TRACEBACK_LINES = 100
 LINES_WITHOUT_TRACEBACK = 40
 MAX_LINE_CHARS = 500
 _TRACEBACK_START = "Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")
-_MARKED = re.compile(r"<<sparktf-run-failure:([A-Za-z0-9+/=]+)>>")
 
 
 def exception_line(output: Sequence[str]) -> Optional[str]:
@@ -77,15 +73,3 @@ def failure_message(role: str, exit_code: Optional[int], output: Sequence[str], 
     shown = [line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + " [...]" for line in shown]
     return "\n".join([headline, f"--- last {len(shown)} lines of {role}'s output ---", *shown])
 
-
-def encode(message: str) -> str:
-    """``message`` wrapped so that ``decode`` finds it in any error text that contains it."""
-    return "<<sparktf-run-failure:" + base64.b64encode(message.encode("utf-8")).decode("ascii") + ">>"
-
-
-def decode(error_text: str) -> Optional[str]:
-    """The first message ``encode`` wrapped inside ``error_text``, or None."""
-    match = _MARKED.search(error_text)
-    if match is None:
-        return None
-    return base64.b64decode(match.group(1)).decode("utf-8", "replace")

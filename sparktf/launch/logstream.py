@@ -1,11 +1,17 @@
-"""Child output to the driver: an authenticated TCP log server on the driver, a client per task.
+"""Child output and child failures to the driver: an authenticated TCP server on the driver, a client per task.
 
-Protocol, text only (nothing read from these sockets is ever unpickled):
+Protocol (nothing read from these sockets is ever unpickled):
 
 1. the server sends a random nonce line;
 2. the client answers ``HMAC-SHA256(secret, nonce)`` in hex; a wrong or late
    answer closes the connection;
-3. the client sends UTF-8 lines, already prefixed with the task's role.
+3. the client sends frames: a kind byte, the payload's length (4 bytes, big
+   endian, at most ``MAX_FRAME_BYTES``) and the payload, UTF-8 text:
+
+   * ``L``: one line of a child's output, already prefixed with its role;
+   * ``F``: the message of a failed child (:func:`sparktf.launch.failures.failure_message`);
+     the server answers ``A`` once it holds it, so the task raises only after
+     the driver knows why.
 
 The secret is random per ``sparktf.run`` call and reaches the tasks inside
 the Spark task closure.
@@ -18,6 +24,7 @@ import hmac
 import logging
 import secrets
 import socket
+import struct
 import sys
 import threading
 import time
@@ -31,15 +38,25 @@ _LOG = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
 SEND_TIMEOUT_S = 30.0
 MAX_LINE_BYTES = 64 * 1024
+MAX_FRAME_BYTES = 1 << 20  # a line (MAX_LINE_BYTES plus its role) or a failure message (about 100 short lines)
 _NONCE_LINE_BYTES = 200
+_HEADER = struct.Struct(">cI")
+_LINE, _FAILURE, _ACK = b"L", b"F", b"A"
 
 
 def _answer(secret: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, nonce, hashlib.sha256).hexdigest().encode("ascii")
 
 
+def _read_exactly(reader, size: int) -> bytes:
+    data = reader.read(size)  # a buffered read: short only at the end of the stream
+    if len(data) != size:
+        raise EOFError("the connection ended inside a frame")
+    return data
+
+
 class LogServer:
-    """Receives the tasks' lines and hands each to ``sink``, in a thread per connection.
+    """Receives the tasks' lines, handing each to ``sink``, and their failures, in a thread per connection.
 
     Parameters
     ----------
@@ -57,6 +74,7 @@ class LogServer:
         self.address: Tuple[str, int] = (host, self._listener.getsockname()[1])
         self._lock = threading.Lock()
         self._connections: List[Tuple[socket.socket, threading.Thread]] = []
+        self._failures: List[str] = []
         self._accepting = AcceptLoop(self._listener, self._accepted, "sparktf-run-log-accept").start()
 
     def _accepted(self, connection: socket.socket, address: object) -> None:
@@ -75,12 +93,30 @@ class LogServer:
                 _LOG.warning("sparktf.run: refused a log connection that did not prove the job's secret")
                 return
             connection.settimeout(None)
-            for raw in iter(lambda: reader.readline(MAX_LINE_BYTES), b""):
-                self._sink(raw.decode("utf-8", "replace").rstrip("\r\n"))
-        except OSError:
+            while True:
+                header = reader.read(_HEADER.size)
+                if not header:
+                    return
+                kind, size = _HEADER.unpack(header + _read_exactly(reader, _HEADER.size - len(header)))
+                if kind not in (_LINE, _FAILURE) or size > MAX_FRAME_BYTES:
+                    _LOG.warning("sparktf.run: closed a log connection that sent a malformed frame")
+                    return
+                text = _read_exactly(reader, size).decode("utf-8", "replace")
+                if kind == _LINE:
+                    self._sink(text)
+                    continue
+                with self._lock:
+                    self._failures.append(text)
+                connection.sendall(_ACK)
+        except (OSError, EOFError):
             pass
         finally:
             connection.close()
+
+    def failures(self) -> List[str]:
+        """The failure messages the tasks sent, in the order they arrived."""
+        with self._lock:
+            return list(self._failures)
 
     def close(self, drain_timeout: float = 10.0) -> None:
         """Stop accepting, give open connections ``drain_timeout`` seconds to end, then cut them (once)."""
@@ -138,12 +174,31 @@ class LogClient:
 
     def send(self, line: str) -> None:
         """Send one line (without newline)."""
-        if self._socket is None:
-            return
+        self._send_frame(_LINE, line)
+
+    def report_failure(self, message: str) -> bool:
+        """Send a failed child's message and wait (bounded) until the server holds it; False if it could not."""
+        if not self._send_frame(_FAILURE, message):
+            return False
         try:
-            self._socket.sendall(line.encode("utf-8", "replace") + b"\n")
+            if self._socket.recv(1) == _ACK:
+                return True
+            reason = "the server did not acknowledge the failure"
+        except OSError as error:
+            reason = f"no acknowledgement of the failure: {error}"
+        self._give_up(reason)
+        return False
+
+    def _send_frame(self, kind: bytes, text: str) -> bool:
+        if self._socket is None:
+            return False
+        payload = text.encode("utf-8", "replace")[:MAX_FRAME_BYTES]
+        try:
+            self._socket.sendall(_HEADER.pack(kind, len(payload)) + payload)
+            return True
         except OSError as error:
             self._give_up(f"sending failed: {error}")
+            return False
 
     def close(self) -> None:
         """Close the connection; the server sees the end of the stream."""

@@ -15,7 +15,6 @@ from typing import Any, Callable, Mapping, Optional
 import cloudpickle
 from sparktf.context import init_spark
 from sparktf.errors import SparkTFError
-from sparktf.launch import failures
 from sparktf.launch.context import absolute_path
 from sparktf.launch.logstream import LogServer
 from sparktf.launch.program import pickle_program
@@ -181,9 +180,9 @@ def _run_program(kind: Any, call: Any, num_tasks: int, main_fun: Callable[[Any, 
         try:
             results = kind.run_tasks(num_tasks, functools.partial(run_barrier_task, spec), tag, barrier=True)
         except Exception as error:
-            child_failure = failures.decode(str(error))
-            if child_failure is not None:
-                raise SparkTFError(child_failure) from None
+            reported = server.failures()  # a task that saw its child fail said why before it raised
+            if reported:
+                raise SparkTFError(reported[0]) from None
             raise _spark_failure(error) from error
         finally:
             kind.cancel_tag(tag)

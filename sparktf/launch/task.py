@@ -85,12 +85,13 @@ def _run_child(spec: TaskSpec, ctx: RunContext) -> Optional[bytes]:
                 exit_code = child.wait(spec.timeout)
             finally:
                 child.close()
+            if exit_code != 0:
+                reason = None if exit_code is not None else f"timeout: still running after {spec.timeout:g} s; killed"
+                message = failures.failure_message(ctx.role, exit_code, list(child.tail), reason)
+                log.report_failure(message)  # the driver raises it; Spark's copy of the text is for its own logs
+                raise RuntimeError(message)
         finally:
             log.close()
-        if exit_code != 0:
-            reason = None if exit_code is not None else f"timeout: still running after {spec.timeout:g} s; killed"
-            message = failures.failure_message(ctx.role, exit_code, list(child.tail), reason)
-            raise RuntimeError(f"{message}\n{failures.encode(message)}")
         if ctx.worker_num == 0 and os.path.exists(result_path):
             with open(result_path, "rb") as file:
                 return file.read()
