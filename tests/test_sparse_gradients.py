@@ -163,12 +163,13 @@ def test_each_optimizer_gets_its_rows_in_the_form_that_updates_alike():
     import keras
 
     from sparktf.optimizers import LazyAdam, RowWiseAdagrad
-    from sparktf.training.update_form import update_form
+    from sparktf.training.update_form import MAX_PADDED_TABLES, update_form
 
     assert update_form(keras.optimizers.SGD(0.1)) == "padded"
     assert update_form(keras.optimizers.Adagrad(0.1)) == "kernel"  # a slot per row: the touched rows' update
     assert update_form(LazyAdam(0.1)) == "kernel"
-    assert update_form(RowWiseAdagrad(0.1)) == "padded"  # one value per row, and a zero row changes nothing
+    assert update_form(RowWiseAdagrad(0.1)) == "kernel"  # a slot (one value) per row
+    assert update_form(keras.optimizers.SGD(0.1), tables=MAX_PADDED_TABLES + 1) == "rows"  # compiles would multiply
     assert update_form(keras.optimizers.Adagrad(0.1, clipnorm=1.0)) == "rows"  # clipping: Keras' own
     assert update_form(keras.optimizers.SGD(0.1, momentum=0.9)) == "dense"
     assert update_form(keras.optimizers.Adam(0.1)) == "dense"

@@ -357,7 +357,7 @@ class TrainStep:
         def update(dense: tf.Tensor, sparse: list) -> tf.Tensor:
             return self._update(layout, dense, sparse)
 
-        form = update_form(self.optimizer) if layout.sparse else "dense"
+        form = update_form(self.optimizer, len(layout.sparse)) if layout.sparse else "dense"
         if form == "kernel":  # the touched rows alone, with the optimizer's exact row update
             return _Update(tf.function(lambda dense, sparse: self._update(layout, dense, sparse, row_kernels=True),
                                        input_signature=[dense_spec, rows], autograph=False), False)

@@ -15,10 +15,13 @@ finds on copies of the optimizer:
 * ``"padded"``: the optimizer keeps no slot per row and a zero gradient row
   changes nothing (SGD): its update is a row update alone, so the rows are
   padded with zero rows of untouched indices to the next power of two
-  (:func:`padded_rows`) and the compiled update sees a handful of shapes;
+  (:func:`padded_rows`) and the compiled update sees a handful of shapes. XLA
+  compiles once per combination of the tables' shapes, so a model with more
+  than :data:`MAX_PADDED_TABLES` tables gets ``"rows"`` instead;
 * ``"kernel"``: an optimizer that keeps a slot per row and whose exact
   update touches only the rows present (Keras' Adagrad,
-  :class:`~sparktf.optimizers.LazyAdam`): its row update in TensorFlow ops
+  :class:`~sparktf.optimizers.LazyAdam`, :class:`~sparktf.optimizers.RowWiseAdagrad`,
+  whose slot is one value a row): its row update in TensorFlow ops
   (:mod:`sparktf.training.sparse_kernels`). Keras' own Adagrad computes its
   denominator over the whole accumulator at every step, and XLA's row
   updates on CPU are slower than TensorFlow's (the costs measured:
@@ -40,12 +43,14 @@ import tensorflow as tf
 
 from sparktf.training.sparse_kernels import kernel_description, sparse_kernel
 
-__all__ = ["MIN_PADDED_ROWS", "log_table_updates", "padded_rows", "update_form"]
+__all__ = ["MAX_PADDED_TABLES", "MIN_PADDED_ROWS", "log_table_updates", "padded_rows", "update_form"]
 
 logger = logging.getLogger(__name__)
 
 #: The smallest number of rows a padded update takes.
 MIN_PADDED_ROWS = 64
+#: The most tables a padded update takes (each table's few shapes multiply into the compiles).
+MAX_PADDED_TABLES = 4
 _SHAPE = (4, 3)
 _STEPS = ((0, 0.5), (1, 1.5), (2, 2.5))  # (row, value): each step touches one row
 
@@ -57,9 +62,9 @@ _FORM_WORDS = {
 }
 
 
-def update_form(optimizer: Any) -> str:
-    """``"dense"``, ``"padded"``, ``"kernel"`` or ``"rows"``: how ``optimizer`` gets a table's rows (see the
-    module docstring)."""
+def update_form(optimizer: Any, tables: int = 1) -> str:
+    """``"dense"``, ``"padded"``, ``"kernel"`` or ``"rows"``: how ``optimizer`` gets the rows of a model's
+    ``tables`` tables (see the module docstring)."""
     try:
         sliced = _probe(optimizer, lambda row, value: _slices([(row, value)]))
         dense = _probe(optimizer, lambda row, value: tf.convert_to_tensor(_slices([(row, value)])))
@@ -73,9 +78,9 @@ def update_form(optimizer: Any) -> str:
     moved = not np.array_equal(first[0][0], last[0][0])  # row 0, touched by the first step only
     if moved and all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(last, dense_last)):
         return "dense"
-    row_slots = any(slot.shape == _SHAPE for slot in last[1:])
+    row_slots = any(slot.shape[:1] == _SHAPE[:1] for slot in last[1:])  # per row: (rows, ...) or (rows,)
     if not moved and not row_slots and all(np.array_equal(a, b) for a, b in zip(last, padded_last)):
-        return "padded"
+        return "padded" if tables <= MAX_PADDED_TABLES else "rows"
     return "kernel" if sparse_kernel(optimizer) is not None else "rows"
 
 
@@ -87,7 +92,7 @@ def log_table_updates(model: Any) -> None:
               if isinstance(layer, keras.layers.Embedding) and layer.trainable]
     if not tables or model.optimizer is None:
         return
-    form = update_form(model.optimizer)
+    form = update_form(model.optimizer, len(tables))
     words = kernel_description(model.optimizer) if form == "kernel" else _FORM_WORDS[form]
     for path in tables:
         logger.info("embedding table %s gets its %s update %s", path, type(model.optimizer).__name__, words)
