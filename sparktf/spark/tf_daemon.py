@@ -2,7 +2,7 @@
 
 PySpark starts each executor's Python workers by forking them from a daemon
 process. The stock daemon holds no TensorFlow, so every new worker imports
-it, about 3-4 s of CPU each: on the first task, and again whenever a worker
+it, 2-4 s of CPU each: on the first task, and again whenever a worker
 is replaced (after a failed or cancelled task, or one idle for a minute).
 This daemon imports TensorFlow and Keras once, without their start-up log
 lines, freezes what the imports allocated out of the garbage collector's
