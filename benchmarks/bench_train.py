@@ -225,7 +225,7 @@ def main() -> None:
         print(json.dumps(cold_job(cnn_iterations)))
         return
     if args.cold_rounds:
-        compare_cold(cnn_iterations, args.cold_rounds)
+        compare_cold(cnn_iterations, args.cold_rounds, args.quick)
         return
 
     import sparktf
@@ -301,12 +301,12 @@ def cold_job(iterations: int) -> dict:
     return {"seconds": seconds, "warm_up": warm_up, "timings": timings}
 
 
-def compare_cold(iterations: int, rounds: int) -> None:
+def compare_cold(iterations: int, rounds: int, quick: bool) -> None:
     """Rounds of (a) and a fresh session's cold CNN job, each in a subprocess; prints the median ratio."""
     ratios = []
     for round_number in range(rounds):
         single = run_single_process("cnn", GLOBAL_BATCH["cnn"], iterations)
-        out = subprocess.run([sys.executable, __file__, "--cold-job"] + (["--quick"] if iterations < 100 else []),
+        out = subprocess.run([sys.executable, __file__, "--cold-job"] + (["--quick"] if quick else []),
                              check=True, capture_output=True, text=True).stdout
         cold = json.loads(out.strip().splitlines()[-1])
         ratios.append(single / cold["seconds"])
