@@ -19,7 +19,7 @@ from sparktf.collective import JobChannel
 from sparktf.collective.auth import HandshakeError, client_handshake
 from sparktf.collective.channel_client import MAX_REPORTED_BATCHES, ChannelClient, Heartbeat, directory_peers
 from sparktf.collective.channel_wire import send_message
-from sparktf.collective.rendezvous import parse_peer
+from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, parse_peer
 from sparktf.errors import CollectiveError
 
 SECRET = secrets.token_bytes(32)
@@ -207,6 +207,19 @@ def test_reports_record_when_progress_last_changed():
         first = channel.reports()[1]
         assert first.phase == "train" and 0 not in channel.reports()
         heartbeat.stop()
+
+
+def test_a_failure_report_is_held_by_the_driver_when_stop_returns():
+    from sparktf.errors import DataError, FailureRecord
+
+    record = FailureRecord.of(DataError("partition 1, record 7: bad"), rank=1, shard=1)
+    with JobChannel(2, SECRET, "127.0.0.1") as channel:
+        heartbeat = Heartbeat(ChannelClient(channel.address, 1, 2, SECRET, WAIT), exit_when_orphaned=False)
+        heartbeat.phase = "train"
+        started = time.monotonic()
+        heartbeat.stop(failure=record)  # acknowledged: no poll, the record is there before the task may fail
+        assert channel.reports()[1].failure == record
+        assert time.monotonic() - started < HANDSHAKE_SECONDS / 2  # answered, not waited out
 
 
 def test_reports_carry_every_iteration_in_order_and_the_channel_hands_each_over_once():

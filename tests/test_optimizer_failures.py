@@ -178,6 +178,42 @@ def test_a_bug_in_the_exchange_inside_a_spark_task_is_an_internal_error_at_once_
     assert optimizer.iteration == 0
 
 
+class FailEvaluationOnce(PythonHook):
+    """On partition 1, makes this worker's evaluation task raise a ``StorageError`` (with its path and route) once
+    Keras' evaluate is done: a sparktf error inside an evaluation task."""
+
+    def hook(self):
+        from pyspark import TaskContext
+
+        from sparktf.errors import StorageError
+        from sparktf.training import evaluation
+
+        original = evaluation.metric_variables
+        if TaskContext.get().partitionId() != 1 or getattr(original, "injected", False):
+            return
+
+        def failing(metrics):
+            evaluation.metric_variables = original  # once: a reused Python worker runs later tests
+            raise StorageError("injected: the store refused the read", path="s3://bucket/eval", route="fsspec")
+
+        failing.injected = True
+        evaluation.metric_variables = failing
+
+
+def test_a_sparktf_error_in_an_evaluation_task_reaches_the_driver_as_its_record_with_its_fields(sc, monkeypatch):
+    from sparktf.errors import StorageError
+    from sparktf.spark import jobs
+
+    monkeypatch.setattr(jobs, "remote_sparktf_error", lambda error: None)  # the driver cannot read Spark's text
+    model = keras.Sequential([keras.Input((3,)), FailEvaluationOnce(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    dataset = TFDataset.from_ndarrays(data(), batch_size=8)
+    with pytest.raises(StorageError, match="injected: the store refused the read") as raised:
+        TFOptimizer.from_keras(model, dataset).evaluate()
+    # Spark's text carries neither the path nor the route: the record did
+    assert (raised.value.path, raised.value.route, raised.value.transient) == ("s3://bucket/eval", "fsspec", False)
+
+
 class StallRankOne(PythonHook):
     """Makes the barrier task of rank 1 sleep, so rank 0 waits in the all-reduce."""
 

@@ -257,6 +257,8 @@ class JobChannel:
                                 None if failure is None else FailureRecord.from_wire(failure))
             if header.get("batches") is not None:
                 self._record_batches(rank, *_batches(header["batches"]))
+            if failure is not None:  # the task waits for this before it fails in Spark
+                send_message(sock, {"ok": True})
         elif op == "register":
             self._register(sock, rank, str(header["peer"]), checked_claim(header.get("claim"), self._world_size))
         elif op == "get_state":

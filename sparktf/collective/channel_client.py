@@ -200,7 +200,7 @@ class Heartbeat:
             self.phase = final_phase or self.phase
             try:
                 self._report(failure)
-            except (OSError, ValueError):  # the driver is gone: nobody is watching
+            except (OSError, ValueError, CollectiveError):  # the driver is gone: nobody is watching
                 pass
         self._client.close()
         self._wake.close()
@@ -214,7 +214,10 @@ class Heartbeat:
         if rows:
             header["batches"] = {"first": rows[0][0], "names": list(self._batch_names),
                                  "values": [values for _, values in rows]}
-        send_message(self._client.sock, header)
+        if failure is None:
+            send_message(self._client.sock, header)
+        else:  # acknowledged: the driver holds the record before this task fails in Spark
+            self._client.request(header, HANDSHAKE_SECONDS, what="reporting the task's failure")
 
     def _run(self) -> None:
         sock = self._client.sock

@@ -13,7 +13,7 @@ import re
 from typing import Callable, Optional, TypeVar
 
 from sparktf.errors import DriverJVMGone, SparkTFError
-from sparktf.spark.remote_errors import reraise_remote
+from sparktf.spark.remote_errors import remote_sparktf_error
 
 __all__ = ["run_job", "worker_traceback", "jvm_gone", "unpersist", "fully_cached"]
 
@@ -77,21 +77,21 @@ def run_job(action: Callable[[], T], what: str = "a Spark job") -> T:
     DriverJVMGone
         The driver JVM died while the job ran.
     """
-    with reraise_remote():
-        try:
-            return action()
-        except SparkTFError:
+    try:
+        return action()
+    except SparkTFError:
+        raise
+    except Exception as error:
+        if jvm_gone(error):
+            raise DriverJVMGone(
+                f"the Spark driver JVM died while {what} ran (Py4J: {error}). It most likely ran out "
+                "of memory (raise spark.driver.memory: data collected to or broadcast from the driver "
+                "lives in its heap) or was killed; start a new session with sparktf.init_spark()"
+            ) from None
+        remote = remote_sparktf_error(error)
+        if remote is not None:
+            raise remote from error
+        trace = worker_traceback(error)
+        if trace is None:
             raise
-        except Exception as error:
-            if jvm_gone(error):
-                raise DriverJVMGone(
-                    f"the Spark driver JVM died while {what} ran (Py4J: {error}). It most likely ran out "
-                    "of memory (raise spark.driver.memory: data collected to or broadcast from the driver "
-                    "lives in its heap) or was killed; start a new session with sparktf.init_spark()"
-                ) from None
-            trace = worker_traceback(error)
-            if trace is None or "sparktf.errors." in trace:
-                raise
-            raise SparkTFError(
-                f"{what} failed on an executor; the worker's traceback follows.\n{trace}"
-            ) from error
+        raise SparkTFError(f"{what} failed on an executor; the worker's traceback follows.\n{trace}") from error

@@ -1,10 +1,16 @@
-"""Re-raising sparktf errors that happened on executors as themselves on the driver.
+"""Re-raising sparktf errors that happened on executors as themselves on the driver, from Spark's text.
 
 An exception raised in an executor's Python worker reaches the driver as a
 Py4J / Spark exception whose text contains the worker's traceback, e.g.
 ``sparktf.errors.DataError: partition 1, record 7: ...``. :func:`reraise_remote`
 turns that back into a ``DataError`` (or whichever sparktf error it was) with
 the original message, chained to the Spark exception for the full trace.
+
+Only for jobs where that text is the one carrier: prediction's lazy RDDs
+(the user's actions run them), record counts and the data layout, and
+training without a job channel. A job with a channel (training, evaluation)
+gets the task's :class:`~sparktf.errors.FailureRecord` through it instead
+(see ``docs/internals.md``, "Where a failure goes").
 """
 
 from __future__ import annotations

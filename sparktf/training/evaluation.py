@@ -29,6 +29,7 @@ import numpy as np
 from sparktf.collective.channel_client import NoHeartbeat
 from sparktf.data.batch_maps import MappedElements
 from sparktf.data.sparse import model_structure, model_values
+from sparktf.errors import DataError, FailureRecord, SparkTFError
 from sparktf.training.metric_state import build_metrics, load_metric_totals, metric_variables
 from sparktf.training.state_source import StateSource
 from sparktf.training.watchdog import DONE
@@ -81,7 +82,6 @@ def evaluate_blocks(
     TrainingError
         The watchdog cancelled the job (naming the partition and its phase).
     """
-    from sparktf.errors import DataError
     from sparktf.spark.jobs import run_job
     from sparktf.spark.task_devices import gpu_plan
     from sparktf.training.segment_job import job_channel
@@ -163,6 +163,9 @@ def _evaluate_partition(
                 # Keras' own evaluate: a Keras Hub task's would preprocess the batches again
                 keras.Model.evaluate(model, inputs, verbose=0, callbacks=[count_batches])
             totals = [np.array(v) for v in metric_variables(model.metrics)]
+    except SparkTFError as error:  # sparktf's own error (bad data, a store): its record reaches the driver first
+        heartbeat.stop(failure=FailureRecord.of(error, shard=partition))
+        raise
     except BaseException:
         heartbeat.stop()
         raise

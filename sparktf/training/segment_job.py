@@ -230,14 +230,8 @@ def run_segment_job(
             channel.serve_state(*state.to_wire())
             job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
             watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout, on_reports)
-            try:
-                result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
-            except Exception as error:  # a rank that failed knowingly said so before its task ended
-                # its record, not Spark's text of its error nor a peer's lost connection, decides the relaunch
-                reported = [report.failure for _, report in sorted(channel.reports().items()) if report.failure]
-                if reported:
-                    raise reported[0].to_error() from error
-                raise
+            # a rank that failed knowingly reported its record first: the watchdog raises that
+            result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
             result.state = _uploaded_state(channel, what)
     worker_seconds = sum(result.timings.values())
     result.timings["launch"] = time.perf_counter() - started - worker_seconds

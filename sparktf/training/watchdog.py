@@ -81,6 +81,10 @@ class JobWatchdog:
 
         Raises
         ------
+        SparkTFError
+            The failure a task reported to the channel before it failed (the
+            lowest task's, as its own class with its fields): its record, not
+            Spark's text of its error nor a peer's lost connection, decides.
         TrainingError
             When the watchdog cancelled the job (naming the rank and phase).
         SparkTFError
@@ -93,6 +97,9 @@ class JobWatchdog:
             try:
                 return run_job(action, what=what)
             except Exception as error:
+                reported = [report.failure for _, report in sorted(self._channel.reports().items()) if report.failure]
+                if reported:
+                    raise reported[0].to_error() from error
                 if self.reason is not None:
                     raise TrainingError(f"{what} was cancelled by sparktf's watchdog: {self.reason}") from error
                 raise
