@@ -82,13 +82,14 @@ class JobWatchdog:
         Raises
         ------
         SparkTFError
-            The failure a task reported to the channel before it failed (the
-            lowest task's, as its own class with its fields): its record, not
-            Spark's text of its error nor a peer's lost connection, decides.
+            First, the failure a task reported to the channel before it failed
+            (the lowest task's, as its own class with its fields): its record
+            decides, not Spark's text of its error nor a peer's lost
+            connection. Without a record, what the job failed with (see
+            :func:`sparktf.spark.jobs.run_job`).
         TrainingError
-            When the watchdog cancelled the job (naming the rank and phase).
-        SparkTFError
-            What the job itself failed with (see :func:`sparktf.spark.jobs.run_job`).
+            When the watchdog cancelled the job and no task reported a failure
+            (naming the rank and phase).
         """
         started = time.monotonic()
         watcher = threading.Thread(target=self._watch, args=(started, what), name="sparktf-watchdog", daemon=True)
