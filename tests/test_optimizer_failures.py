@@ -24,7 +24,7 @@ from sparktf.spark.cluster import WATCHDOG_SLACK_CONF
 from concurrent_calls import in_threads
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs"))
-from hook_layers import PythonHook  # noqa: E402  (beside the test programs, which use it too)
+from hook_layers import PythonHook, raise_once  # noqa: E402  (beside the test programs, which use it too)
 
 
 def data(n=32, seed=0):
@@ -154,13 +154,7 @@ class BreakTheExchangeOnce(PythonHook):
             return
         with open(self.marker, "a") as handle:
             handle.write("step\n")
-        original = GradientExchange.__call__
-
-        def broken(exchange, layout, parts):
-            GradientExchange.__call__ = original
-            raise ValueError("injected: row offsets out of range")
-
-        GradientExchange.__call__ = broken
+        raise_once(GradientExchange, "__call__", ValueError("injected: row offsets out of range"))
 
     def get_config(self):
         return {**super().get_config(), "marker": self.marker}
@@ -188,16 +182,9 @@ class FailEvaluationOnce(PythonHook):
         from sparktf.errors import StorageError
         from sparktf.training import evaluation
 
-        original = evaluation.metric_variables
-        if TaskContext.get().partitionId() != 1 or getattr(original, "injected", False):
-            return
-
-        def failing(metrics):
-            evaluation.metric_variables = original  # once: a reused Python worker runs later tests
-            raise StorageError("injected: the store refused the read", path="s3://bucket/eval", route="fsspec")
-
-        failing.injected = True
-        evaluation.metric_variables = failing
+        if TaskContext.get().partitionId() == 1:
+            raise_once(evaluation, "metric_variables",
+                       StorageError("injected: the store refused the read", path="s3://bucket/eval", route="fsspec"))
 
 
 def test_a_sparktf_error_in_an_evaluation_task_reaches_the_driver_as_its_record_with_its_fields(sc, monkeypatch):

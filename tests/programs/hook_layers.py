@@ -18,3 +18,18 @@ class PythonHook(keras.layers.Layer):
         out = tf.py_function(run, [inputs], tf.float32)
         out.set_shape(inputs.shape)
         return out
+
+
+def raise_once(owner, name, error):
+    """Make ``owner.name`` raise ``error`` at its next call only, then be itself again (a reused Python worker
+    runs later tests); nothing changes while it is armed."""
+    original = getattr(owner, name)
+    if getattr(original, "raises_once", False):
+        return
+
+    def raising(*args, **kwargs):
+        setattr(owner, name, original)
+        raise error
+
+    raising.raises_once = True
+    setattr(owner, name, raising)
