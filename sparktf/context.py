@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from sparktf.spark.session_kind import SessionKind
 from sparktf.spark.sessions import is_connect, session_kind
 from sparktf.spark.interrupts import install_interrupt_handler
-from sparktf.spark.session_state import session_state
+from sparktf.spark.session_state import at_stop, session_state
 
 __all__ = ["init_spark", "ship_package", "warm_up_workers", "current_session", "spark_context", "reject_connect"]
 
@@ -237,5 +237,5 @@ def ship_package(session: Union[SparkSession, SessionKind]) -> str:
                     archive.write(full, rel)
     kind.add_python_file(zip_path)
     state.shipped_package = zip_path
-    kind.on_stop(functools.partial(shutil.rmtree, out_dir, ignore_errors=True))
+    at_stop(kind, functools.partial(shutil.rmtree, out_dir, ignore_errors=True))
     return zip_path

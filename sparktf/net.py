@@ -17,12 +17,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sparktf.context import spark_context
+from sparktf.context import current_session
 from sparktf.models import graph_io
 from sparktf.data.columnar import balanced_bounds, slice_block
 from sparktf.errors import DataError
 from sparktf.models.frozen_graph import FrozenGraph, normalize_tensor_name, one_or_list, predict_partition, record_blocks
 from sparktf.spark.raising_rdd import raising_sparktf_errors
+from sparktf.spark.remote_errors import reporting_failures
 from sparktf.spark.task_devices import gpu_plan
 
 __all__ = ["TFNet", "export_tf"]
@@ -315,12 +316,13 @@ class TFNet(keras.layers.Layer):
                 "distributed=True needs arrays with a record axis (axis 0), got a rank-0 input; "
                 "call predict without distributed=True (or forward) for a single scalar input."
             )
-        sc = spark_context("TFNet.predict(distributed=True)",
-                           "Call predict without distributed=True: it runs the graph in this process.")
+        kind = current_session()
+        sc = kind.spark_context("TFNet.predict(distributed=True)",
+                                "Call predict without distributed=True: it runs the graph in this process.")
         columns = self._graph.as_graph_inputs(arrays)
         bounds = balanced_bounds(count, sc.defaultParallelism)
         blocks = [slice_block(columns, lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
-        return self._run_blocks(sc.parallelize(blocks, max(len(blocks), 1)), batch)
+        return self._run_blocks(kind, sc.parallelize(blocks, max(len(blocks), 1)), batch)
 
     def _predict_rdd(self, rdd, batch: int):
         record_shapes = [spec.shape[1:] for spec in self._graph.input_specs]
@@ -329,7 +331,8 @@ class TFNet(keras.layers.Layer):
             dtypes=[spec.dtype.name for spec in self._graph.input_specs],
             shapes=[shape.as_list() if shape.rank is not None else None for shape in record_shapes],
         )
-        return self._run_blocks(rdd.mapPartitionsWithIndex(to_blocks), batch)
+        kind = current_session()
+        return self._run_blocks(kind, rdd.mapPartitionsWithIndex(reporting_failures(kind, to_blocks)), batch)
 
     def _predict_dataset(self, dataset, batch: int):
         from sparktf.data.specs import flatten
@@ -343,9 +346,9 @@ class TFNet(keras.layers.Layer):
             )
         if dataset.batch_per_thread > 0 or dataset.batch_size > 0:
             batch = dataset.inference_batch_size(dataset.block_rdd.context.defaultParallelism)
-        return self._run_blocks(dataset.block_rdd, batch)
+        return self._run_blocks(dataset.blocks.kind, dataset.block_rdd, batch)
 
-    def _run_blocks(self, block_rdd, batch: int):
+    def _run_blocks(self, kind, block_rdd, batch: int):
         """The per-record outputs of an RDD of Blocks whose first leaves feed the graph."""
         run = functools.partial(
             predict_partition,
@@ -355,7 +358,7 @@ class TFNet(keras.layers.Layer):
             num_inputs=len(self.input_names),
             gpus=gpu_plan(block_rdd.context.getConf()),
         )
-        return raising_sparktf_errors(block_rdd, run, preservesPartitioning=True)
+        return raising_sparktf_errors(kind, block_rdd, run, preservesPartitioning=True)
 
 
 def _record_count(arrays: List[np.ndarray]) -> Optional[int]:

@@ -38,6 +38,7 @@ from sparktf.inference.runners import ModelHandle, records, run_batches
 from sparktf.models.payload import ModelPayload
 from sparktf.models.saved_model_archive import SavedModelArchive, load_saved_model
 from sparktf.spark.raising_rdd import raising_sparktf_errors
+from sparktf.spark.remote_errors import reporting_failures
 from sparktf.spark.resources import ResourceProfileLike, map_in_arrow, stage_profile, with_profile
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.storage import local_copy
@@ -268,7 +269,7 @@ class TFPredictor:
             for size, output in run_batches(handle, feed, batching.inference_batches(features, batch), partition):
                 yield from records(output, size)
 
-        return with_profile(raising_sparktf_errors(block_rdd, predict_partition, preservesPartitioning=True), profile)
+        return with_profile(raising_sparktf_errors(session, block_rdd, predict_partition, preservesPartitioning=True), profile)
 
     def _dataset_feed(self) -> Feed:
         return self._model.feed(*feature_leaves(self._elements.element[0]))
@@ -377,9 +378,11 @@ def dataframe_with_predictions(
     kind, outputs = source.outputs(feed)
     output_type = spark_output_type(kind, outputs)
     selected, feature_names = _arrow_features(df, columns, leaves)
-    gpus = gpu_plan(current_session(df.sparkSession).conf, profile)
+    session = current_session(df.sparkSession)
+    gpus = gpu_plan(session.conf, profile)
     handle = dataclasses.replace(source.handle, gpus=gpus, elements=elements)
-    function = DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch, output_col, output_type)
+    function = reporting_failures(session, DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch,
+                                                            output_col, output_type))
     schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
     return map_in_arrow(selected, function, schema, profile=profile)
 

@@ -70,8 +70,10 @@ def test_init_spark_ships_the_package_once(spark):
 
 
 STOP_SCRIPT = r"""
-import json, os, sys, threading
+import json, os, socket, sys, threading
 import sparktf
+from sparktf.spark.session_state import failure_inbox
+from sparktf.spark.sessions import session_kind
 
 def tensorflow_in_worker(session):  # has the Python worker that runs the next task imported TensorFlow?
     for thread in threading.enumerate():
@@ -84,9 +86,16 @@ spark = sparktf.init_spark("local[1]", conf=conf)
 warm = tensorflow_in_worker(spark)
 folder = os.path.dirname(sparktf.context.ship_package(spark))
 existed = os.path.isdir(folder)
+inbox = failure_inbox(session_kind(spark)).address
 spark.stop()
 again = sparktf.init_spark("local[1]", conf=dict(conf, **{"spark.sparktf.warmUpWorkers": "false"}))
+try:
+    socket.create_connection((inbox.split(":")[0], int(inbox.split(":")[1])), timeout=5).close()
+    inbox_open = True
+except OSError:
+    inbox_open = False
 print("RESULT_JSON " + json.dumps({
+    "inbox_open_after_stop": inbox_open,
     "warm": warm,
     "warm_when_turned_off": tensorflow_in_worker(again),
     "existed": existed,
@@ -96,7 +105,7 @@ print("RESULT_JSON " + json.dumps({
 """
 
 
-def test_new_sessions_warm_their_python_workers_and_remove_the_shipped_package_folder(tmp_path):
+def test_new_sessions_warm_their_python_workers_and_a_stopped_sessions_folder_and_inbox_are_released(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", STOP_SCRIPT], cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": os.path.dirname(HERE), "SPARK_LOCAL_IP": "127.0.0.1"},
@@ -106,6 +115,7 @@ def test_new_sessions_warm_their_python_workers_and_remove_the_shipped_package_f
     result = json.loads(lines[-1][len("RESULT_JSON "):])
     assert result["warm"] is True and result["warm_when_turned_off"] is False  # TensorFlow imported in the background
     assert result["existed"] is True and result["exists_after_stop"] is False
+    assert result["inbox_open_after_stop"] is False  # the stopped session's failure inbox was closed
     assert os.path.basename(result["left_at_exit"]).startswith("sparktf-pyfiles-")
     assert not os.path.exists(result["left_at_exit"])  # the second session was never stopped: removed at exit
     # the warm-up imported TensorFlow in a Python worker after sparktf: none of TensorFlow's start-up lines

@@ -12,32 +12,32 @@ import sparktf
 ROOT = pathlib.Path(sparktf.__file__).parent
 
 # Lower numbers are lower layers. Units in one layer do not import each other,
-# except the public modules (layer 5), which build on one another. sparktf.ml,
+# except the public modules (layer 6), which build on one another. sparktf.ml,
 # the Spark ML stages, is a public layer on top of them.
 LAYERS = {
     "sparktf.errors": 0,
     "sparktf.triggers": 0,
-    "sparktf.context": 2,
+    "sparktf.context": 3,
     "sparktf.tf_startup": 0,
     "sparktf.optimizers": 0,
     "sparktf.process_state": 0,
-    "sparktf.spark": 1,
+    "sparktf.spark": 2,
     "sparktf.collective": 1,
     "sparktf.storage": 1,
-    "sparktf.data": 2,
-    "sparktf.models": 3,
-    "sparktf.training": 4,
-    "sparktf.inference": 4,
-    "sparktf.launch": 4,
-    "sparktf": 5,
-    "sparktf.dataset": 5,
-    "sparktf.optimizer": 5,
-    "sparktf.predictor": 5,
-    "sparktf.net": 5,
-    "sparktf.summary": 5,
-    "sparktf.ml": 6,
+    "sparktf.data": 3,
+    "sparktf.models": 4,
+    "sparktf.training": 5,
+    "sparktf.inference": 5,
+    "sparktf.launch": 5,
+    "sparktf": 6,
+    "sparktf.dataset": 6,
+    "sparktf.optimizer": 6,
+    "sparktf.predictor": 6,
+    "sparktf.net": 6,
+    "sparktf.summary": 6,
+    "sparktf.ml": 7,
 }
-PUBLIC_LAYER = 5
+PUBLIC_LAYER = 6
 
 
 def unit_of(module: str) -> str:

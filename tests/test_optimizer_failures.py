@@ -189,9 +189,9 @@ class FailEvaluationOnce(PythonHook):
 
 def test_a_sparktf_error_in_an_evaluation_task_reaches_the_driver_as_its_record_with_its_fields(sc, monkeypatch):
     from sparktf.errors import StorageError
-    from sparktf.spark import jobs
+    from sparktf.spark import remote_errors
 
-    monkeypatch.setattr(jobs, "remote_sparktf_error", lambda error: None)  # the driver cannot read Spark's text
+    monkeypatch.setattr(remote_errors, "_error_in_text", lambda error: None)  # the driver cannot read Spark's text
     model = keras.Sequential([keras.Input((3,)), FailEvaluationOnce(), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     dataset = TFDataset.from_ndarrays(data(), batch_size=8)

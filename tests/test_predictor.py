@@ -14,6 +14,7 @@ from sparktf.dataset import TFDataset
 from sparktf.errors import DataError
 from sparktf.predictor import TFPredictor
 from sparktf.spark.remote_errors import reraise_remote
+from sparktf.spark.sessions import session_kind
 
 
 def _dense_model(inputs=4, units=3, seed=0):
@@ -177,7 +178,7 @@ def test_predict_dataframe_feeds_string_and_binary_columns_to_a_string_input(spa
         predictor.predict_dataframe(with_null, "text").collect()
     last_line = str(raised.value).strip().splitlines()[-1]
     assert re.match(r"sparktf\.errors\.DataError: column 'text', partition 0, row 2 .* null", last_line), last_line
-    with pytest.raises(DataError, match=r"column 'text', partition 0, row 2 .* null"), reraise_remote():
+    with pytest.raises(DataError, match=r"column 'text', partition 0, row 2 .* null"), reraise_remote(session_kind(spark)):
         predictor.predict_dataframe(with_null, "text").collect()
 
 

@@ -1,9 +1,16 @@
-"""remote_errors: executor-side sparktf errors come back to the driver as themselves."""
+"""remote_errors and the failure inbox: a plain Spark task's sparktf error reaches the driver as its record."""
 
+import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 
-from sparktf.errors import CollectiveError, DataError
-from sparktf.spark.remote_errors import remote_sparktf_error, reraise_remote
+from sparktf.collective.failure_inbox import FailureInbox, InboxAddress, new_key, send_failure
+from sparktf.dataset import TFDataset
+from sparktf.errors import DataError, FailureRecord, StorageError
+from sparktf.predictor import TFPredictor
+from sparktf.spark import remote_errors
+from sparktf.spark.remote_errors import ActionFailures
 
 SPARK_TEXT = (
     "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
@@ -14,19 +21,53 @@ SPARK_TEXT = (
 )
 
 
-def test_the_last_reported_sparktf_error_is_rebuilt():
-    error = remote_sparktf_error(RuntimeError(SPARK_TEXT))
+def test_the_inbox_keeps_a_tasks_record_under_each_action_key_and_hands_it_over_once():
+    record = FailureRecord.of(StorageError("the store refused the read", path="s3://bucket/x", route="fsspec",
+                                           transient=True), shard=3)
+    first, nested = new_key(), new_key()
+    with FailureInbox("127.0.0.1") as inbox:
+        assert send_failure(inbox.for_tasks, [first, nested], record)
+        assert send_failure(inbox.for_tasks, [first], FailureRecord.of(DataError("a later failure")))
+        assert inbox.take(first) == record  # an action's first failure is its cause
+        assert inbox.take(first) is None
+        error = inbox.take(nested).to_error()
+    assert type(error) is StorageError and (error.path, error.route, error.transient) == ("s3://bucket/x", "fsspec", True)
+    assert "secret" not in repr(inbox.for_tasks)
+
+
+def test_the_inbox_keeps_nothing_from_a_client_without_the_secret_or_with_other_keys():
+    record = FailureRecord.of(DataError("forged"))
+    key = new_key()
+    with FailureInbox("127.0.0.1") as inbox:
+        assert not send_failure(InboxAddress(inbox.address, b"w" * 32), [key], record, timeout=5)
+        assert not send_failure(inbox.for_tasks, ["not-an-action-key"], record, timeout=5)
+        assert inbox.take(key) is None
+        assert send_failure(inbox.for_tasks, [key], record)  # the inbox still serves
+    assert not send_failure(inbox.for_tasks, [key], record, timeout=5)  # closed: refused at once, never waits
+
+
+@pytest.fixture
+def sparks_text_unread(monkeypatch):
+    def unread(error):
+        raise AssertionError("the driver read Spark's text of the task failure")
+
+    monkeypatch.setattr(remote_errors, "_error_in_text", unread)
+
+
+def test_a_bad_record_fails_the_count_and_the_prediction_as_its_record(sc, sparks_text_unread):
+    rdd = sc.parallelize([(np.zeros(2), 1)] * 5 + [(np.zeros(3), 1)], 2)
+    dataset = TFDataset.from_rdd(rdd, (tf.float32, [2]), (tf.int32, []))
+    with pytest.raises(DataError, match=r"partition 1, record 2 .*features has shape \[3\], expected \[2\]"):
+        dataset.num_records
+    features = TFDataset.from_rdd(rdd.map(lambda record: record[0]), (tf.float32, [2]), batch_per_thread=4)
+    predictor = TFPredictor.from_keras(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]), features)
+    with pytest.raises(DataError, match=r"partition 1, record 2 .*features has shape \[3\], expected \[2\]"):
+        predictor.predict().collect()
+
+
+def test_without_an_inbox_the_error_is_read_from_sparks_text():
+    """``spark.sparktf.rendezvous=barrier``: the executors cannot reach the driver, Spark's text is all there is."""
+    error = ActionFailures(None, new_key()).error_of(RuntimeError(SPARK_TEXT))
     assert type(error) is DataError
     assert str(error) == "partition 1, record 2: features has shape [3], expected [2]."
-    assert remote_sparktf_error(RuntimeError("sparktf.errors.NotAnError: x")) is None
-    assert type(remote_sparktf_error(RuntimeError("sparktf.errors.CollectiveError: rank 1 gone"))) is CollectiveError
-
-
-def test_reraise_remote_translates_and_chains():
-    with pytest.raises(DataError, match="features has shape") as info:
-        with reraise_remote():
-            raise RuntimeError(SPARK_TEXT)
-    assert isinstance(info.value.__cause__, RuntimeError)
-    with pytest.raises(KeyError):
-        with reraise_remote():
-            raise KeyError("unrelated")
+    assert ActionFailures(None, new_key()).error_of(RuntimeError("sparktf.errors.NotAnError: x")) is None

@@ -14,14 +14,10 @@ Every rank of a training segment talks to the driver through it:
   metrics) of every iteration since its previous report, which the channel
   keeps until the driver takes them (live per-iteration callbacks).
 
-Every connection is handled on a thread of its own, so a silent or slow
-client costs the others nothing: it must authenticate (the ring's HMAC
-handshake, the channel taking the pseudo-rank ``world_size``) within
-``HANDSHAKE_SECONDS``, at most ``MAX_AUTHENTICATING`` connections may be
-authenticating at once (more are closed at once), and nothing is read from a
-connection before it has proved it holds the job's secret. A rejected
-connection is logged once with its address. :meth:`JobChannel.close` shuts
-every connection, which tells the workers the job is over.
+It is an :class:`~sparktf.collective.server.AuthenticatedServer`: nothing is
+read from a connection before it has proved it holds the job's secret, each
+connection has a thread of its own, and :meth:`JobChannel.close` shuts every
+connection, which tells the workers the job is over.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -37,17 +32,9 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from sparktf.collective.auth import HandshakeError, server_handshake
 from sparktf.collective.channel_wire import ChannelClosed, recv_message, send_message
-from sparktf.collective.rendezvous import (
-    HANDSHAKE_SECONDS,
-    MAX_AUTHENTICATING,
-    AcceptLoop,
-    bind_listener,
-    checked_claim,
-    format_peer,
-    parse_peer,
-)
+from sparktf.collective.rendezvous import checked_claim, parse_peer
+from sparktf.collective.server import AuthenticatedServer, shut
 from sparktf.errors import FailureRecord
 
 __all__ = ["JobChannel", "RankReport"]
@@ -98,7 +85,7 @@ class RankReport:
     failure: Optional[FailureRecord] = None
 
 
-class JobChannel:
+class JobChannel(AuthenticatedServer):
     """The driver's server for the ranks of one barrier job.
 
     Parameters
@@ -116,12 +103,9 @@ class JobChannel:
         ``"host:port"`` the ranks connect to.
     """
 
+    name = "sparktf-job-channel"
+
     def __init__(self, world_size: int, secret: bytes, host: str):
-        self._world_size = world_size
-        self._secret = secret
-        self._listener = bind_listener(host)
-        self.address = format_peer(self._listener)
-        self._lock = threading.Lock()
         self._registered: Dict[int, Tuple[socket.socket, str, Optional[int]]] = {}  # rank -> (sock, peer, claim)
         self._state: Optional[Tuple[Dict[str, Any], List[np.ndarray]]] = None
         self._state_bytes = 0
@@ -129,11 +113,7 @@ class JobChannel:
         self._reports: Dict[int, RankReport] = {}
         self._batches: Dict[int, Deque[BatchValues]] = {}
         self._batch_names: Dict[int, Tuple[str, ...]] = {}
-        self._connections: set = set()
-        self._authenticating = threading.BoundedSemaphore(MAX_AUTHENTICATING)
-        self._closing = threading.Event()
-        self._threads: List[threading.Thread] = []
-        self._accepting = AcceptLoop(self._listener, self._accepted, "sparktf-job-channel").start()
+        super().__init__(world_size, secret, host)
 
     # ------------------------------------------------------------------ driver API
 
@@ -167,68 +147,16 @@ class JobChannel:
                     report, batch_names=self._batch_names[rank], batches=tuple(kept))
             return reports
 
-    def close(self) -> None:
-        """Stop serving and shut every connection (the workers see the job is over); once."""
-        if self._closing.is_set():
-            return
-        self._closing.set()
-        self._accepting.stop()
-        self._listener.close()
-        with self._lock:
-            connections = list(self._connections)
-            self._registered.clear()
-            self._state = self._uploaded = None
-        for sock in connections:
-            _shut(sock)
-        for thread in self._threads:
-            thread.join(timeout=HANDSHAKE_SECONDS)
-
-    def __enter__(self) -> "JobChannel":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
     # ------------------------------------------------------------------ serving
 
-    def _accepted(self, sock: socket.socket, address: Any) -> None:
-        """Start the connection's thread (or refuse it when too many are authenticating)."""
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small messages, answered at once
-        if not self._authenticating.acquire(blocking=False):
-            logger.warning("the job channel refused a connection from %s: %d others are still "
-                           "authenticating", address, MAX_AUTHENTICATING)
-            sock.close()
-            return
-        with self._lock:
-            self._connections.add(sock)
-        thread = threading.Thread(target=self._handle, args=(sock, address), daemon=True,
-                                  name="sparktf-job-channel-connection")
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
+    def _closed(self) -> None:
+        self._registered.clear()
+        self._state = self._uploaded = None
 
-    def _handle(self, sock: socket.socket, address: Any) -> None:
-        try:
-            rank = self._authenticate(sock, address)
-            if rank is not None:
-                self._serve(sock, rank, address)
-        finally:
-            with self._lock:
-                self._connections.discard(sock)
-                for registered_rank, (registered, _, _) in list(self._registered.items()):
-                    if registered is sock:
-                        del self._registered[registered_rank]
-            sock.close()
-
-    def _authenticate(self, sock: socket.socket, address: Any) -> Optional[int]:
-        try:
-            sock.settimeout(HANDSHAKE_SECONDS)
-            return server_handshake(sock, self._secret, self._world_size, None, self._world_size)
-        except (HandshakeError, OSError) as exc:
-            if not self._closing.is_set():
-                logger.warning("the job channel dropped a connection from %s: %s", address, exc)
-            return None
-        finally:
-            self._authenticating.release()
+    def _ended(self, sock: socket.socket) -> None:
+        for registered_rank, (registered, _, _) in list(self._registered.items()):
+            if registered is sock:
+                del self._registered[registered_rank]
 
     def _serve(self, sock: socket.socket, rank: int, address: Any) -> None:
         sock.settimeout(None)  # authenticated: close() ends a blocked read
@@ -298,7 +226,7 @@ class JobChannel:
         with self._lock:
             previous = self._registered.pop(rank, None)
             if previous is not None and previous[0] is not sock:
-                _shut(previous[0])
+                shut(previous[0])
             self._registered[rank] = (sock, peer, claim)
             if len(self._registered) < self._world_size:
                 return
@@ -332,10 +260,3 @@ def _batches(message: Any) -> Tuple[Tuple[str, ...], List[BatchValues]]:
         batches.append((first + offset, tuple(float(value) for value in row)))
     return names, batches
 
-
-def _shut(sock: socket.socket) -> None:
-    """Shut ``sock`` down both ways, which wakes a thread blocked reading it."""
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass

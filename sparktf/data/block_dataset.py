@@ -226,7 +226,7 @@ class BlockDataset:
             If a record is bad (raised by the executors while reading).
         """
         if self._partition_counts is None:
-            with reraise_remote():
+            with reraise_remote(self._blocks.kind):
                 if self._file_stream is not None:  # count the files' records without parsing them
                     self._partition_counts = self._file_stream.count_records(self._blocks.kind)
                 else:

@@ -21,6 +21,7 @@ from pyspark import RDD
 from sparktf.data.block_serializer import block_rdd, cached
 from sparktf.data.columnar import Block, BlockRouter, count_records, keyed_block
 from sparktf.spark.jobs import fully_cached, unpersist
+from sparktf.spark.remote_errors import reporting_failures
 from sparktf.spark.resources import with_profile
 
 __all__ = ["BlockSet", "RddBlockSet", "PartitionFunction", "BlockMaker"]
@@ -165,7 +166,7 @@ class RddBlockSet(BlockSet):
         self._rdd._jrdd.count()
 
     def balanced(self, counts: List[int], num_workers: int) -> "RddBlockSet":
-        routed = (self._rdd.mapPartitionsWithIndex(BlockRouter(counts, num_workers))
+        routed = (self._rdd.mapPartitionsWithIndex(reporting_failures(self.kind, BlockRouter(counts, num_workers)))
                   .partitionBy(num_workers, itemgetter(0))
                   .map(keyed_block, preservesPartitioning=True))
         return RddBlockSet(self.kind, block_rdd(routed), keyed=True)
@@ -177,7 +178,7 @@ class RddBlockSet(BlockSet):
         return cls(kind, sc.parallelize(items, len(items)))
 
     def map_partitions(self, maker: BlockMaker, name: str, cache: bool) -> "RddBlockSet":
-        blocks = block_rdd(self._rdd.mapPartitionsWithIndex(maker))
+        blocks = block_rdd(self._rdd.mapPartitionsWithIndex(reporting_failures(self.kind, maker)))
         return RddBlockSet(self.kind, cached(blocks, name) if cache else blocks.setName(f"sparktf {name} (not cached)"))
 
     def placeholder(self, num_partitions: int) -> "RddBlockSet":
@@ -185,5 +186,5 @@ class RddBlockSet(BlockSet):
 
     def collect(self, function: PartitionFunction, barrier: bool = False, profile: Any = None) -> List[Any]:
         rdd = self._rdd.barrier() if barrier else self._rdd
-        return with_profile(rdd.mapPartitions(function), profile).collect()
+        return with_profile(rdd.mapPartitions(reporting_failures(self.kind, function)), profile).collect()
 

@@ -30,6 +30,7 @@ import pyarrow as pa
 from sparktf.data.block_serializer import decode_block, encode_block
 from sparktf.data.block_sets import BlockSet, PartitionFunction
 from sparktf.data.columnar import Block, BlockRouter, keyed_block
+from sparktf.spark.remote_errors import reporting_failures
 from sparktf.spark.resources import map_in_arrow
 
 __all__ = ["FrameBlockSet", "EncodedBlocks", "encoded_frame", "partition_keys", "BLOCK_SCHEMA"]
@@ -222,7 +223,8 @@ class FrameBlockSet(BlockSet):
 
     def balanced(self, counts: List[int], num_workers: int) -> "FrameBlockSet":
         keys = partition_keys(self.kind.session, num_workers)
-        routed = self.frame.mapInArrow(_RouteTask(self.reader, counts, num_workers, keys), BLOCK_SCHEMA)
+        route = reporting_failures(self.kind, _RouteTask(self.reader, counts, num_workers, keys))
+        routed = self.frame.mapInArrow(route, BLOCK_SCHEMA)
         return FrameBlockSet(self.kind, routed.repartition(num_workers, "key"), EncodedBlocks(), keyed=True,
                              num_partitions=num_workers)
 
@@ -237,7 +239,7 @@ class FrameBlockSet(BlockSet):
         made = _Made(self.reader, maker)
         if not cache:
             return FrameBlockSet(self.kind, self.frame, made, num_partitions=self._num_partitions)
-        frame = self.frame.mapInArrow(_EncodeTask(made), BLOCK_SCHEMA)
+        frame = self.frame.mapInArrow(reporting_failures(self.kind, _EncodeTask(made)), BLOCK_SCHEMA)
         blocks = FrameBlockSet(self.kind, frame, EncodedBlocks(), num_partitions=self._num_partitions)
         blocks.persist(name)
         return blocks
@@ -247,6 +249,6 @@ class FrameBlockSet(BlockSet):
         return FrameBlockSet(self.kind, frame, _placeholders, num_partitions=num_partitions)
 
     def collect(self, function: PartitionFunction, barrier: bool = False, profile: Any = None) -> List[Any]:
-        task = _PartitionTask(self.reader, function)
+        task = reporting_failures(self.kind, _PartitionTask(self.reader, function))
         rows = map_in_arrow(self.frame, task, "result binary", barrier=barrier, profile=profile).collect()
         return [pickle.loads(row[0]) for row in rows]

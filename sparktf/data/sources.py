@@ -24,6 +24,7 @@ from sparktf.data.driver_blocks import cached_driver_blocks, driver_partitions
 from sparktf.data.frame_blocks import EncodedBlocks, FrameBlockSet, encoded_frame
 from sparktf.data.sample_weights import checked_maker
 from sparktf.errors import DataError
+from sparktf.spark.remote_errors import reporting_failures
 
 __all__ = [
     "check_is_rdd",
@@ -41,7 +42,7 @@ __all__ = [
 
 def rdd_blocks(session: Any, rdd: RDD, record_format: RecordFormat, name: str) -> BlockSet:
     """The cached Blocks of an RDD of records (``name`` names the cache: "training", "validation")."""
-    to_blocks = checked_maker(record_format.to_blocks, record_format.has_weights)
+    to_blocks = reporting_failures(session, checked_maker(record_format.to_blocks, record_format.has_weights))
     return RddBlockSet(session, cached(block_rdd(rdd.mapPartitionsWithIndex(to_blocks)), name))
 
 
@@ -143,7 +144,7 @@ def dataframe_blocks(session: Any, df: DataFrame, columns: List[str], record_for
     if session.has_rdds:
         batches = cached(arrow_io.arrow_batch_rdd(ready), f"{name} Arrow")
         return RddBlockSet(session, block_rdd(batches.mapPartitionsWithIndex(
-            checked_maker(decoder, record_format.has_weights, weights))))
+            reporting_failures(session, checked_maker(decoder, record_format.has_weights, weights)))))
     blocks = FrameBlockSet(session, ready, checked_maker(decoder.blocks, record_format.has_weights, weights))
     blocks.persist(name)
     return blocks

@@ -112,6 +112,10 @@ class ClassicSession(SessionKind):
     def holder(self) -> Any:
         return self.sc
 
+    @staticmethod
+    def holder_stopped(holder: Any) -> bool:
+        return holder._jsc is None
+
     def add_tag(self, tag: str) -> None:
         self.sc.addJobTag(tag)
 

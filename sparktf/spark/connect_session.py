@@ -185,6 +185,10 @@ class ConnectSession(SessionKind):
     def holder(self) -> Any:
         return self.session
 
+    @staticmethod
+    def holder_stopped(holder: Any) -> bool:
+        return holder.is_stopped
+
     def add_tag(self, tag: str) -> None:
         self.session.addTag(tag)
 

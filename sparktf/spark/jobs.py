@@ -2,18 +2,18 @@
 
 A Python exception on an executor reaches the driver as a Py4J error whose
 text buries the worker's own traceback in Java frames. :func:`run_job` runs an
-action and turns such a failure into a sparktf error: a sparktf error raised
-on the executor comes back as itself, any other one as a :class:`SparkTFError`
-whose message is the worker's Python traceback.
+action and turns such a failure into a sparktf error: a sparktf error a task
+reported comes back as itself, any other one as a :class:`SparkTFError`
+whose message is the worker's Python traceback (shown, never classified).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from sparktf.errors import DriverJVMGone, SparkTFError
-from sparktf.spark.remote_errors import remote_sparktf_error
+from sparktf.spark.remote_errors import action_failures
 
 __all__ = ["run_job", "worker_traceback", "jvm_gone", "unpersist", "fully_cached"]
 
@@ -59,11 +59,13 @@ def fully_cached(rdd) -> bool:
     return False
 
 
-def run_job(action: Callable[[], T], what: str = "a Spark job") -> T:
+def run_job(kind: Any, action: Callable[[], T], what: str = "a Spark job") -> T:
     """Run ``action`` (a function that starts Spark jobs) and return its result.
 
     Parameters
     ----------
+    kind : SessionKind
+        The session the jobs run in.
     action : callable
         Runs the Spark action(s), e.g. ``lambda: rdd.mapPartitions(f).collect()``.
     what : str
@@ -72,26 +74,28 @@ def run_job(action: Callable[[], T], what: str = "a Spark job") -> T:
     Raises
     ------
     SparkTFError
-        The sparktf error an executor raised (as its own class), or, for any
-        other task failure, a ``SparkTFError`` holding the worker's traceback.
+        The sparktf error a task reported (as its own class, see
+        :mod:`~sparktf.spark.remote_errors`), or, for any other task failure,
+        a ``SparkTFError`` holding the worker's traceback.
     DriverJVMGone
         The driver JVM died while the job ran.
     """
-    try:
-        return action()
-    except SparkTFError:
-        raise
-    except Exception as error:
-        if jvm_gone(error):
-            raise DriverJVMGone(
-                f"the Spark driver JVM died while {what} ran (Py4J: {error}). It most likely ran out "
-                "of memory (raise spark.driver.memory: data collected to or broadcast from the driver "
-                "lives in its heap) or was killed; start a new session with sparktf.init_spark()"
-            ) from None
-        remote = remote_sparktf_error(error)
-        if remote is not None:
-            raise remote from error
-        trace = worker_traceback(error)
-        if trace is None:
+    with action_failures(kind) as failures:
+        try:
+            return action()
+        except SparkTFError:
             raise
-        raise SparkTFError(f"{what} failed on an executor; the worker's traceback follows.\n{trace}") from error
+        except Exception as error:
+            if jvm_gone(error):
+                raise DriverJVMGone(
+                    f"the Spark driver JVM died while {what} ran (Py4J: {error}). It most likely ran out "
+                    "of memory (raise spark.driver.memory: data collected to or broadcast from the driver "
+                    "lives in its heap) or was killed; start a new session with sparktf.init_spark()"
+                ) from None
+            remote = failures.error_of(error)
+            if remote is not None:
+                raise remote from error
+            trace = worker_traceback(error)
+            if trace is None:
+                raise
+            raise SparkTFError(f"{what} failed on an executor; the worker's traceback follows.\n{trace}") from error

@@ -1,57 +1,160 @@
-"""Re-raising sparktf errors that happened on executors as themselves on the driver, from Spark's text.
+"""Sparktf errors of plain Spark tasks, re-raised as themselves on the driver.
 
-An exception raised in an executor's Python worker reaches the driver as a
-Py4J / Spark exception whose text contains the worker's traceback, e.g.
-``sparktf.errors.DataError: partition 1, record 7: ...``. :func:`reraise_remote`
-turns that back into a ``DataError`` (or whichever sparktf error it was) with
-the original message, chained to the Spark exception for the full trace.
+A job with a job channel (training, evaluation) gets its tasks'
+:class:`~sparktf.errors.FailureRecord` through the channel. The other jobs
+(record counts, the data layout, a dataset's Blocks, prediction's lazy RDDs)
+use the session's failure inbox (:mod:`sparktf.collective.failure_inbox`):
 
-Only for jobs where that text is the one carrier: prediction's lazy RDDs
-(the user's actions run them), record counts and the data layout, and
-training without a job channel. A job with a channel (training, evaluation)
-gets the task's :class:`~sparktf.errors.FailureRecord` through it instead
-(see ``docs/internals.md``, "Where a failure goes").
+* on the executors, :func:`reporting_failures` wraps the partition functions
+  sparktf hands to Spark: a sparktf error raised while they run is sent to
+  the inbox as a record, under the keys of the actions running the task (its
+  job tags), and acknowledged, before it fails the task;
+* on the driver, :func:`action_failures` runs an action under a fresh key
+  (a job tag of this thread) and, when the action fails, gives the error
+  its tasks reported; :func:`reraise_remote` raises it.
+
+Only where the executors cannot reach the driver
+(``spark.sparktf.rendezvous=barrier``) is Spark's text of the failed task the
+one carrier: there the class and message are read from the worker's
+traceback (``_error_in_text``), and nothing else is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from sparktf import errors
+from sparktf.collective.failure_inbox import KEY_PREFIX, FailureInbox, InboxAddress, new_key, send_failure
+from sparktf.spark.session_state import failure_inbox
 
-__all__ = ["remote_sparktf_error", "reraise_remote"]
+__all__ = ["ActionFailures", "action_failures", "reporting_failures", "reraise_remote"]
 
+logger = logging.getLogger(__name__)
+
+_JOB_TAGS = "spark.job.tags"  # the local property Spark keeps a job's tags in, comma-separated
 _REMOTE_ERROR = re.compile(r"sparktf\.errors\.(\w+): (.+)")
 
 
-def remote_sparktf_error(exc: BaseException) -> Optional[errors.SparkTFError]:
-    """The sparktf error reported inside ``exc``'s text, or ``None`` if there is none.
+class ActionFailures:
+    """What the tasks of one driver action reported (see :func:`action_failures`)."""
 
-    The last report wins: it is the outermost exception of the worker's
-    traceback.
+    def __init__(self, inbox: Optional[FailureInbox], key: str):
+        self._inbox = inbox
+        self.key = key
+
+    def error_of(self, failure: BaseException) -> Optional[errors.SparkTFError]:
+        """The sparktf error a task of this action failed with, as itself; None if none reported one.
+
+        ``failure`` is Spark's error of the action; it is read only when the
+        session has no inbox (``spark.sparktf.rendezvous=barrier``).
+        """
+        if self._inbox is None:
+            return _error_in_text(failure)
+        record = self._inbox.take(self.key)
+        return None if record is None else record.to_error()
+
+    def reraise(self, failure: Exception) -> None:
+        """Raise the sparktf error a task reported (chained to ``failure``), else ``failure`` itself."""
+        if isinstance(failure, errors.SparkTFError):
+            raise failure
+        remote = self.error_of(failure)
+        if remote is None:
+            raise failure
+        raise remote from failure
+
+
+@contextlib.contextmanager
+def action_failures(kind: Any) -> Iterator[ActionFailures]:
+    """Run the Spark actions of the ``with`` block under a fresh key; the failures its tasks report.
+
+    Parameters
+    ----------
+    kind : SessionKind
+        The session the actions run in.
+    """
+    inbox = failure_inbox(kind)
+    key = new_key()
+    with kind.tagged(key):
+        try:
+            yield ActionFailures(inbox, key)
+        finally:
+            if inbox is not None:
+                inbox.take(key)  # a record the action did not ask for (it succeeded after a retry)
+
+
+@contextlib.contextmanager
+def reraise_remote(kind: Any) -> Iterator[ActionFailures]:
+    """Run Spark actions; a sparktf error a task reported is re-raised as itself.
+
+    Other exceptions pass through unchanged. Jobs that outlive the block
+    (a ``toLocalIterator``'s, started by a JVM thread made inside it) keep
+    its key: their failures are the yielded ``ActionFailures``' to re-raise.
+    """
+    with action_failures(kind) as failures:
+        try:
+            yield failures
+        except Exception as exc:
+            failures.reraise(exc)
+
+
+def reporting_failures(kind: Any, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` (for ``mapPartitions``, ``mapPartitionsWithIndex`` or ``mapInArrow``) reporting its sparktf errors.
+
+    Returned unchanged when the session has no inbox.
+    """
+    inbox = failure_inbox(kind)
+    return function if inbox is None else _ReportingFailures(function, inbox.for_tasks)
+
+
+class _ReportingFailures:
+    """A partition function whose sparktf errors reach the driver's inbox before they fail the task."""
+
+    def __init__(self, function: Callable[..., Any], inbox: InboxAddress):
+        self._function = function
+        self._inbox = inbox
+
+    def __call__(self, *args: Any) -> Iterator[Any]:
+        try:
+            yield from self._function(*args)
+        except errors.SparkTFError as error:
+            _report(self._inbox, error)
+            raise
+
+
+def _report(inbox: InboxAddress, error: errors.SparkTFError) -> None:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    keys = _action_keys(context.getLocalProperty(_JOB_TAGS) if context is not None else None)
+    if not keys:
+        return  # not run by a sparktf action (e.g. the user's own action on a derived RDD)
+    record = errors.FailureRecord.of(error, shard=context.partitionId())
+    if not send_failure(inbox, keys, record):
+        logger.warning("could not report a %s to the driver at %s; it arrives as Spark's task failure",
+                       record.kind, inbox.address)
+
+
+def _action_keys(tags: Optional[str]) -> List[str]:
+    """The action keys among a task's job tags (Spark Connect prefixes each tag with its session's)."""
+    found = []
+    for tag in (tags or "").split(","):
+        start = tag.find(KEY_PREFIX)
+        if start >= 0:
+            found.append(tag[start:])
+    return found
+
+
+def _error_in_text(failure: BaseException) -> Optional[errors.SparkTFError]:
+    """The sparktf error in Spark's text of a failed task (its worker's traceback), or None.
+
+    The last one wins: it is the outermost exception of the traceback.
     """
     found = None
-    for name, message in _REMOTE_ERROR.findall(str(exc)):
+    for name, message in _REMOTE_ERROR.findall(str(failure)):
         cls = getattr(errors, name, None)
         if isinstance(cls, type) and issubclass(cls, errors.SparkTFError):
             found = cls(message.strip())
     return found
-
-
-@contextlib.contextmanager
-def reraise_remote() -> Iterator[None]:
-    """Run a Spark action; a sparktf error raised on an executor is re-raised as itself.
-
-    Other exceptions pass through unchanged.
-    """
-    try:
-        yield
-    except errors.SparkTFError:
-        raise
-    except Exception as exc:
-        remote = remote_sparktf_error(exc)
-        if remote is None:
-            raise
-        raise remote from exc

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import socket
 from abc import ABC, abstractmethod
@@ -106,6 +105,18 @@ class SessionKind(ABC):
         ConfigurationError
             Any other value, or an address this process cannot listen on.
         """
+        return self.task_listener_host()
+
+    def task_listener_host(self) -> Optional[str]:
+        """The address of this process its tasks connect to (:meth:`driver_host`); None for ``rendezvous=barrier``.
+
+        Runs no job (unlike a Connect session's :meth:`rendezvous_host`).
+
+        Raises
+        ------
+        ConfigurationError
+            Another ``spark.sparktf.rendezvous``, or an address this process cannot listen on.
+        """
         mode = self.conf.get(RENDEZVOUS_CONF, "driver")
         if mode == "barrier":
             return None
@@ -149,19 +160,10 @@ class SessionKind(ABC):
     def add_python_file(self, path: str) -> None:
         """Put the ``.py``/``.zip`` file at ``path`` on the executors' Python path."""
 
-    def on_stop(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when the session stops (the :attr:`holder`'s ``stop``), at the latest at exit."""
-        atexit.register(callback)
-        stop = self.holder.stop
-
-        def stop_then_call_back() -> None:
-            try:
-                stop()
-            finally:
-                callback()
-                atexit.unregister(callback)
-
-        self.holder.stop = stop_then_call_back
+    @staticmethod
+    @abstractmethod
+    def holder_stopped(holder: Any) -> bool:
+        """Whether ``holder`` (a :attr:`holder` of this kind) was stopped."""
 
     @abstractmethod
     def share(self, data: bytes, name: str) -> Shared:

@@ -104,7 +104,7 @@ def evaluate_blocks(
         collect = lambda: blocks.collect(task, profile=profile)  # noqa: E731
         try:
             if channel is None:
-                per_partition = run_job(collect, what="the evaluation job")
+                per_partition = run_job(session, collect, what="the evaluation job")
             else:
                 watchdog = JobWatchdog(session, channel, partitions, timeout, barrier=False)
                 per_partition = watchdog.run(collect, what="the evaluation job")

@@ -117,7 +117,7 @@ class _LayoutBuild:
             session.add_tag(self._tag)
             if self._cancelled.is_set():
                 return
-            run_job(self._blocks.compute, what=f"laying out the training data for {self._workers} workers")
+            run_job(session, self._blocks.compute, what=f"laying out the training data for {self._workers} workers")
         except Exception as error:  # cancelled, or failed: the training job computes the data itself
             self.error = error
         finally:

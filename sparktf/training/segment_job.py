@@ -259,7 +259,7 @@ def _run_with_broadcast(session: Any, blocks: Any, spec: SegmentSpec, state: Mod
     state_broadcast = session.spark_context(what, "").broadcast(state)
     try:
         job_spec = dataclasses.replace(spec, state=state_broadcast)
-        return _only_result(run_job(partial(_collect, blocks, job_spec, profile), what))
+        return _only_result(run_job(session, partial(_collect, blocks, job_spec, profile), what))
     finally:
         state_broadcast.destroy()
 

@@ -96,7 +96,7 @@ class JobWatchdog:
         with self._session.tagged(self._tag):  # Ctrl-C cancels the job too
             watcher.start()
             try:
-                return run_job(action, what=what)
+                return run_job(self._session, action, what=what)
             except Exception as error:
                 reported = [report.failure for _, report in sorted(self._channel.reports().items()) if report.failure]
                 if reported:
