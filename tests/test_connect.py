@@ -191,6 +191,11 @@ def test_entry_points_that_need_rdds_name_the_dataframe_alternative(results):
     assert rdd_only["TFNet_local"][0] == [[2.0, 2.0]] * 4
 
 
+def test_a_bad_record_fails_the_count_as_the_record_its_task_sent_to_the_clients_inbox(results):
+    bad_record = case_of(results, "bad_record")  # the program made reading Spark's text fail
+    assert bad_record["error"] == "DataError" and "partition 0, row 2" in bad_record["message"], bad_record
+
+
 def test_an_address_this_client_cannot_listen_on_fails_at_once_naming_the_setting_and_is_not_relaunched(results):
     driver_host = case_of(results, "driver_host")
     assert driver_host["error"] == "ConfigurationError" and "spark.sparktf.driverHost" in driver_host["message"]

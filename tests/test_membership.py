@@ -359,6 +359,10 @@ class PlannerKind:
     def cancel_tag(self, tag):
         self.cancelled.append(tag)
 
+    @staticmethod
+    def holder_stopped(holder):
+        return False
+
 
 def test_slot_requests_are_granted_in_order_and_never_hold_while_waiting():
     import threading

@@ -354,6 +354,17 @@ def client_checks(spark):
     rdd_only["TFNet_local"] = (doubling_net().predict(np.ones((4, 2), np.float32)).tolist(), "")
     result("rdd_only", **{key: value[:2] for key, value in rdd_only.items()})
 
+    from sparktf.spark import remote_errors
+
+    def unread(error):
+        raise AssertionError("the client read Spark's text of the task failure")
+
+    read_text, remote_errors._error_in_text = remote_errors._error_in_text, unread
+    with_null = spark.createDataFrame([(1.0, 1.0), (2.0, 2.0), (None, 3.0)], "x double, y double").coalesce(1)
+    name, message, _ = error_of(lambda: TFDataset.from_dataframe(with_null, "x", "y").num_records)
+    remote_errors._error_in_text = read_text
+    result("bad_record", error=name, message=message)
+
     spark.conf.set("spark.sparktf.driverHost", "192.0.2.1")  # TEST-NET-1: never an address of this machine
     name, message, seconds = error_of(lambda: sparktf.run(ranks, num_workers=1))
     x, y = regression_data(64, 4)
