@@ -150,6 +150,24 @@ def allgatherv_parts(rank, peers, listener, secret):
         return hashlib.sha256(floats.tobytes()).hexdigest(), pairs.reshape(-1, 2).tolist()
 
 
+def alltoall_count(source, destination):
+    """Elements rank ``source`` sends ``destination``: none, a few, or more than one frame (float32)."""
+    return (0, 3, 300001, 1)[(source + 2 * destination) % 4]
+
+
+def alltoall_part(source, destination, dtype):
+    return (np.arange(alltoall_count(source, destination)) + 1000 * source + 100 * destination).astype(dtype)
+
+
+def alltoallv_parts(rank, peers, listener, secret):
+    world_size = len(peers)
+    counts = [[alltoall_count(s, d) for d in range(world_size)] for s in range(world_size)]
+    with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
+        floats = comm.alltoallv([alltoall_part(rank, d, np.float32) for d in range(world_size)], counts)
+        ids = comm.alltoallv([alltoall_part(rank, d, np.int64) for d in range(world_size)], counts)
+        return [hashlib.sha256(part.tobytes()).hexdigest() for part in floats + ids]
+
+
 def allreduce_until_failure(rank, peers, listener, secret, started):
     """Loop 8 MiB all-reduces; the victim rank signals after the first so the test can kill it mid-run."""
     comm = Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener)
@@ -255,6 +273,22 @@ def test_allgatherv_concatenates_parts_of_any_length_in_rank_order(world_size):
     for rank, (digest, pairs) in enumerate(run_ranks(world_size, allgatherv_parts)):
         assert digest == hashlib.sha256(expected.tobytes()).hexdigest(), f"rank {rank} gathered other values"
         assert pairs == expected_pairs
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_alltoallv_delivers_each_ranks_part_to_its_destination_whatever_its_length(world_size):
+    for rank, digests in enumerate(run_ranks(world_size, alltoallv_parts)):
+        expected = [alltoall_part(s, rank, dtype) for dtype in (np.float32, np.int64) for s in range(world_size)]
+        assert digests == [hashlib.sha256(part.tobytes()).hexdigest() for part in expected], f"rank {rank}"
+
+
+def test_alltoallv_checks_its_parts_against_the_counts():
+    with Communicator.from_peers(0, ["127.0.0.1:1"], b"s" * 32) as alone:
+        assert alone.alltoallv([np.arange(3.0, dtype=np.float32)], [[3]])[0].tolist() == [0.0, 1.0, 2.0]
+        with pytest.raises(ValueError, match=r"rank 0's parts have \[3\] elements, but its row of counts is \[2\]"):
+            alone.alltoallv([np.arange(3, dtype=np.int64)], [[2]])
+        with pytest.raises(TypeError, match="share one of"):
+            alone.alltoallv([np.arange(3, dtype=np.int8)], [[3]])
 
 
 def test_broadcast_allgather_object_and_barrier():

@@ -23,7 +23,7 @@ from sparktf.collective.channel_client import directory_peers
 from sparktf.collective.rendezvous import (barrier_task_peers, bind_listener, checked_claim, connect_ring, format_peer,
                                           parse_peer)
 from sparktf.collective.ring import (SEGMENT_BYTES, ring_allgather, ring_allgather_bytes, ring_allreduce,
-                                     ring_broadcast)
+                                     ring_alltoall, ring_broadcast)
 from sparktf.errors import CollectiveError
 
 __all__ = ["Communicator", "SUPPORTED_DTYPES", "WIRE_DTYPES"]
@@ -37,7 +37,7 @@ _DIRECTORY_CONNECT_SECONDS = 30.0
 # longer to get going (fork, imports) on a loaded executor: registering with
 # the peer directory waits at least this long, whatever the collective timeout.
 _REGISTRATION_SECONDS = 30.0
-_ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER, _ALLREDUCE_BF16, _ALLREDUCE_FP16, _ALLGATHERV = 1, 2, 3, 4, 5, 6, 7
+_ALLREDUCE, _BROADCAST, _ALLGATHER, _BARRIER, _ALLREDUCE_BF16, _ALLREDUCE_FP16, _ALLGATHERV, _ALLTOALLV = range(1, 9)
 _ALLREDUCE_BY_COMPRESSION = {None: _ALLREDUCE, "bf16": _ALLREDUCE_BF16, "fp16": _ALLREDUCE_FP16}
 _T = TypeVar("_T")
 
@@ -291,6 +291,48 @@ class Communicator:
         self._run(_tag(_ALLGATHERV, gathered), lambda link: ring_allgather(
             link, gathered.view(np.uint8), byte_offsets, self._world_size))
         return gathered
+
+    def alltoallv(self, parts: Sequence[np.ndarray], counts: Any) -> list[np.ndarray]:
+        """Send ``parts[d]`` to rank ``d``; return what every rank sent this one: an all-to-all of parts of any length.
+
+        Parameters
+        ----------
+        parts : sequence of numpy.ndarray
+            ``world_size`` arrays of one dtype, the same on every rank (any
+            shape, read flat): ``parts[d]`` goes to rank ``d``, ``parts[rank]``
+            stays here. A part may be empty.
+        counts : array-like of int, shape (world_size, world_size)
+            ``counts[s][d]``: the elements rank ``s`` sends rank ``d``, the same
+            on every rank (e.g. all-gathered beforehand); ``counts[rank][d]``
+            is ``parts[d].size``.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            ``world_size`` new 1-D arrays, by source rank: ``received[s]``
+            holds the ``counts[s][rank]`` elements rank ``s`` sent this one.
+        """
+        parts = [np.asarray(part) for part in parts]
+        counts = np.asarray(counts, dtype=np.int64)
+        size = self._world_size
+        if len(parts) != size or counts.shape != (size, size) or (counts < 0).any():
+            raise ValueError(f"alltoallv needs {size} parts and a {size} x {size} matrix of counts >= 0, got "
+                             f"{len(parts)} parts and counts of shape {counts.shape}")
+        dtype = parts[0].dtype
+        if dtype not in SUPPORTED_DTYPES or any(part.dtype != dtype for part in parts):
+            raise TypeError(f"alltoallv: parts must share one of {[d.name for d in SUPPORTED_DTYPES]}, got "
+                            f"{sorted({part.dtype.name for part in parts})}")
+        sizes = [part.size for part in parts]
+        if sizes != counts[self._rank].tolist():
+            raise ValueError(f"alltoallv: rank {self._rank}'s parts have {sizes} elements, but its row of counts is "
+                             f"{counts[self._rank].tolist()}")
+        received = [np.empty(int(counts[source, self._rank]), dtype) for source in range(size)]
+        received[self._rank][:] = parts[self._rank].reshape(-1)
+        sends = [np.ascontiguousarray(part).reshape(-1).view(np.uint8) for part in parts]
+        receives = [part.view(np.uint8) for part in received]
+        self._run(_tag(_ALLTOALLV, received[self._rank]), lambda link: ring_alltoall(
+            link, sends, receives, counts * dtype.itemsize, size))
+        return received
 
     def allgather_object(self, obj: Any) -> list:
         """Return every rank's ``obj``, indexed by rank.

@@ -154,3 +154,39 @@ def ring_allgather_bytes(link: RingLink, payload: bytes, world_size: int, limit:
             link.post(memoryview(received))
     link.flush()
     return gathered
+
+
+def ring_alltoall(link: RingLink, sends: list[np.ndarray], receives: list[np.ndarray], part_bytes: np.ndarray,
+                  world_size: int) -> None:
+    """Deliver ``sends[d]`` (this rank's bytes for rank ``d``) into rank ``d``'s ``receives[this rank]``, along the ring.
+
+    ``part_bytes[s, d]``, the same on every rank, is the size of the part from
+    rank ``s`` to rank ``d``: of ``s``'s ``sends[d]`` and of ``d``'s
+    ``receives[s]`` (byte arrays). ``sends[rank]`` is not sent. A part from ``s`` travels
+    ``(d - s) mod world_size`` hops to the right: each rank posts its own
+    parts nearest first, then, for each farther source in turn, keeps the part
+    addressed to it and forwards the rest in the order they came, so every
+    link carries its frames in the order the receiver expects them. Parts
+    travel in frames of at most ``SEGMENT_BYTES``.
+    """
+
+    def frames(part: np.ndarray) -> Iterator[np.ndarray]:
+        for start in range(0, part.size, SEGMENT_BYTES):
+            yield part[start:start + SEGMENT_BYTES]
+
+    rank = link.rank
+    for distance in range(1, world_size):
+        for frame in frames(sends[(rank + distance) % world_size]):
+            link.post(_bytes(frame))
+    for hops in range(1, world_size):  # the parts of the source ``hops`` to the left, nearest destination first
+        source = (rank - hops) % world_size
+        for distance in range(hops, world_size):
+            destination = (source + distance) % world_size
+            if destination == rank:
+                for frame in frames(receives[source]):
+                    link.receive_into(_bytes(frame))
+            else:  # a part passing through: its frames are posted as they arrive, each in a buffer of its own
+                for frame in frames(np.empty(int(part_bytes[source, destination]), np.uint8)):
+                    link.receive_into(_bytes(frame))
+                    link.post(_bytes(frame))
+    link.flush()
