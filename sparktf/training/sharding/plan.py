@@ -1,0 +1,155 @@
+"""Which embedding tables are split across the workers, and which rows each rank owns.
+
+Decided on the driver before any job, from the model alone: an ``Embedding``
+whose table is larger than the threshold (``spark.sparktf.shardTableBytes``)
+is sharded, and a per-layer choice overrides the threshold both ways. Rank
+``r`` of ``N`` owns the contiguous rows ``[r * k, (r + 1) * k)``,
+``k = ceil(rows / N)`` (TorchRec's row-wise sharding): a checkpoint's shard
+is a slice of the table, and re-sharding from N to M ranks reads the slices
+that cover the new range.
+
+A table can be sharded when its layer is called once, on a model input of
+integer ids that feeds nothing else: the worker replaces those ids by
+positions in the step's working table before the model sees them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from sparktf.errors import ConfigurationError
+
+__all__ = ["ShardedTable", "ShardPlan"]
+
+logger = logging.getLogger("sparktf.training")
+
+
+@dataclass(frozen=True)
+class ShardedTable:
+    """One sharded table.
+
+    Attributes
+    ----------
+    layer : str
+        The ``Embedding`` layer's name.
+    input_name : str
+        The model input of ids it is called on.
+    rows : int
+        The table's rows.
+    row_shape : tuple of int
+        One row's shape.
+    world_size : int
+        Ranks that share it.
+    """
+
+    layer: str
+    input_name: str
+    rows: int
+    row_shape: Tuple[int, ...]
+    world_size: int
+
+    @property
+    def rows_per_rank(self) -> int:
+        """``ceil(rows / world_size)``: the rows each rank owns (the last may own fewer)."""
+        return math.ceil(self.rows / self.world_size)
+
+    def owned(self, rank: int) -> Tuple[int, int]:
+        """``(start, end)``: the rows ``rank`` owns (possibly none on the last ranks of a small table)."""
+        start = min(rank * self.rows_per_rank, self.rows)
+        return start, min(start + self.rows_per_rank, self.rows)
+
+    def owners(self, ids: np.ndarray) -> np.ndarray:
+        """The rank owning each of ``ids`` (each in ``[0, rows)``)."""
+        return np.asarray(ids, np.int64) // self.rows_per_rank
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The sharded tables of a model trained by ``world_size`` ranks (none: every table is replicated)."""
+
+    tables: Tuple[ShardedTable, ...]
+    world_size: int
+
+    @classmethod
+    def of(cls, model: Any, world_size: int, threshold_bytes: Optional[int],
+           choices: Optional[Mapping[str, bool]] = None) -> "ShardPlan":
+        """The plan for ``model``: tables over ``threshold_bytes`` (None: no threshold), or as ``choices`` say.
+
+        Parameters
+        ----------
+        model : keras.Model
+            A built functional model.
+        world_size : int
+            The training workers.
+        threshold_bytes : int, optional
+            A table of more bytes is sharded, unless ``choices`` says no.
+        choices : mapping of str to bool, optional
+            Per ``Embedding`` layer name: shard it (True) or keep it replicated (False).
+
+        Raises
+        ------
+        ConfigurationError
+            ``choices`` names a layer that is not an ``Embedding`` of the model,
+            or asks to shard a table that cannot be sharded (the reason is
+            named). A table only the threshold picked stays replicated with a
+            warning instead.
+        """
+        choices = dict(choices or {})
+        embeddings = _embeddings(model)
+        unknown = sorted(set(choices) - set(embeddings))
+        if unknown:
+            raise ConfigurationError(
+                f"sharded tables: {unknown} are not Embedding layers of the model; its Embedding layers are "
+                f"{sorted(embeddings)}")
+        tables = []
+        for name, layer in embeddings.items():
+            table_bytes = int(np.prod(layer.embeddings.shape)) * np.dtype(layer.embeddings.dtype).itemsize
+            chosen = choices.get(name)
+            wanted = chosen if chosen is not None else threshold_bytes is not None and table_bytes > threshold_bytes
+            if not wanted or world_size < 2:
+                continue
+            input_name, reason = _id_input(model, layer)
+            if reason is not None:
+                if chosen:
+                    raise ConfigurationError(f"Embedding layer {name!r} cannot be sharded: {reason}. Keep it "
+                                             "replicated (leave it out of the sharded tables)")
+                logger.warning("Embedding layer %r (%d bytes) stays replicated on every worker: %s", name,
+                               table_bytes, reason)
+                continue
+            tables.append(ShardedTable(name, input_name, int(layer.embeddings.shape[0]),
+                                       tuple(int(d) for d in layer.embeddings.shape[1:]), world_size))
+        return cls(tuple(tables), world_size)
+
+
+def _embeddings(model: Any) -> Dict[str, Any]:
+    """The model's ``Embedding`` layers (nested models' included), by name."""
+    import keras
+
+    return {layer.name: layer for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, keras.layers.Embedding)}
+
+
+def _id_input(model: Any, layer: Any) -> Tuple[Optional[str], Optional[str]]:
+    """``(input name, None)`` when ``layer`` is called once, directly on a model input of integer ids that feeds
+    nothing else; ``(None, reason)`` otherwise."""
+    nodes = list(getattr(layer, "_inbound_nodes", ()))
+    if len(nodes) != 1:
+        return None, f"it is called {len(nodes)} times (a sharded table is looked up by one model input)"
+    tensors = list(nodes[0].input_tensors)
+    inputs = {id(tensor): tensor for tensor in getattr(model, "inputs", None) or ()}
+    if len(tensors) != 1 or id(tensors[0]) not in inputs:
+        return None, "its ids are not a model input (they are computed inside the model)"
+    ids = tensors[0]
+    if not np.issubdtype(np.dtype(ids.dtype), np.integer):
+        return None, f"its model input {ids.name!r} is {ids.dtype}, not integer ids"
+    users = [other for other in model._flatten_layers(include_self=False) if other is not layer
+             and any(id(t) == id(ids) for node in getattr(other, "_inbound_nodes", ()) for t in node.input_tensors)]
+    if users:
+        return None, (f"its model input {ids.name!r} also feeds {[user.name for user in users]}, which would see "
+                      "positions in the worker's working table instead of ids")
+    return ids.name, None

@@ -1,0 +1,41 @@
+"""training.sharding.plan: which tables are sharded and which rows each rank owns, from the model alone."""
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+
+from sparktf.errors import ConfigurationError
+from sparktf.training.sharding.plan import ShardPlan
+
+
+def recommender():
+    users, items = keras.Input((1,), dtype="int64", name="user"), keras.Input((2,), dtype="int64", name="item")
+    numbers = keras.Input((3,), name="numbers")
+    looked_up = [keras.layers.Flatten()(keras.layers.Embedding(1001, 8, name="users")(users)),
+                 keras.layers.Flatten()(keras.layers.Embedding(50, 4, name="items")(items))]
+    bucket = keras.layers.Embedding(7, 2, name="buckets")(keras.ops.cast(numbers[:, :1], "int32"))
+    joined = keras.layers.Concatenate()(looked_up + [keras.layers.Flatten()(bucket), numbers])
+    return keras.Model([users, items, numbers], keras.layers.Dense(1)(joined))
+
+
+def test_tables_over_the_threshold_are_sharded_in_contiguous_row_ranges():
+    plan = ShardPlan.of(recommender(), 3, threshold_bytes=1000)
+    assert [(t.layer, t.input_name, t.rows, t.row_shape) for t in plan.tables] == [("users", "user", 1001, (8,))]
+    users = plan.tables[0]
+    assert users.rows_per_rank == 334 and [users.owned(r) for r in range(3)] == [(0, 334), (334, 668), (668, 1001)]
+    assert users.owners(np.array([0, 333, 334, 1000])).tolist() == [0, 0, 1, 2]
+    assert ShardPlan.of(recommender(), 1, threshold_bytes=0).tables == ()  # one worker: nothing to split
+
+
+def test_a_choice_overrides_the_threshold_both_ways_and_names_what_cannot_be_sharded(caplog):
+    plan = ShardPlan.of(recommender(), 2, threshold_bytes=1000, choices={"users": False, "items": True})
+    assert [t.layer for t in plan.tables] == ["items"]
+    with pytest.raises(ConfigurationError, match=r"\['nope'\] are not Embedding layers .* \['buckets', 'items', 'users'\]"):
+        ShardPlan.of(recommender(), 2, None, {"nope": True})
+    with pytest.raises(ConfigurationError, match="'buckets' cannot be sharded: its ids are not a model input"):
+        ShardPlan.of(recommender(), 2, None, {"buckets": True})
+    with caplog.at_level(logging.WARNING, "sparktf.training"):  # picked by the threshold alone: replicated, said
+        assert [t.layer for t in ShardPlan.of(recommender(), 2, threshold_bytes=0).tables] == ["users", "items"]
+    assert "'buckets'" in caplog.text and "stays replicated" in caplog.text
