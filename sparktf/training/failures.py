@@ -19,10 +19,10 @@ from typing import Iterator, Optional
 
 import tensorflow as tf
 
-from sparktf.errors import DataError, FailureRecord, ModelError, SparkTFError
+from sparktf.errors import CollectiveError, DataError, FailureRecord, InternalError, ModelError, SparkTFError
 from sparktf.models.batch_errors import essential_line
 
-__all__ = ["classified_failures", "deterministic_failure", "relaunch_helps"]
+__all__ = ["classified_failures", "deterministic_failure", "exchange_failure", "relaunch_helps"]
 
 # What a batch that does not fit the model raises, at trace time or at run time.
 _BATCH_ERRORS = (
@@ -124,3 +124,20 @@ def classified_failures(rank: int, shard: Optional[int], iteration: int, warm_up
         if failure is None:
             raise
         raise failure from error
+
+
+def exchange_failure(error: BaseException) -> SparkTFError:
+    """The error a step raises when its gradient exchange raised ``error``: never the data's or the model's.
+
+    A ``CollectiveError`` (a lost, silent or unauthenticated peer) or any
+    other sparktf error as it is; a connection's ``OSError`` as a
+    ``CollectiveError`` (both relaunched); anything else is a bug of
+    sparktf's: an ``InternalError``, never relaunched.
+    """
+    if isinstance(error, SparkTFError):
+        return error
+    if isinstance(error, OSError):
+        return CollectiveError(f"the gradient exchange lost its connection: {type(error).__name__}: {error}")
+    return InternalError(
+        f"sparktf's gradient exchange failed ({type(error).__name__}: {error}). This is a bug of sparktf's, not of "
+        "the data or the model, and is not retried: please report it with the traceback in this error's __cause__")

@@ -249,6 +249,11 @@ class GradientExchange:
     compression : {None, "bf16", "fp16"}
         The wire dtype of gradient values (dense gradients and rows); the
         loss and metric states always travel exactly.
+    shards : RankShards, optional
+        The rank's shards of sharded tables (``training.sharding``): those
+        tables' rows go to their owners, exactly, and come back to the step
+        as no rows (a row of NaN on every rank when an owner's sum is not
+        finite, so that no rank applies the step).
 
     Attributes
     ----------
@@ -256,8 +261,9 @@ class GradientExchange:
         What this rank sent, counted over the calls.
     """
 
-    def __init__(self, communicator: Any = None, compression: Optional[str] = None):
+    def __init__(self, communicator: Any = None, compression: Optional[str] = None, shards: Any = None):
         self._communicator = communicator
+        self._shards = shards
         self._compression = compression
         self._wire = np.dtype(np.float32) if compression is None else WIRE_DTYPES[compression]
         self._tables: dict = {}  # densified tables' buffers, by position, reused across steps
@@ -282,21 +288,40 @@ class GradientExchange:
         counts = np.zeros((self.world_size, len(layout.sparse)), np.int64)
         rows: List[Any] = [None] * len(layout.sparse)
         as_rows: List[int] = []
+        sharded: List[int] = []
         if layout.sparse:
             counts[comm.rank] = [indices.size for indices, _ in parts.rows]
             comm.allreduce(counts, op="sum")
+            sharded = self._route_to_owners(layout, parts, rows)
             for k, table in enumerate(layout.sparse):
+                if k in sharded:
+                    continue
                 if self._travels_as_rows(table, int(counts[:, k].sum())):
                     as_rows.append(k)
                 else:
                     rows[k] = self._densified_sum(table, *parts.rows[k])
             if as_rows:
                 self._gather_rows(layout, parts, counts, as_rows, rows)
-        sent, dense = wire_bytes(layout, fused.size, counts, as_rows, self._wire.itemsize, comm.rank)
+        sent, dense = wire_bytes(layout, fused.size, counts, sorted(as_rows + sharded), self._wire.itemsize, comm.rank)
         self.traffic.steps += 1
         self.traffic.sent += sent
         self.traffic.dense += dense
         return ExchangedParts(fused, rows)
+
+    def _route_to_owners(self, layout: GradientLayout, parts: ExchangedParts, rows: List[Any]) -> List[int]:
+        """Send the sharded tables' rows to their owners; what the step gets back for them; which they are."""
+        if self._shards is None:
+            return []
+        sharded = [k for k, table in enumerate(layout.sparse) if table.position in self._shards.positions]
+        finite = np.array([min((self._shards.route(layout.sparse[k].position, *parts.rows[k]) for k in sharded),
+                               default=True)], np.int32)
+        self._communicator.allreduce(finite, op="sum")
+        for k in sharded:
+            table = layout.sparse[k]
+            poisoned = finite[0] < self.world_size and k == sharded[0]
+            rows[k] = (np.zeros(int(poisoned), np.int64),
+                       np.full((int(poisoned), *table.shape[1:]), np.nan if poisoned else 0.0, np.float32))
+        return sharded
 
     def _travels_as_rows(self, table: SparseTable, total_rows: int) -> bool:
         """Whether the rows move fewer bytes than the table (every rank decides alike from the same counts).

@@ -36,6 +36,8 @@ from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.errors import DataError, FailureRecord, InternalError, ModelError, StorageError
 from sparktf.training.failures import classified_failures
 from sparktf.training.state_source import StateSource
+from sparktf.training.sharding.plan import ShardingRequest
+from sparktf.training.sharding.tables import RankShards
 from sparktf.training.gradient_exchange import GradientExchange, Traffic
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.training.class_weights import ClassWeights, batch_parts
@@ -97,6 +99,9 @@ class SegmentSpec:
         The functions each batch goes through before the model (the dataset's
         maps, the model's preprocessing); ``element_structure`` is what they
         return.
+    sharding : ShardingRequest
+        Which embedding tables the workers split among them (see
+        :mod:`sparktf.training.sharding`); each rank plans them for its world size.
     """
 
     payload: Any
@@ -115,6 +120,7 @@ class SegmentSpec:
     metric_state: Optional[np.ndarray] = None
     class_weight: Optional[ClassWeights] = None
     maps: Optional[MappedElements] = None
+    sharding: ShardingRequest = ShardingRequest()
 
 
 @dataclass
@@ -228,8 +234,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         try:
             heartbeat.phase = "train"
             batches = itertools.chain([first_batch], stream)
-            result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat)
+            shards = _rank_shards(spec, step, rank, world_size, communicator)
+            result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
+            if shards is not None:
+                shards.finish(step.model)
             _average_non_trainable(step.model, communicator)
             watch.lap("finish")
             if rank == 0:
@@ -260,11 +269,14 @@ def _train(
     communicator: Any,
     watch: _Stopwatch,
     heartbeat: Any,
+    shards: Optional[RankShards],
 ) -> SegmentResult:
     losses, learning_rates, wall_times, step_seconds, metrics = [], [], [], [], []
     progress = spec.start
     non_finite_iteration = None
-    exchange = _TimedExchange(communicator, spec.gradient_compression, watch)
+    exchange = _TimedExchange(communicator, spec.gradient_compression, watch, shards)
+    clip = spec.clipping
+    clip_rows = None if clip.min_value is None else (clip.min_value, clip.max_value)
     weight = spec.local_batches[shard] / sum(spec.local_batches)  # this rank's share of the global batch
     per_epoch = progress.iterations_per_epoch
     mapped = batch_mapper(spec.maps, step.model)  # once a segment, not a cache lookup per batch
@@ -279,12 +291,16 @@ def _train(
         heartbeat.iteration = iteration
         if (iteration - 1) % per_epoch == 0:  # an epoch's first iteration
             step.set_metric_state(None)
+        if shards is not None:
+            shards.fetch_rows(features)
         with classified_failures(rank, shard, iteration, warm_up=False):
             outcome = step.run(features, labels, exchange, weight, sample_weight=sample_weight)
-        ended = watch.lap("apply")
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
             non_finite_iteration = iteration
             break
+        if shards is not None:
+            shards.apply(clip_rows)
+        ended = watch.lap("apply")
         learning_rates.append(outcome.learning_rate)
         losses.append(outcome.loss)
         metrics.append(outcome.metrics)
@@ -317,8 +333,8 @@ class _TimedExchange(GradientExchange):
     """The step's gradient exchange (see ``training.gradient_exchange``), timing ``compute`` before it and itself
     (``allreduce``)."""
 
-    def __init__(self, communicator: Any, compression: Optional[str], watch: _Stopwatch):
-        super().__init__(communicator, compression)
+    def __init__(self, communicator: Any, compression: Optional[str], watch: _Stopwatch, shards: Any = None):
+        super().__init__(communicator, compression, shards)
         self._watch = watch
 
     def __call__(self, layout: Any, parts: Any) -> Any:
@@ -358,6 +374,19 @@ def _prepared_step(
     _start_state(spec, rank, world_size).apply_to(step.model)  # also undoes the warm-up's update
     watch.lap("state_fetch")
     return step
+
+
+def _rank_shards(spec: SegmentSpec, step: TrainStep, rank: int, world_size: int,
+                 communicator: Any) -> Optional[RankShards]:
+    """This rank's shards of the tables the segment shards (None: none), holding the start state's rows."""
+    plan = spec.sharding.plan(step.model, world_size)
+    step.sharded = frozenset()
+    if not plan.tables:
+        return None
+    shards = RankShards(plan, step.model, rank, communicator)
+    shards.start(step.model)
+    step.sharded = shards.positions
+    return shards
 
 
 def _start_state(spec: SegmentSpec, rank: int, world_size: int) -> ModelState:

@@ -26,6 +26,7 @@ from sparktf.spark.calls import call_scope, current_label
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.training.callbacks import DriverCallbacks
 from sparktf.training.checkpoint import ModelState
+from sparktf.training.sharding.plan import ShardingRequest, check_trainable
 from sparktf.training.checkpoint_writer import CheckpointWriter
 from sparktf.training.evaluation import evaluate_blocks
 from sparktf.training.inputs import WorkerInputs
@@ -140,6 +141,8 @@ class TrainingRun:
         import keras
 
         settings, validation = self._settings, self._dataset.val_dataset
+        sharding = ShardingRequest.of_settings(settings.session)
+        check_trainable(sharding.plan(self._model, settings.num_workers), self._model, self._clipping.clip_norm)
         checkpoints = CheckpointWriter(settings.model_dir, settings.keep_checkpoints, request.checkpoint_trigger,
                                        request.checkpoint_failures)
         stops = [request.end_trigger]
@@ -211,7 +214,8 @@ class TrainingRun:
         spec = SegmentSpec(self._payload(), structure, progress, stop, self._clipping, settings.collective_timeout,
                            maps=elements, gradient_compression=settings.gradient_compression,
                            gpus=gpu_plan(settings.session.conf, settings.resource_profile),
-                           metric_state=self._state.metric_state, class_weight=class_weight)
+                           metric_state=self._state.metric_state, class_weight=class_weight,
+                           sharding=ShardingRequest.of_settings(settings.session))
         return runner.run(spec, self._capture, driver.report,
                           lambda workers: driver.launching(workers, progress.iteration))
 

@@ -35,8 +35,9 @@ from typing import Any, Callable, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from sparktf.errors import CollectiveError, InternalError, SparkTFError
+from sparktf.errors import InternalError
 from sparktf.models.batch_errors import essential_line
+from sparktf.training.failures import exchange_failure
 from sparktf.training.gradient_exchange import ExchangedParts, GradientExchange, GradientLayout
 from sparktf.training.sparse_kernels import apply_rows
 from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
@@ -135,6 +136,7 @@ class TrainStep:
         self.metric_names: List[str] = []
         self._exchange_call: Optional[_ExchangeCall] = None  # the running step's
         self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
+        self.sharded: frozenset = frozenset()  # positions of sharded tables: their owners update them (sharding/)
         self._take_compiled = tf.Variable(False, trainable=False)  # an update in the step: its XLA branch runs
         self._taking_compiled = False  # its value, known without reading it back (0.3-0.4 ms after a step)
         self._last_compiled = False  # whether the last iteration's update ran XLA-compiled
@@ -358,7 +360,7 @@ class TrainStep:
         seconds on a large model, which only a long job repays.
         """
         compile_now = bool(layout.sparse) or self._updates >= COMPILE_AFTER_UPDATES
-        key = (tuple(table.position for table in layout.sparse), compile_now)
+        key = (tuple(table.position for table in layout.sparse), compile_now, self.sharded)
         if key not in self._update_fns:
             self._update_fns[key] = self._built_update(layout, compile_now)
         return self._update_fns[key]
@@ -392,8 +394,8 @@ class TrainStep:
                 row_kernels: bool = False) -> tf.Tensor:
         """Clip the global gradients and apply them: all through ``optimizer.apply``, or (``row_kernels``) each
         table's rows through :func:`~sparktf.training.sparse_kernels.apply_rows` first, then the rest."""
-        gradients = [_map_values(lambda v: tf.cast(v, variable.dtype), g)
-                     for g, variable in zip(layout.gradients(dense, sparse), self.variables)]
+        gradients = [None if position in self.sharded else _map_values(lambda v: tf.cast(v, variable.dtype), g)
+                     for position, (g, variable) in enumerate(zip(layout.gradients(dense, sparse), self.variables))]
         if not self._loss_scaled:
             gradients = self.clipping.apply(gradients)
         elif self.clipping.active:  # clip the true gradients; the optimizer takes scaled ones
@@ -401,12 +403,14 @@ class TrainStep:
             unscaled = self.clipping.apply([_map_values(lambda v: v / scale, g) for g in gradients])
             gradients = [_map_values(lambda v: v * scale, g) for g in unscaled]
         if not row_kernels:
-            self.optimizer.apply(gradients, self.variables)
+            kept = [(g, v) for g, v in zip(gradients, self.variables) if g is not None or not self.sharded]
+            self.optimizer.apply([g for g, _ in kept], [v for _, v in kept])
             return tf.constant(True)
-        tables = {table.position for table in layout.sparse}
+        tables = {table.position for table in layout.sparse} - self.sharded
         for position in sorted(tables):  # before apply(), which advances iterations (the schedule's step)
             apply_rows(self.optimizer, self.variables[position], gradients[position], unique_indices=True)
-        rest = [(g, v) for position, (g, v) in enumerate(zip(gradients, self.variables)) if position not in tables]
+        rest = [(g, v) for position, (g, v) in enumerate(zip(gradients, self.variables))
+                if position not in tables | self.sharded]
         if rest:
             self.optimizer.apply([g for g, _ in rest], [v for _, v in rest])
         else:
@@ -446,23 +450,6 @@ class _ExchangeCall:
             raise
 
 
-def exchange_failure(error: BaseException) -> SparkTFError:
-    """The error a step raises when its gradient exchange raised ``error``: never the data's or the model's.
-
-    A ``CollectiveError`` (a lost, silent or unauthenticated peer) or any
-    other sparktf error as it is; a connection's ``OSError`` as a
-    ``CollectiveError`` (both relaunched); anything else is a bug of
-    sparktf's: an ``InternalError``, never relaunched.
-    """
-    if isinstance(error, SparkTFError):
-        return error
-    if isinstance(error, OSError):
-        return CollectiveError(f"the gradient exchange lost its connection: {type(error).__name__}: {error}")
-    return InternalError(
-        f"sparktf's gradient exchange failed ({type(error).__name__}: {error}). This is a bug of sparktf's, not of "
-        "the data or the model, and is not retried: please report it with the traceback in this error's __cause__")
-
-
 def _compiles(compiled: Any, layout: GradientLayout, dense: bool) -> bool:
     """Whether XLA lowers ``compiled`` (an update of ``layout``'s gradients, the rows dense or as
     :data:`MIN_PADDED_ROWS` rows) to HLO."""
@@ -486,7 +473,9 @@ def _input_signature(value: Any) -> Any:
 
 
 def _map_values(function: Callable[[tf.Tensor], tf.Tensor], gradient: Any) -> Any:
-    """``function`` applied to a dense gradient, or to the rows of a ``tf.IndexedSlices`` one."""
+    """``function`` applied to a dense gradient, or to the rows of a ``tf.IndexedSlices`` one (None: None)."""
+    if gradient is None:
+        return None
     if isinstance(gradient, tf.IndexedSlices):
         return tf.IndexedSlices(function(gradient.values), gradient.indices, gradient.dense_shape)
     return function(gradient)

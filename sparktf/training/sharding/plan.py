@@ -23,8 +23,12 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from sparktf.errors import ConfigurationError
+from sparktf.spark.cluster import size_setting
 
-__all__ = ["ShardedTable", "ShardPlan"]
+__all__ = ["ShardedTable", "ShardPlan", "ShardingRequest", "SHARD_TABLE_BYTES_CONF", "SHARD_TABLES_CONF"]
+
+SHARD_TABLE_BYTES_CONF = "spark.sparktf.shardTableBytes"
+SHARD_TABLES_CONF = "spark.sparktf.shardTables"
 
 logger = logging.getLogger("sparktf.training")
 
@@ -153,3 +157,51 @@ def _id_input(model: Any, layer: Any) -> Tuple[Optional[str], Optional[str]]:
         return None, (f"its model input {ids.name!r} also feeds {[user.name for user in users]}, which would see "
                       "positions in the worker's working table instead of ids")
     return ids.name, None
+
+
+@dataclass(frozen=True)
+class ShardingRequest:
+    """What the session's settings ask for: a size threshold and per-layer choices.
+
+    ``spark.sparktf.shardTableBytes`` (a size such as ``64m``; unset: no
+    threshold) and ``spark.sparktf.shardTables`` (comma-separated ``Embedding``
+    layer names to shard; ``-name`` keeps one replicated).
+    """
+
+    threshold_bytes: Optional[int] = None
+    choices: Tuple[Tuple[str, bool], ...] = ()
+
+    @classmethod
+    def of_settings(cls, kind: Any) -> "ShardingRequest":
+        """The request of ``kind``'s session settings (a ``SessionKind``)."""
+        threshold = size_setting(kind, SHARD_TABLE_BYTES_CONF, "0") if kind.setting(SHARD_TABLE_BYTES_CONF, "") else None
+        names = [name.strip() for name in kind.setting(SHARD_TABLES_CONF, "").split(",") if name.strip()]
+        return cls(threshold, tuple((name.lstrip("-"), not name.startswith("-")) for name in names))
+
+    def plan(self, model: Any, world_size: int) -> ShardPlan:
+        """The :class:`ShardPlan` of ``model`` on ``world_size`` workers."""
+        return ShardPlan.of(model, world_size, self.threshold_bytes, dict(self.choices))
+
+
+def check_trainable(plan: ShardPlan, model: Any, clip_norm: Optional[float]) -> None:
+    """Refuse what sharded tables cannot train yet (before any job).
+
+    Raises
+    ------
+    ConfigurationError
+        Clipping by the global norm (the norm would need every owner's rows),
+        a loss-scaled (``mixed_float16``) optimizer, or a table that is not float32.
+    """
+    if not plan.tables:
+        return
+    names = [table.layer for table in plan.tables]
+    if clip_norm is not None:
+        raise ConfigurationError(f"sharded tables {names} cannot be trained with clipping by the global L2 norm yet; "
+                                 "use set_constant_gradient_clipping, or keep the tables replicated")
+    if hasattr(model.optimizer, "inner_optimizer"):
+        raise ConfigurationError(f"sharded tables {names} cannot be trained with a loss-scaled (mixed_float16) "
+                                 "optimizer yet; keep the tables replicated")
+    layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+    other = [name for name in names if np.dtype(layers[name].embeddings.dtype) != np.float32]
+    if other:
+        raise ConfigurationError(f"sharded tables must be float32, {other} are not; keep them replicated")
