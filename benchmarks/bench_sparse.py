@@ -231,6 +231,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few iterations (about 3 minutes)")
     parser.add_argument("--only", help="comma-separated model kinds (ncf, wide_deep, dlrm); default all")
+    parser.add_argument("--shard-table-bytes", help="spark.sparktf.shardTableBytes for sparktf's runs (e.g. 1m): "
+                        "its larger tables are sharded across the 2 workers; default: every table replicated")
     parser.add_argument("--single", nargs=4, metavar=("KIND", "OPTIMIZER", "ITERATIONS", "METHOD"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,10 +248,11 @@ def main() -> None:
     iterations = ITERATIONS["quick" if args.quick else "full"]
     spark = sparktf.init_spark("local[2]", app_name="bench-sparse", conf={
         "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        **({"spark.sparktf.shardTableBytes": args.shard_table_bytes} if args.shard_table_bytes else {})})
     spark.sparkContext.setLogLevel("ERROR")
     print(f"local[2] on {os.cpu_count()} cores; global batch {GLOBAL_BATCH} ({DLRM_BATCH} for DLRM), "
-          f"{iterations} timed iterations")
+          f"{iterations} timed iterations; tables over {args.shard_table_bytes or 'no size'} sharded")
     results = {}
     for kind, optimizer in WORKLOADS:
         if kind in kinds:

@@ -379,7 +379,7 @@ def _prepared_step(
 def _rank_shards(spec: SegmentSpec, step: TrainStep, rank: int, world_size: int,
                  communicator: Any) -> Optional[RankShards]:
     """This rank's shards of the tables the segment shards (None: none), holding the start state's rows."""
-    plan = spec.sharding.plan(step.model, world_size)
+    plan = spec.sharding.plan(step.model, world_size, warn=False)
     step.sharded = frozenset()
     if not plan.tables:
         return None

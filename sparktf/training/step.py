@@ -378,7 +378,7 @@ class TrainStep:
             return _Update(tf.function(lambda dense, sparse: self._update(layout, dense, sparse, row_kernels=True),
                                        input_signature=[dense_spec, rows], autograph=False), False)
         function = tf.function(update, input_signature=[dense_spec, rows], autograph=False)
-        if form != "rows" and compile_now:
+        if form != "rows" and compile_now and not self.sharded:  # sharded tables' rows: their owners apply them
             as_dense = form == "dense"
             specs = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse] if as_dense else rows
             compiled = tf.function(update, input_signature=[dense_spec, specs], jit_compile=True, autograph=False)

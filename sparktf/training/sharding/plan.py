@@ -9,8 +9,8 @@ is a slice of the table, and re-sharding from N to M ranks reads the slices
 that cover the new range.
 
 A table can be sharded when its layer is called once, on a model input of
-integer ids that feeds nothing else: the worker replaces those ids by
-positions in the step's working table before the model sees them.
+integer ids: a worker reads the batch's ids of that input to fetch their rows
+from the owners before the step.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class ShardPlan:
 
     @classmethod
     def of(cls, model: Any, world_size: int, threshold_bytes: Optional[int],
-           choices: Optional[Mapping[str, bool]] = None) -> "ShardPlan":
+           choices: Optional[Mapping[str, bool]] = None, warn: bool = True) -> "ShardPlan":
         """The plan for ``model``: tables over ``threshold_bytes`` (None: no threshold), or as ``choices`` say.
 
         Parameters
@@ -94,6 +94,8 @@ class ShardPlan:
             A table of more bytes is sharded, unless ``choices`` says no.
         choices : mapping of str to bool, optional
             Per ``Embedding`` layer name: shard it (True) or keep it replicated (False).
+        warn : bool
+            Log the tables only the threshold picked that stay replicated (the driver's plan; not the workers').
 
         Raises
         ------
@@ -122,8 +124,9 @@ class ShardPlan:
                 if chosen:
                     raise ConfigurationError(f"Embedding layer {name!r} cannot be sharded: {reason}. Keep it "
                                              "replicated (leave it out of the sharded tables)")
-                logger.warning("Embedding layer %r (%d bytes) stays replicated on every worker: %s", name,
-                               table_bytes, reason)
+                if warn:
+                    logger.warning("Embedding layer %r (%d bytes) stays replicated on every worker: %s", name,
+                                   table_bytes, reason)
                 continue
             tables.append(ShardedTable(name, input_name, int(layer.embeddings.shape[0]),
                                        tuple(int(d) for d in layer.embeddings.shape[1:]), world_size))
@@ -139,8 +142,8 @@ def _embeddings(model: Any) -> Dict[str, Any]:
 
 
 def _id_input(model: Any, layer: Any) -> Tuple[Optional[str], Optional[str]]:
-    """``(input name, None)`` when ``layer`` is called once, directly on a model input of integer ids that feeds
-    nothing else; ``(None, reason)`` otherwise."""
+    """``(input name, None)`` when ``layer`` is called once, directly on a model input of integer ids;
+    ``(None, reason)`` otherwise."""
     nodes = list(getattr(layer, "_inbound_nodes", ()))
     if len(nodes) != 1:
         return None, f"it is called {len(nodes)} times (a sharded table is looked up by one model input)"
@@ -151,11 +154,6 @@ def _id_input(model: Any, layer: Any) -> Tuple[Optional[str], Optional[str]]:
     ids = tensors[0]
     if not np.issubdtype(np.dtype(ids.dtype), np.integer):
         return None, f"its model input {ids.name!r} is {ids.dtype}, not integer ids"
-    users = [other for other in model._flatten_layers(include_self=False) if other is not layer
-             and any(id(t) == id(ids) for node in getattr(other, "_inbound_nodes", ()) for t in node.input_tensors)]
-    if users:
-        return None, (f"its model input {ids.name!r} also feeds {[user.name for user in users]}, which would see "
-                      "positions in the worker's working table instead of ids")
     return ids.name, None
 
 
@@ -178,9 +176,9 @@ class ShardingRequest:
         names = [name.strip() for name in kind.setting(SHARD_TABLES_CONF, "").split(",") if name.strip()]
         return cls(threshold, tuple((name.lstrip("-"), not name.startswith("-")) for name in names))
 
-    def plan(self, model: Any, world_size: int) -> ShardPlan:
-        """The :class:`ShardPlan` of ``model`` on ``world_size`` workers."""
-        return ShardPlan.of(model, world_size, self.threshold_bytes, dict(self.choices))
+    def plan(self, model: Any, world_size: int, warn: bool = True) -> ShardPlan:
+        """The :class:`ShardPlan` of ``model`` on ``world_size`` workers (``warn``: see :meth:`ShardPlan.of`)."""
+        return ShardPlan.of(model, world_size, self.threshold_bytes, dict(self.choices), warn)
 
 
 def check_trainable(plan: ShardPlan, model: Any, clip_norm: Optional[float]) -> None:

@@ -31,7 +31,8 @@ import tensorflow as tf
 
 from sparktf.training.gradient_exchange import merge_rows
 from sparktf.training.sharding.plan import ShardedTable, ShardPlan
-from sparktf.training.sparse_kernels import apply_rows, sparse_kernel
+from sparktf.training.sparse_kernels import apply_rows
+from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
 
 __all__ = ["RankShards"]
 
@@ -48,6 +49,7 @@ class _Shard:
     rows: Any  # keras.Variable of the owned rows
     optimizer: Any  # the model optimizer's clone, built on ``rows``
     update: Any  # tf.function(slices) -> None
+    write: Any  # tf.function(ids, rows): into the model's table, XLA-compiled
     pending: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the step's summed rows: local ids, rows
 
 
@@ -69,7 +71,7 @@ class RankShards:
             optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
             optimizer.build([rows])
             self._shards.append(_Shard(table, variable, trainable[id(variable)], start, end, rows, optimizer,
-                                       _update_function(optimizer, rows)))
+                                       _update_function(optimizer, rows), _write_function(variable)))
         self._input_names = names
 
     @property
@@ -97,7 +99,7 @@ class RankShards:
                     np.zeros((0, *shard.table.row_shape), np.float32) for part in asked]
             answers = self._alltoallv([row.astype(np.float32, copy=False) for row in rows])
             fetched = np.concatenate(answers).reshape((ids.size, *shard.table.row_shape))
-            shard.variable.value.scatter_update(tf.IndexedSlices(fetched, ids[order]))
+            shard.write(*_padded(ids[order], fetched))
 
     def route(self, position: int, indices: np.ndarray, rows: np.ndarray) -> bool:
         """Send a sharded table's row gradient to the owners; keep the sum of what reaches this rank.
@@ -179,15 +181,47 @@ def _slots(optimizer: Any, variable: Any) -> Dict[str, Any]:
 
 
 def _update_function(optimizer: Any, rows: Any) -> Any:
-    """``update(slices)``: the optimizer's step on the shard (its exact row kernel when it has one)."""
-    kernel = sparse_kernel(optimizer) is not None
+    """``update(slices)``: the optimizer's step on the shard, in the form ``update_form`` finds for it.
 
-    def update(slices: tf.IndexedSlices) -> None:
-        if kernel:
+    ``"dense"`` (Adam, momentum: every row moves) and ``"padded"`` (SGD) are
+    XLA-compiled, which fuses the passes over the shard; ``"kernel"`` is the
+    optimizer's exact row update; anything else Keras' own update of the rows.
+    """
+    form = update_form(optimizer)
+    shape = tuple(int(d) for d in rows.shape)
+    slices_spec = tf.IndexedSlicesSpec([None, *shape[1:]], tf.float32, tf.int64, tf.int64, [None])
+    if form == "kernel":
+        def update(slices: tf.IndexedSlices) -> None:
             apply_rows(optimizer, rows, slices, unique_indices=True)
             optimizer.iterations.assign_add(1)
-        else:
-            optimizer.apply([slices], [rows])
 
-    spec = tf.IndexedSlicesSpec([None, *rows.shape[1:]], tf.float32, tf.int64, tf.int64, [None])
-    return tf.function(update, input_signature=[spec], autograph=False)
+        return tf.function(update, input_signature=[slices_spec], autograph=False)
+    if form == "rows":
+        return tf.function(lambda slices: optimizer.apply([slices], [rows]), input_signature=[slices_spec],
+                           autograph=False)
+    dense = form == "dense"
+    spec = tf.TensorSpec(shape, tf.float32) if dense else slices_spec
+    compiled = tf.function(lambda gradient: optimizer.apply([gradient], [rows]), input_signature=[spec],
+                           jit_compile=True, autograph=False)
+    return tf.function(lambda slices: compiled(tf.convert_to_tensor(slices) if dense else padded_rows(slices, shape[0])),
+                       input_signature=[slices_spec], autograph=False)
+
+
+def _write_function(variable: Any) -> Any:
+    """``write(ids, rows)`` into ``variable``, XLA-compiled: TensorFlow's own row writes would switch the table
+    to copy-on-read, and the model's every lookup would then copy it whole (see ``update_form``)."""
+    shape = tuple(int(d) for d in variable.shape)
+    return tf.function(lambda ids, rows: variable.value.scatter_update(tf.IndexedSlices(rows, ids)),
+                       input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, *shape[1:]], tf.float32)],
+                       jit_compile=True, autograph=False)
+
+
+def _padded(ids: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``ids`` and ``rows`` repeated from the first to the next power of two (at least ``MIN_PADDED_ROWS``):
+    the compiled write sees a handful of shapes, and writing a row twice changes nothing."""
+    if ids.size == 0:
+        return ids, rows
+    target = max(MIN_PADDED_ROWS, 1 << int(np.ceil(np.log2(ids.size))))
+    extra = target - ids.size
+    return (np.concatenate([ids, np.full(extra, ids[0], ids.dtype)]),
+            np.concatenate([rows, np.repeat(rows[:1], extra, axis=0)]))
