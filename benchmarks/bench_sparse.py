@@ -26,7 +26,8 @@ process with the same sparse update (a ``tf.function`` step of forward,
 gradients, ``apply_rows`` for the tables and ``optimizer.apply`` for the
 rest, in a subprocess of its own): the ratio against it is the scaling alone.
 Each case prints the largest peak RssAnon of a Python worker while sparktf
-trained (every worker holds every table and its slots).
+trained. ``--shard-table-bytes 1m`` shards the tables over that size across
+the 2 workers (``spark.sparktf.shardTableBytes``).
 
 The bytes: rank 0 counts the gradient bytes it sent per step, and what the
 dense exchange (every table all-reduced in full) would have sent
@@ -291,8 +292,8 @@ def compare(kind: str, optimizer: str, iterations: int, rounds: int) -> dict:
     ratios = " ".join(f"ratio vs {method} {rate / value:.3f}" for method, value in best.items())
     print(f"{kind:9s} {optimizer:7s} {one_process_rates} | sparktf 2 workers {rate:9.0f} samples/s | {ratios} | "
           f"rank 0 per step: {phases} | gradient bytes sent {sent / 1e6:.3f} MB (dense {dense / 1e6:.1f} MB; "
-          f"tables as rows {traffic.sparse_tables}, dense {traffic.dense_tables}) | peak worker RssAnon "
-          f"{peak / 2**20:.0f} MB (tables not sharded)")
+          f"tables as rows {traffic.sparse_tables}, dense {traffic.dense_tables}, sharded {traffic.sharded_tables}) | "
+          f"peak worker RssAnon {peak / 2**20:.0f} MB")
     return {**{method: rate / value for method, value in best.items()}, "bytes": dense / sent}
 
 

@@ -42,35 +42,37 @@ def _batches():
 def train_ranks(rank, peers, listener, secret):
     """Per optimizer: the weights and optimizer variables after replicated, then sharded, training."""
     from sparktf.collective import Communicator
+    from sparktf.training.checkpoint import ModelState
     from sparktf.training.gradient_exchange import GradientExchange
     from sparktf.training.sharding.plan import ShardPlan
-    from sparktf.training.sharding.tables import RankShards
+    from sparktf.training.sharding.tables import RankShards, apply_start_state, working_model
     from sparktf.training.step import TrainStep
 
     half = slice(rank * GLOBAL_BATCH // 2, (rank + 1) * GLOBAL_BATCH // 2)
     results = {}
     with Communicator.from_peers(rank, peers, secret, timeout=30, listener=listener) as comm:
         for name in OPTIMIZERS:
-            for sharded in (False, True):
-                model = _model(name)
-                step, shards = TrainStep(model), None
-                if sharded:
-                    plan = ShardPlan.of(model, 2, None, {"users": True, "items": True})
-                    shards = RankShards(plan, model, rank, comm)
-                    shards.start(model)
-                    step.sharded = shards.positions
+            model = _model(name)
+            TrainStep(model)  # builds the optimizer
+            start = ModelState.capture(model)
+            plan = ShardPlan.of(model, 2, None, {"users": True, "items": True})
+            working = working_model(model, plan, GLOBAL_BATCH // 2)
+            shards = RankShards(plan, working, rank, comm)
+            shards.start(apply_start_state(start, working, plan), 0)
+            for trained, shards in ((model, None), (working, shards)):
+                step = TrainStep(trained)
+                step.sharded = frozenset() if shards is None else shards.positions
                 exchange = GradientExchange(comm, None, shards)
                 for features, labels in _batches():
                     features = [f[half] for f in features]
                     if shards is not None:
-                        shards.fetch_rows(features)
+                        features = shards.fetch_rows(features)
                     assert step.run(features, labels[half], exchange, weight=0.5).applied
                     if shards is not None:
                         shards.apply()
-                if shards is not None:
-                    shards.finish(model)
-                results[(name, sharded)] = ([w.copy() for w in model.get_weights()],
-                                            [np.array(v.numpy()) for v in model.optimizer.variables])
+                state = ModelState.capture(model) if shards is None else shards.captured_state(STEPS)
+                results[(name, shards is not None)] = (state.weights, state.optimizer_variables)
+            assert working.get_layer("users").embeddings.shape[0] == GLOBAL_BATCH // 2  # no rank holds the table
     return results
 
 
@@ -100,7 +102,9 @@ def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_re
         sc.setLocalProperty("spark.sparktf.shardTables", shard_tables)
         try:
             model = _model("adam")
-            TFOptimizer.from_keras(model, dataset, num_workers=2).optimize(MaxIteration(STEPS), verbose=0)
+            optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2)
+            optimizer.optimize(MaxIteration(STEPS), verbose=0)
+            assert optimizer.last_traffic.sharded_tables == (2 * STEPS if shard_tables else 0)
             trained[shard_tables] = model.get_weights() + [np.array(v.numpy()) for v in model.optimizer.variables]
         finally:
             sc.setLocalProperty("spark.sparktf.shardTables", None)

@@ -230,6 +230,8 @@ class Traffic:
         Bytes it would have sent with every gradient dense (the table too).
     sparse_tables, dense_tables : int
         Sparse gradients exchanged as rows, and densified.
+    sharded_tables : int
+        Sharded tables' gradients sent to their owners.
     """
 
     steps: int = 0
@@ -237,6 +239,7 @@ class Traffic:
     dense: float = 0.0
     sparse_tables: int = 0
     dense_tables: int = 0
+    sharded_tables: int = 0
 
 
 class GradientExchange:
@@ -313,8 +316,9 @@ class GradientExchange:
         if self._shards is None:
             return []
         sharded = [k for k, table in enumerate(layout.sparse) if table.position in self._shards.positions]
-        finite = np.array([min((self._shards.route(layout.sparse[k].position, *parts.rows[k]) for k in sharded),
-                               default=True)], np.int32)
+        self.traffic.sharded_tables += len(sharded)
+        finite = np.array([self._shards.route([(layout.sparse[k].position, *parts.rows[k]) for k in sharded])
+                           if sharded else True], np.int32)
         self._communicator.allreduce(finite, op="sum")
         for k in sharded:
             table = layout.sparse[k]

@@ -20,7 +20,7 @@ import itertools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -37,7 +37,8 @@ from sparktf.errors import DataError, FailureRecord, InternalError, ModelError, 
 from sparktf.training.failures import classified_failures
 from sparktf.training.state_source import StateSource
 from sparktf.training.sharding.plan import ShardingRequest
-from sparktf.training.sharding.tables import RankShards
+from sparktf.training.sharding.plan import ShardPlan
+from sparktf.training.sharding.tables import HeldTables, RankShards, apply_start_state, working_features, working_model
 from sparktf.training.gradient_exchange import GradientExchange, Traffic
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.training.class_weights import ClassWeights, batch_parts
@@ -219,7 +220,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             )
             opening = pool.submit(_open_input, spec, rank, blocks, connecting)
             try:
-                step = _prepared_step(spec, opening, watch, heartbeat, rank, world_size)
+                step, plan, held = _prepared_step(spec, opening, watch, heartbeat, rank, world_size)
                 heartbeat.phase = "data_cache"
                 stream, first_batch, shard = opening.result()
                 watch.lap("data_cache")
@@ -234,16 +235,16 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         try:
             heartbeat.phase = "train"
             batches = itertools.chain([first_batch], stream)
-            shards = _rank_shards(spec, step, rank, world_size, communicator)
+            shards = _rank_shards(plan, held, step, rank, communicator)
             result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
-            if shards is not None:
-                shards.finish(step.model)
             _average_non_trainable(step.model, communicator)
+            final = None if shards is None else shards.captured_state(result.iteration)  # every rank's rows
             watch.lap("finish")
             if rank == 0:
                 heartbeat.phase = "state_upload"
-                result.state = _hand_back(spec, ModelState.capture(step.model, result.iteration), world_size)
+                final = final or ModelState.capture(step.model, result.iteration)
+                result.state = _hand_back(spec, final, world_size)
                 watch.lap("state_upload")
             finished = True
         finally:
@@ -292,7 +293,7 @@ def _train(
         if (iteration - 1) % per_epoch == 0:  # an epoch's first iteration
             step.set_metric_state(None)
         if shards is not None:
-            shards.fetch_rows(features)
+            features = shards.fetch_rows(features)
         with classified_failures(rank, shard, iteration, warm_up=False):
             outcome = step.run(features, labels, exchange, weight, sample_weight=sample_weight)
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
@@ -351,15 +352,16 @@ def _prepared_step(
     heartbeat: Any,
     rank: int,
     world_size: int,
-) -> TrainStep:
-    """The process's TrainStep, traced and compiled (on the input's first batch), holding the segment's start state.
+) -> Tuple[TrainStep, ShardPlan, Optional[HeldTables]]:
+    """The process's TrainStep, traced and compiled (on the input's first batch), holding the segment's start state;
+    the segment's plan of sharded tables, and their full rows and slots from that state (None without any).
 
     What loading the model or its warm-up step raises is classified (a model
     that cannot run is not relaunched); the input's errors are its own.
     """
     heartbeat.phase = "model_load"
     with classified_failures(rank, None, spec.start.iteration + 1, warm_up=True):
-        step = _cached_step(spec.payload, spec.clipping)
+        step, plan = _cached_step(spec, world_size)
     watch.lap("model_load")
     if not step.warmed_up:
         heartbeat.phase = "data_cache"
@@ -367,24 +369,26 @@ def _prepared_step(
         watch.lap("data_cache")
         heartbeat.phase = "warm_up"
         with classified_failures(rank, shard, spec.start.iteration + 1, warm_up=True):
-            step.warm_up(*_features_labels(spec, batch_mapper(spec.maps, step.model), batch))
+            features, labels, weights = _features_labels(spec, batch_mapper(spec.maps, step.model), batch)
+            step.sharded = frozenset()
+            step.warm_up(working_features(plan, step.model, features)[0] if plan.tables else features, labels, weights)
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
-    _start_state(spec, rank, world_size).apply_to(step.model)  # also undoes the warm-up's update
+    state = _start_state(spec, rank, world_size)  # also undoes the warm-up's update
+    held = apply_start_state(state, step.model, plan) if plan.tables else state.apply_to(step.model)
     watch.lap("state_fetch")
-    return step
+    return step, plan, held
 
 
-def _rank_shards(spec: SegmentSpec, step: TrainStep, rank: int, world_size: int,
+def _rank_shards(plan: ShardPlan, held: Optional[HeldTables], step: TrainStep, rank: int,
                  communicator: Any) -> Optional[RankShards]:
-    """This rank's shards of the tables the segment shards (None: none), holding the start state's rows."""
-    plan = spec.sharding.plan(step.model, world_size, warn=False)
+    """This rank's shards of the plan's tables (None: none), holding its share of the start state's."""
     step.sharded = frozenset()
     if not plan.tables:
         return None
     shards = RankShards(plan, step.model, rank, communicator)
-    shards.start(step.model)
+    shards.start(held, int(step.model.optimizer.iterations.numpy()))
     step.sharded = shards.positions
     return shards
 
@@ -452,11 +456,19 @@ def _close_when_connected(connecting: Future) -> None:
         connecting.result().close()
 
 
-def _cached_step(payload: Any, clipping: GradientClipping) -> TrainStep:
-    """The process's TrainStep (model + traced functions) for this payload and clipping."""
-    model = load_cached(payload)  # the key names the model object: a reloaded model gets a new step
-    key = f"{payload_key(payload.value)}/train-step/{clipping!r}/{id(model)}"
-    return cached(key, lambda: TrainStep(model, clipping))
+def _cached_step(spec: SegmentSpec, world_size: int) -> Tuple[TrainStep, ShardPlan]:
+    """The process's TrainStep (model + traced functions) for the payload, clipping and sharded tables; the plan.
+
+    With sharded tables the step trains a copy of the model with working tables instead (``training.sharding``).
+    """
+    model = load_cached(spec.payload)  # the key names the model object: a reloaded model gets a new step
+    plan = spec.sharding.plan(model, world_size, warn=False)
+    key = f"{payload_key(spec.payload.value)}/train-step/{spec.clipping!r}/{id(model)}"
+    if plan.tables:
+        local_batch = max(spec.local_batches)
+        key += f"/sharded/{plan!r}/{local_batch}"
+        model = cached(f"{key}/model", lambda: working_model(load_cached(spec.payload), plan, local_batch))
+    return cached(key, lambda: TrainStep(model, spec.clipping)), plan
 
 
 def _average_non_trainable(model: Any, communicator: Any) -> None:

@@ -1,40 +1,106 @@
-"""A training rank's shards of the sharded tables: their rows, their optimizer's slots, looked up and updated each step.
+"""A training rank's shards of the sharded tables: their rows and optimizer slots, looked up and updated each step.
 
-The rank's model keeps each sharded table at its full shape, as a lookup
-cache: before a step, :meth:`RankShards.fetch_rows` asks the owners for the
-current rows of the batch's ids (an all-to-all) and writes them in; the
-model's other rows may be stale, and the step reads none of them. The step's
-row gradient of a sharded table goes to the owners (:meth:`RankShards.route`,
-called by the gradient exchange), which sum it over the ranks and, once the
-step's update is decided, apply it to their rows with an optimizer of their own
+The rank trains a copy of the model whose sharded tables are **working
+tables** of ``capacity`` rows (:func:`working_model`): before a step,
+:meth:`RankShards.fetch_rows` replaces the batch's ids by their positions
+among its unique ids, asks the owners for those rows (an all-to-all) and
+writes them into the working table. The step's row gradient of a working
+table goes back to the owners of the ids (:meth:`RankShards.route`, called by
+the gradient exchange), which sum it over the ranks and, once the step's
+update is decided, apply it to their rows with an optimizer of their own
 (:meth:`RankShards.apply`): a clone of the model's, built on the shard, whose
 update of a row equals the model optimizer's (``docs/design/sharded-tables.md``,
-"Measured before building"). It runs at every step, also without rows, so
-its ``iterations`` (schedules, Adam's bias correction) keep pace.
+"Measured before building"). It runs at every step, also without rows, so its
+``iterations`` (schedules, Adam's bias correction) keep pace.
 
 At a segment's ends the state is full-shaped, as without sharding:
-:meth:`RankShards.start` takes each rank's rows and slots from the model's,
-:meth:`RankShards.finish` writes every rank's back into the model and its
-optimizer before the state is captured. Checkpoints, resuming on another
-number of workers and the driver's model after ``optimize`` are therefore
-those of unsharded training.
+:func:`apply_start_state` gives each sharded table's full rows and slots to
+:meth:`RankShards.start`, which keeps the rank's share, and
+:meth:`RankShards.captured_state` gathers every rank's back into a
+``ModelState`` of the model's full shape. Checkpoints, resuming on another
+number of workers and the driver's model after ``optimize`` are those of
+unsharded training.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.models.layer_state import weights_assigned
+from sparktf.training.checkpoint import ModelState
 from sparktf.training.gradient_exchange import merge_rows
 from sparktf.training.sharding.plan import ShardedTable, ShardPlan
 from sparktf.training.sparse_kernels import apply_rows
-from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
+from sparktf.training.update_form import padded_rows, update_form
 
-__all__ = ["RankShards"]
+__all__ = ["RankShards", "HeldTables", "apply_start_state", "working_features", "working_model"]
+
+#: Per sharded layer: its full table and its slots by kind, from the segment's start state.
+HeldTables = Dict[str, Tuple[np.ndarray, Dict[str, np.ndarray]]]
+
+
+def capacities(plan: ShardPlan, model: Any, local_batch: int) -> Dict[str, int]:
+    """Rows of each working table: the ids one local batch can hold."""
+    shapes = {tensor.name: tensor.shape for tensor in model.inputs}
+    return {table.layer: local_batch * math.prod(d or 1 for d in shapes[table.input_name][1:])
+            for table in plan.tables}
+
+
+def working_model(model: Any, plan: ShardPlan, local_batch: int) -> Any:
+    """A compiled copy of the functional ``model`` whose sharded tables have working-table rows (weights unset)."""
+    rows = capacities(plan, model, local_batch)
+    config = model.get_config()
+    for layer in config["layers"]:
+        if layer["config"].get("name") in rows:
+            layer["config"]["input_dim"] = rows[layer["config"]["name"]]
+    copy = type(model).from_config(config)
+    copy.compile(**keras.saving.deserialize_keras_object(model.get_compile_config()))
+    copy.optimizer.build(copy.trainable_variables)
+    return copy
+
+
+def working_features(plan: ShardPlan, model: Any, features: Any) -> Tuple[Any, List[np.ndarray]]:
+    """``(features with each sharded table's ids replaced by positions, each table's unique ids)``."""
+    names = [tensor.name for tensor in model.inputs]
+    replaced = dict(features) if isinstance(features, dict) else list(features) if isinstance(
+        features, (list, tuple)) else [features]
+    unique = []
+    for table in plan.tables:
+        key = table.input_name if isinstance(replaced, dict) else names.index(table.input_name)
+        ids = np.asarray(replaced[key])
+        values, positions = np.unique(ids.astype(np.int64), return_inverse=True)
+        replaced[key] = positions.reshape(ids.shape).astype(ids.dtype)
+        unique.append(values)
+    if isinstance(features, (dict, list)):
+        return replaced, unique
+    return (tuple(replaced) if isinstance(features, tuple) else replaced[0]), unique
+
+
+def apply_start_state(state: ModelState, model: Any, plan: ShardPlan) -> HeldTables:
+    """Assign the full-shaped ``state`` to the working ``model``, but for the sharded tables and their slots,
+    which are returned (:meth:`RankShards.start` keeps its share)."""
+    working = _working_variables(model, plan)
+    held: HeldTables = {layer: (None, {}) for layer in working.values()}
+    for variable, value in zip(model.weights, state.weights):
+        if id(variable) in working:
+            held[working[id(variable)]] = (value, held[working[id(variable)]][1])
+        else:
+            variable.assign(value)
+    weights_assigned(model)
+    slots = _slot_owners(model.optimizer, working)
+    for variable, value in zip(model.optimizer.variables, state.optimizer_variables):
+        if id(variable) in slots:
+            layer, kind = slots[id(variable)]
+            held[layer][1][kind] = value
+        else:
+            variable.assign(value)
+    return held
 
 
 @dataclass
@@ -42,82 +108,91 @@ class _Shard:
     """One table's shard on this rank."""
 
     table: ShardedTable
-    variable: Any  # the model's full-shaped table: the lookup cache
+    working: Any  # the working model's table: the step's rows
     position: int  # among the model's trainable variables
+    input_key: Any  # where its ids are among the features: a name (dict) or a position
     start: int
     end: int
     rows: Any  # keras.Variable of the owned rows
     optimizer: Any  # the model optimizer's clone, built on ``rows``
     update: Any  # tf.function(slices) -> None
-    write: Any  # tf.function(ids, rows): into the model's table, XLA-compiled
+    ids: Optional[np.ndarray] = None  # the step's unique ids: working-table position -> id
     pending: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the step's summed rows: local ids, rows
 
 
 class RankShards:
-    """The shards rank ``rank`` owns of ``plan``'s tables, for ``model`` (built, compiled) and ``communicator``."""
+    """The shards rank ``rank`` owns of ``plan``'s tables, for the working ``model`` and ``communicator``."""
 
     def __init__(self, plan: ShardPlan, model: Any, rank: int, communicator: Any):
         self._comm = communicator
-        self._rank = rank
+        self._plan = plan
+        self._model = model
         trainable = {id(v): i for i, v in enumerate(model.trainable_variables)}
-        names = [tensor.name for tensor in model.inputs]
         layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
         self._shards: List[_Shard] = []
         for table in plan.tables:
-            variable = layers[table.layer].embeddings
+            working = layers[table.layer].embeddings
             start, end = table.owned(rank)
-            rows = keras.Variable(np.zeros((end - start, *table.row_shape), np.float32), dtype=variable.dtype,
-                                  name=f"{table.layer}_shard")
+            rows = keras.Variable(np.zeros((end - start, *table.row_shape), np.float32), name=f"{table.layer}_shard")
             optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
             optimizer.build([rows])
-            self._shards.append(_Shard(table, variable, trainable[id(variable)], start, end, rows, optimizer,
-                                       _update_function(optimizer, rows), _write_function(variable)))
-        self._input_names = names
+            self._shards.append(_Shard(table, working, trainable[id(working)], table.input_name, start, end, rows,
+                                       optimizer, _update_function(optimizer, rows)))
 
     @property
     def positions(self) -> frozenset:
-        """The sharded tables' positions among the model's trainable variables (the step leaves them alone)."""
+        """The working tables' positions among the model's trainable variables (the step leaves them alone)."""
         return frozenset(shard.position for shard in self._shards)
 
-    def start(self, model: Any) -> None:
-        """Take this rank's rows, slots and iteration count from ``model`` and its optimizer (the segment's start)."""
-        main = model.optimizer
+    def start(self, held: HeldTables, iterations: int) -> None:
+        """Keep this rank's rows and slots of the segment's start state, and its iteration count."""
         for shard in self._shards:
-            shard.rows.assign(shard.variable.value[shard.start:shard.end])
-            mine = _slots(shard.optimizer, shard.rows)
-            for kind, slot in _slots(main, shard.variable).items():
-                mine[kind].assign(slot.value[shard.start:shard.end])
-            shard.optimizer.iterations.assign(main.iterations)
+            table, slots = held[shard.table.layer]
+            shard.rows.assign(table[shard.start:shard.end])
+            for kind, slot in _slots(shard.optimizer, shard.rows).items():
+                slot.assign(slots[kind][shard.start:shard.end])
+            shard.optimizer.iterations.assign(iterations)
 
-    def fetch_rows(self, features: Any) -> None:
-        """Write the owners' current rows of the batch's ids into the model's tables (before the step)."""
-        for shard in self._shards:
-            ids = np.unique(np.asarray(self._ids(features, shard), np.int64))
-            requests, order = _by_owner(shard.table, ids)
-            asked = self._alltoallv(requests)  # ids each rank asks this one for
-            rows = [np.asarray(tf.gather(shard.rows.value, part - shard.start)) if part.size else
-                    np.zeros((0, *shard.table.row_shape), np.float32) for part in asked]
-            answers = self._alltoallv([row.astype(np.float32, copy=False) for row in rows])
-            fetched = np.concatenate(answers).reshape((ids.size, *shard.table.row_shape))
-            shard.write(*_padded(ids[order], fetched))
+    def fetch_rows(self, features: Any) -> Any:
+        """The batch's features with working-table positions for ids; the owners' rows written into the working
+        tables (before the step)."""
+        features, unique = working_features(self._plan, self._model, features)
+        grouped = [_by_owner(shard.table, ids) for shard, ids in zip(self._shards, unique)]
+        asked = self._alltoallv([requests for requests, _ in grouped])  # the ids each rank asks this one for
+        answers = self._alltoallv([[np.asarray(tf.gather(shard.rows.value, part - shard.start), np.float32)
+                                    for part in parts] for shard, parts in zip(self._shards, asked)])
+        for shard, ids, (_, order), rows in zip(self._shards, unique, grouped, answers):
+            shard.ids = ids
+            working = np.zeros(tuple(int(d) for d in shard.working.shape), np.float32)
+            working[order] = np.concatenate(rows).reshape((ids.size, *shard.table.row_shape))
+            shard.working.assign(working)
+        return features
 
-    def route(self, position: int, indices: np.ndarray, rows: np.ndarray) -> bool:
-        """Send a sharded table's row gradient to the owners; keep the sum of what reaches this rank.
+    def route(self, gradients: Sequence[Tuple[int, np.ndarray, np.ndarray]]) -> bool:
+        """Send the working tables' row gradients ``(position, indices, rows)`` to the owners of their ids; keep
+        the sums of what reaches this rank.
 
-        Returns whether that sum is finite (a non-finite one must stop the update on every rank).
+        Returns whether those sums are finite (a non-finite one must stop the update on every rank).
         """
-        shard = next(s for s in self._shards if s.position == position)
-        requests, order = _by_owner(shard.table, indices)
-        flat_rows = rows.reshape(indices.size, -1)[order]
-        counts = [part.size for part in requests]
-        offsets = np.concatenate(([0], np.cumsum(counts)))
-        sent_rows = [flat_rows[offsets[d]:offsets[d + 1]] for d in range(len(requests))]
-        received_ids = self._alltoallv(requests)
-        received_rows = self._alltoallv(sent_rows)
-        ids, summed = merge_rows(np.concatenate(received_ids),
-                                 np.concatenate(received_rows).reshape(-1, flat_rows.shape[1]))
-        shard.pending = (ids - shard.start, summed.reshape((ids.size, *shard.table.row_shape)))
-        return bool(np.isfinite(summed).all())
+        shards = {shard.position: shard for shard in self._shards}
+        sent_ids, sent_rows, widths = [], [], []
+        for position, indices, rows in gradients:
+            shard = shards[position]
+            ids = shard.ids[indices]
+            requests, order = _by_owner(shard.table, ids)
+            flat = rows.reshape(ids.size, -1)[order]
+            offsets = np.concatenate(([0], np.cumsum([part.size for part in requests])))
+            sent_ids.append(requests)
+            sent_rows.append([flat[offsets[d]:offsets[d + 1]] for d in range(len(requests))])
+            widths.append(flat.shape[1])
+        finite = True
+        for (position, _, _), ids, rows, width in zip(gradients, self._alltoallv(sent_ids),
+                                                      self._alltoallv(sent_rows), widths):
+            shard = shards[position]
+            owned, summed = merge_rows(np.concatenate(ids), np.concatenate(rows).reshape(-1, width))
+            shard.pending = (owned - shard.start, summed.reshape((owned.size, *shard.table.row_shape)))
+            finite = finite and bool(np.isfinite(summed).all())
+        return finite
 
     def apply(self, clip: Optional[Tuple[float, float]] = None) -> None:
         """Apply the step's summed rows to this rank's shards (every step, also without rows)."""
@@ -130,14 +205,22 @@ class RankShards:
                                           tf.constant([shard.end - shard.start, *shard.table.row_shape], tf.int64)))
             shard.pending = None
 
-    def finish(self, model: Any) -> None:
-        """Write every rank's rows and slots into ``model`` and its optimizer (before the state is captured)."""
-        main = model.optimizer
-        for shard in self._shards:
-            shard.variable.assign(self._gathered(shard, shard.rows))
-            mine = _slots(shard.optimizer, shard.rows)
-            for kind, slot in _slots(main, shard.variable).items():
-                slot.assign(self._gathered(shard, mine[kind]))
+    def captured_state(self, iteration: int) -> ModelState:
+        """The model's full-shaped state: every rank's rows and slots gathered in place of the working tables'."""
+        state = ModelState.capture(self._model, iteration)
+        working = _working_variables(self._model, self._plan)
+        slots = _slot_owners(self._model.optimizer, working)
+        by_layer = {shard.table.layer: shard for shard in self._shards}
+        for k, variable in enumerate(self._model.weights):
+            if id(variable) in working:
+                shard = by_layer[working[id(variable)]]
+                state.weights[k] = self._gathered(shard, shard.rows)
+        for k, variable in enumerate(self._model.optimizer.variables):
+            if id(variable) in slots:
+                layer, kind = slots[id(variable)]
+                shard = by_layer[layer]
+                state.optimizer_variables[k] = self._gathered(shard, _slots(shard.optimizer, shard.rows)[kind])
+        return state
 
     def _gathered(self, shard: _Shard, variable: Any) -> np.ndarray:
         """Every rank's ``variable`` (its rows of ``shard``'s table) in row order, the table's shape."""
@@ -145,23 +228,41 @@ class RankShards:
         per_row = int(np.prod(mine.shape[1:], dtype=np.int64))
         counts = [(shard.table.owned(r)[1] - shard.table.owned(r)[0]) * per_row
                   for r in range(shard.table.world_size)]
-        full = self._comm.allgatherv(mine.reshape(-1), counts)
-        return full.reshape((shard.table.rows, *mine.shape[1:]))
+        return self._comm.allgatherv(mine.reshape(-1), counts).reshape((shard.table.rows, *mine.shape[1:]))
 
-    def _ids(self, features: Any, shard: _Shard) -> Any:
-        if isinstance(features, dict):
-            return features[shard.table.input_name]
-        if isinstance(features, (list, tuple)):
-            return features[self._input_names.index(shard.table.input_name)]
-        return features
+    def _alltoallv(self, parts: Sequence[Sequence[np.ndarray]]) -> List[List[np.ndarray]]:
+        """One all-to-all for several tables: ``parts[t][d]``, this rank's of table ``t`` for rank ``d`` (one dtype);
+        returns ``received[t][s]``, rank ``s``'s of table ``t`` for this one, flat. The counts are all-gathered
+        first."""
+        world, tables, rank = self._comm.world_size, len(parts), self._comm.rank
+        mine = np.array([[table[d].size for table in parts] for d in range(world)], np.int64)  # [to, table]
+        counts = self._comm.allgatherv(mine.reshape(-1), [world * tables] * world).reshape(world, world, tables)
+        dtype = np.asarray(parts[0][0]).dtype
+        received = self._comm.alltoallv(
+            [np.concatenate([np.ascontiguousarray(table[d], dtype).reshape(-1) for table in parts])
+             for d in range(world)], counts.sum(axis=2))
+        out: List[List[np.ndarray]] = [[] for _ in range(tables)]
+        for source in range(world):
+            bounds = np.concatenate(([0], np.cumsum(counts[source, rank])))
+            for t in range(tables):
+                out[t].append(received[source][bounds[t]:bounds[t + 1]])
+        return out
 
-    def _alltoallv(self, parts: List[np.ndarray]) -> List[np.ndarray]:
-        """An all-to-all of ``parts`` (this rank's, by destination), their counts all-gathered first."""
-        world = len(parts)
-        mine = np.array([part.size for part in parts], np.int64)
-        counts = self._comm.allgatherv(mine, [world] * world).reshape(world, world)
-        dtype = parts[0].dtype
-        return self._comm.alltoallv([np.ascontiguousarray(part, dtype).reshape(-1) for part in parts], counts)
+
+def _working_variables(model: Any, plan: ShardPlan) -> Dict[int, str]:
+    """``id(working table) -> layer name`` of the model's sharded tables."""
+    layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+    return {id(layers[table.layer].embeddings): table.layer for table in plan.tables}
+
+
+def _slot_owners(optimizer: Any, working: Dict[int, str]) -> Dict[int, Tuple[str, str]]:
+    """``id(slot) -> (layer, kind)`` of the optimizer's slots of the working tables."""
+    owners = {}
+    for variable in optimizer._trainable_variables:
+        if id(variable) in working:
+            for kind, slot in _slots(optimizer, variable).items():
+                owners[id(slot)] = (working[id(variable)], kind)
+    return owners
 
 
 def _by_owner(table: ShardedTable, ids: np.ndarray) -> Tuple[List[np.ndarray], np.ndarray]:
@@ -205,23 +306,3 @@ def _update_function(optimizer: Any, rows: Any) -> Any:
                            jit_compile=True, autograph=False)
     return tf.function(lambda slices: compiled(tf.convert_to_tensor(slices) if dense else padded_rows(slices, shape[0])),
                        input_signature=[slices_spec], autograph=False)
-
-
-def _write_function(variable: Any) -> Any:
-    """``write(ids, rows)`` into ``variable``, XLA-compiled: TensorFlow's own row writes would switch the table
-    to copy-on-read, and the model's every lookup would then copy it whole (see ``update_form``)."""
-    shape = tuple(int(d) for d in variable.shape)
-    return tf.function(lambda ids, rows: variable.value.scatter_update(tf.IndexedSlices(rows, ids)),
-                       input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, *shape[1:]], tf.float32)],
-                       jit_compile=True, autograph=False)
-
-
-def _padded(ids: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """``ids`` and ``rows`` repeated from the first to the next power of two (at least ``MIN_PADDED_ROWS``):
-    the compiled write sees a handful of shapes, and writing a row twice changes nothing."""
-    if ids.size == 0:
-        return ids, rows
-    target = max(MIN_PADDED_ROWS, 1 << int(np.ceil(np.log2(ids.size))))
-    extra = target - ids.size
-    return (np.concatenate([ids, np.full(extra, ids[0], ids.dtype)]),
-            np.concatenate([rows, np.repeat(rows[:1], extra, axis=0)]))
