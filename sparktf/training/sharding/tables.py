@@ -116,6 +116,7 @@ class _Shard:
     rows: Any  # keras.Variable of the owned rows
     optimizer: Any  # the model optimizer's clone, built on ``rows``
     update: Any  # tf.function(slices) -> None
+    gather: Any  # tf.function(local ids) -> their rows
     ids: Optional[np.ndarray] = None  # the step's unique ids: working-table position -> id
     pending: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the step's summed rows: local ids, rows
 
@@ -136,8 +137,9 @@ class RankShards:
             rows = keras.Variable(np.zeros((end - start, *table.row_shape), np.float32), name=f"{table.layer}_shard")
             optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
             optimizer.build([rows])
+            form = update_form(optimizer)
             self._shards.append(_Shard(table, working, trainable[id(working)], table.input_name, start, end, rows,
-                                       optimizer, _update_function(optimizer, rows)))
+                                       optimizer, _update_function(optimizer, rows, form), _gather_function(rows, form)))
 
     @property
     def positions(self) -> frozenset:
@@ -159,8 +161,8 @@ class RankShards:
         features, unique = working_features(self._plan, self._model, features)
         grouped = [_by_owner(shard.table, ids) for shard, ids in zip(self._shards, unique)]
         asked = self._alltoallv([requests for requests, _ in grouped])  # the ids each rank asks this one for
-        answers = self._alltoallv([[np.asarray(tf.gather(shard.rows.value, part - shard.start), np.float32)
-                                    for part in parts] for shard, parts in zip(self._shards, asked)])
+        answers = self._alltoallv([[_gathered_rows(shard, part - shard.start) for part in parts]
+                                   for shard, parts in zip(self._shards, asked)])
         for shard, ids, (_, order), rows in zip(self._shards, unique, grouped, answers):
             shard.ids = ids
             working = np.zeros(tuple(int(d) for d in shard.working.shape), np.float32)
@@ -281,14 +283,31 @@ def _slots(optimizer: Any, variable: Any) -> Dict[str, Any]:
             if slot.name.startswith(prefix) and slot.shape and slot.shape[0] == variable.shape[0]}
 
 
-def _update_function(optimizer: Any, rows: Any) -> Any:
+def _gathered_rows(shard: _Shard, ids: np.ndarray) -> np.ndarray:
+    """The shard's rows of local ``ids``; asked for padded to a power of two (at least 64), so that a compiled
+    gather sees a handful of shapes."""
+    if ids.size == 0:
+        return np.zeros((0, *shard.table.row_shape), np.float32)
+    padded = np.full(max(64, 1 << int(np.ceil(np.log2(ids.size)))), ids[0], np.int64)
+    padded[:ids.size] = ids
+    return np.asarray(shard.gather(padded), np.float32)[:ids.size]
+
+
+def _gather_function(rows: Any, form: str) -> Any:
+    """``gather(local ids)``: the shard's rows. XLA-compiled where the shard's update is: TensorFlow's own row
+    read switches the shard to copy-on-read, and each compiled update would then copy it whole (``update_form``)."""
+    spec = [tf.TensorSpec([None], tf.int64)]
+    return tf.function(lambda ids: tf.gather(rows.value, ids), input_signature=spec, autograph=False,
+                       jit_compile=form in ("dense", "padded"))
+
+
+def _update_function(optimizer: Any, rows: Any, form: str) -> Any:
     """``update(slices)``: the optimizer's step on the shard, in the form ``update_form`` finds for it.
 
     ``"dense"`` (Adam, momentum: every row moves) and ``"padded"`` (SGD) are
     XLA-compiled, which fuses the passes over the shard; ``"kernel"`` is the
     optimizer's exact row update; anything else Keras' own update of the rows.
     """
-    form = update_form(optimizer)
     shape = tuple(int(d) for d in rows.shape)
     slices_spec = tf.IndexedSlicesSpec([None, *shape[1:]], tf.float32, tf.int64, tf.int64, [None])
     if form == "kernel":
