@@ -220,7 +220,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             )
             opening = pool.submit(_open_input, spec, rank, blocks, connecting)
             try:
-                step, plan, held = _prepared_step(spec, opening, watch, heartbeat, rank, world_size)
+                step, plan, held, kept = _prepared_step(spec, opening, watch, heartbeat, rank, world_size)
                 heartbeat.phase = "data_cache"
                 stream, first_batch, shard = opening.result()
                 watch.lap("data_cache")
@@ -235,7 +235,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         try:
             heartbeat.phase = "train"
             batches = itertools.chain([first_batch], stream)
-            shards = _rank_shards(plan, held, step, rank, communicator)
+            shards = _rank_shards(plan, held, kept, step, rank, communicator)
             result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
@@ -352,16 +352,17 @@ def _prepared_step(
     heartbeat: Any,
     rank: int,
     world_size: int,
-) -> Tuple[TrainStep, ShardPlan, Optional[HeldTables]]:
+) -> Tuple[TrainStep, ShardPlan, Optional[HeldTables], Optional[dict]]:
     """The process's TrainStep, traced and compiled (on the input's first batch), holding the segment's start state;
-    the segment's plan of sharded tables, and their full rows and slots from that state (None without any).
+    the segment's plan of sharded tables, their full rows and slots from that state (None without any), and the
+    ranks' shards kept with the step.
 
     What loading the model or its warm-up step raises is classified (a model
     that cannot run is not relaunched); the input's errors are its own.
     """
     heartbeat.phase = "model_load"
     with classified_failures(rank, None, spec.start.iteration + 1, warm_up=True):
-        step, plan = _cached_step(spec, world_size)
+        step, plan, kept = _cached_step(spec, world_size)
     watch.lap("model_load")
     if not step.warmed_up:
         heartbeat.phase = "data_cache"
@@ -378,16 +379,16 @@ def _prepared_step(
     state = _start_state(spec, rank, world_size)  # also undoes the warm-up's update
     held = apply_start_state(state, step.model, plan) if plan.tables else state.apply_to(step.model)
     watch.lap("state_fetch")
-    return step, plan, held
+    return step, plan, held, kept
 
 
-def _rank_shards(plan: ShardPlan, held: Optional[HeldTables], step: TrainStep, rank: int,
+def _rank_shards(plan: ShardPlan, held: Optional[HeldTables], kept: Optional[dict], step: TrainStep, rank: int,
                  communicator: Any) -> Optional[RankShards]:
     """This rank's shards of the plan's tables (None: none), holding its share of the start state's."""
     step.sharded = frozenset()
     if not plan.tables:
         return None
-    shards = RankShards(plan, step.model, rank, communicator)
+    shards = RankShards(plan, step.model, rank, communicator, kept)
     shards.start(held, int(step.model.optimizer.iterations.numpy()))
     step.sharded = shards.positions
     return shards
@@ -456,19 +457,21 @@ def _close_when_connected(connecting: Future) -> None:
         connecting.result().close()
 
 
-def _cached_step(spec: SegmentSpec, world_size: int) -> Tuple[TrainStep, ShardPlan]:
-    """The process's TrainStep (model + traced functions) for the payload, clipping and sharded tables; the plan.
+def _cached_step(spec: SegmentSpec, world_size: int) -> Tuple[TrainStep, ShardPlan, Optional[dict]]:
+    """The process's TrainStep (model + traced functions) for the payload, clipping and sharded tables; the plan;
+    the ranks' shards kept with the step (None without sharded tables).
 
     With sharded tables the step trains a copy of the model with working tables instead (``training.sharding``).
     """
     model = load_cached(spec.payload)  # the key names the model object: a reloaded model gets a new step
     plan = spec.sharding.plan(model, world_size, warn=False)
     key = f"{payload_key(spec.payload.value)}/train-step/{spec.clipping!r}/{id(model)}"
-    if plan.tables:
-        local_batch = max(spec.local_batches)
-        key += f"/sharded/{plan!r}/{local_batch}"
-        model = cached(f"{key}/model", lambda: working_model(load_cached(spec.payload), plan, local_batch))
-    return cached(key, lambda: TrainStep(model, spec.clipping)), plan
+    if not plan.tables:
+        return cached(key, lambda: TrainStep(model, spec.clipping)), plan, None
+    local_batch = max(spec.local_batches)
+    step, kept = cached(f"{key}/sharded/{plan!r}/{local_batch}", lambda: (  # one entry: the model's LRU is short
+        TrainStep(working_model(model, plan, local_batch), spec.clipping), {}))
+    return step, plan, kept
 
 
 def _average_non_trainable(model: Any, communicator: Any) -> None:
