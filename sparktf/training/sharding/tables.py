@@ -124,20 +124,16 @@ class _Shard:
 class RankShards:
     """The shards rank ``rank`` owns of ``plan``'s tables, for the working ``model`` and ``communicator``.
 
-    ``kept`` (a dict that lives as long as the working model) keeps each rank's shards, their optimizers and
-    compiled functions for the next segment with the same plan: only their values change.
+    ``kept`` (a dict that lives as long as the working model) keeps the shards' variables, optimizers and
+    compiled functions by table and shard size, for the next segment with the same plan, whichever rank this
+    process then is (Spark may give the ranks each other's Python workers): only their values change.
     """
 
     def __init__(self, plan: ShardPlan, model: Any, rank: int, communicator: Any, kept: Optional[dict] = None):
         self._comm = communicator
         self._plan = plan
         self._model = model
-        kept = {} if kept is None else kept
-        if rank not in kept:
-            kept[rank] = _new_shards(plan, model, rank)
-        self._shards: List[_Shard] = kept[rank]
-        for shard in self._shards:
-            shard.ids = shard.pending = None
+        self._shards = _shards(plan, model, rank, {} if kept is None else kept)
 
     @property
     def positions(self) -> frozenset:
@@ -249,20 +245,23 @@ class RankShards:
         return out
 
 
-def _new_shards(plan: ShardPlan, model: Any, rank: int) -> List[_Shard]:
-    """Rank ``rank``'s shards of the plan's tables: zero rows, optimizer clones built on them, their functions."""
+def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
+    """Rank ``rank``'s shards of the plan's tables: their variables, optimizer clones built on them and functions
+    taken from ``kept`` (by table and shard size) or made there."""
     trainable = {id(v): i for i, v in enumerate(model.trainable_variables)}
     layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
     shards = []
     for table in plan.tables:
         working = layers[table.layer].embeddings
         start, end = table.owned(rank)
-        rows = keras.Variable(np.zeros((end - start, *table.row_shape), np.float32), name=f"{table.layer}_shard")
-        optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
-        optimizer.build([rows])
-        form = update_form(optimizer)
-        shards.append(_Shard(table, working, trainable[id(working)], table.input_name, start, end, rows, optimizer,
-                             _update_function(optimizer, rows, form), _gather_function(rows, form)))
+        key = (table.layer, end - start)
+        if key not in kept:
+            rows = keras.Variable(np.zeros((end - start, *table.row_shape), np.float32), name=f"{table.layer}_shard")
+            optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
+            optimizer.build([rows])
+            form = update_form(optimizer)
+            kept[key] = (rows, optimizer, _update_function(optimizer, rows, form), _gather_function(rows, form))
+        shards.append(_Shard(table, working, trainable[id(working)], table.input_name, start, end, *kept[key]))
     return shards
 
 
