@@ -236,6 +236,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             heartbeat.phase = "train"
             batches = itertools.chain([first_batch], stream)
             shards = _rank_shards(plan, held, kept, step, rank, communicator)
+            held = None  # the full tables and slots: each rank keeps its share only
             result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
