@@ -67,22 +67,32 @@ class ModelState:
         """Bytes of all the arrays."""
         return sum(a.nbytes for a in self.weights) + sum(a.nbytes for a in self.optimizer_variables)
 
-    def apply_to(self, model) -> None:
-        """Assign the weights and optimizer variables to ``model`` (same architecture)."""
-        _assign(model.weights, self.weights, "model weights")
+    def apply_to(self, model, keep: frozenset = frozenset()) -> Dict[int, np.ndarray]:
+        """Assign the weights and optimizer variables to ``model`` (same architecture).
+
+        The variables whose ``id`` is in ``keep`` are not assigned: their values are returned, by ``id``
+        (a sharded table's, whose shape on a worker differs).
+        """
+        kept = _assign(model.weights, self.weights, "model weights", keep)
         weights_assigned(model)  # e.g. an adapted Normalization's constants
         if self.optimizer_variables:
-            _assign(model.optimizer.variables, self.optimizer_variables, "optimizer variables")
+            kept.update(_assign(model.optimizer.variables, self.optimizer_variables, "optimizer variables", keep))
+        return kept
 
 
-def _assign(variables, values, what: str) -> None:
+def _assign(variables, values, what: str, keep: frozenset) -> Dict[int, np.ndarray]:
     if len(variables) != len(values):
         raise SparkTFError(
             f"cannot restore {what}: the model has {len(variables)} but the state has "
             f"{len(values)}; restore a checkpoint of the same model and optimizer"
         )
+    kept = {}
     for variable, value in zip(variables, values):
-        variable.assign(value)
+        if id(variable) in keep:
+            kept[id(variable)] = value
+        else:
+            variable.assign(value)
+    return kept
 
 
 def checkpoint_path(model_dir: str, iteration: int) -> str:

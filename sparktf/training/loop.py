@@ -36,8 +36,7 @@ from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.errors import DataError, FailureRecord, InternalError, ModelError, StorageError
 from sparktf.training.failures import classified_failures
 from sparktf.training.state_source import StateSource
-from sparktf.training.sharding.plan import ShardingRequest
-from sparktf.training.sharding.plan import ShardPlan
+from sparktf.training.sharding.plan import ShardingRequest, ShardPlan
 from sparktf.training.sharding.tables import HeldTables, RankShards, apply_start_state, working_features, working_model
 from sparktf.training.gradient_exchange import GradientExchange, Traffic
 from sparktf.training.step import GradientClipping, TrainStep
@@ -353,9 +352,9 @@ def _prepared_step(
     heartbeat: Any,
     rank: int,
     world_size: int,
-) -> Tuple[TrainStep, ShardPlan, Optional[HeldTables], Optional[dict]]:
+) -> Tuple[TrainStep, ShardPlan, HeldTables, Optional[dict]]:
     """The process's TrainStep, traced and compiled (on the input's first batch), holding the segment's start state;
-    the segment's plan of sharded tables, their full rows and slots from that state (None without any), and the
+    the segment's plan of sharded tables, their full rows and slots from that state (none without any), and the
     ranks' shards kept with the step.
 
     What loading the model or its warm-up step raises is classified (a model
@@ -378,12 +377,12 @@ def _prepared_step(
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
     state = _start_state(spec, rank, world_size)  # also undoes the warm-up's update
-    held = apply_start_state(state, step.model, plan) if plan.tables else state.apply_to(step.model)
+    held = apply_start_state(state, step.model, plan)
     watch.lap("state_fetch")
     return step, plan, held, kept
 
 
-def _rank_shards(plan: ShardPlan, held: Optional[HeldTables], kept: Optional[dict], step: TrainStep, rank: int,
+def _rank_shards(plan: ShardPlan, held: HeldTables, kept: Optional[dict], step: TrainStep, rank: int,
                  communicator: Any) -> Optional[RankShards]:
     """This rank's shards of the plan's tables (None: none), holding its share of the start state's."""
     step.sharded = frozenset()

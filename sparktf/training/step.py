@@ -403,7 +403,8 @@ class TrainStep:
             unscaled = self.clipping.apply([_map_values(lambda v: v / scale, g) for g in gradients])
             gradients = [_map_values(lambda v: v * scale, g) for g in unscaled]
         if not row_kernels:
-            kept = [(g, v) for g, v in zip(gradients, self.variables) if g is not None or not self.sharded]
+            kept = [(g, v) for position, (g, v) in enumerate(zip(gradients, self.variables))
+                    if position not in self.sharded]
             self.optimizer.apply([g for g, _ in kept], [v for _, v in kept])
             return tf.constant(True)
         tables = {table.position for table in layout.sparse} - self.sharded

@@ -106,7 +106,7 @@ class ShardPlan:
             warning instead.
         """
         choices = dict(choices or {})
-        embeddings = _embeddings(model)
+        embeddings = embedding_layers(model)
         unknown = sorted(set(choices) - set(embeddings))
         if unknown:
             raise ConfigurationError(
@@ -133,7 +133,7 @@ class ShardPlan:
         return cls(tuple(tables), world_size)
 
 
-def _embeddings(model: Any) -> Dict[str, Any]:
+def embedding_layers(model: Any) -> Dict[str, Any]:
     """The model's ``Embedding`` layers (nested models' included), by name."""
     import keras
 
@@ -199,7 +199,7 @@ def check_trainable(plan: ShardPlan, model: Any, clip_norm: Optional[float]) -> 
     if hasattr(model.optimizer, "inner_optimizer"):
         raise ConfigurationError(f"sharded tables {names} cannot be trained with a loss-scaled (mixed_float16) "
                                  "optimizer yet; keep the tables replicated")
-    layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+    layers = embedding_layers(model)
     other = [name for name in names if np.dtype(layers[name].embeddings.dtype) != np.float32]
     if other:
         raise ConfigurationError(f"sharded tables must be float32, {other} are not; keep them replicated")

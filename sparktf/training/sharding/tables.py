@@ -32,12 +32,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sparktf.models.layer_state import weights_assigned
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.gradient_exchange import merge_rows
-from sparktf.training.sharding.plan import ShardedTable, ShardPlan
+from sparktf.training.sharding.plan import ShardedTable, ShardPlan, embedding_layers
 from sparktf.training.sparse_kernels import apply_rows
-from sparktf.training.update_form import padded_rows, update_form
+from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
 
 __all__ = ["RankShards", "HeldTables", "apply_start_state", "working_features", "working_model"]
 
@@ -86,20 +85,11 @@ def apply_start_state(state: ModelState, model: Any, plan: ShardPlan) -> HeldTab
     """Assign the full-shaped ``state`` to the working ``model``, but for the sharded tables and their slots,
     which are returned (:meth:`RankShards.start` keeps its share)."""
     working = _working_variables(model, plan)
-    held: HeldTables = {layer: (None, {}) for layer in working.values()}
-    for variable, value in zip(model.weights, state.weights):
-        if id(variable) in working:
-            held[working[id(variable)]] = (value, held[working[id(variable)]][1])
-        else:
-            variable.assign(value)
-    weights_assigned(model)
     slots = _slot_owners(model.optimizer, working)
-    for variable, value in zip(model.optimizer.variables, state.optimizer_variables):
-        if id(variable) in slots:
-            layer, kind = slots[id(variable)]
-            held[layer][1][kind] = value
-        else:
-            variable.assign(value)
+    kept = state.apply_to(model, frozenset(working) | frozenset(slots))
+    held: HeldTables = {layer: (kept[variable], {}) for variable, layer in working.items()}
+    for slot, (layer, kind) in slots.items():
+        held[layer][1][kind] = kept[slot]
     return held
 
 
@@ -110,7 +100,6 @@ class _Shard:
     table: ShardedTable
     working: Any  # the working model's table: the step's rows
     position: int  # among the model's trainable variables
-    input_key: Any  # where its ids are among the features: a name (dict) or a position
     start: int
     end: int
     rows: Any  # keras.Variable of the owned rows
@@ -249,7 +238,7 @@ def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
     """Rank ``rank``'s shards of the plan's tables: their variables, optimizer clones built on them and functions
     taken from ``kept`` (by table and shard size) or made there."""
     trainable = {id(v): i for i, v in enumerate(model.trainable_variables)}
-    layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+    layers = embedding_layers(model)
     shards = []
     for table in plan.tables:
         working = layers[table.layer].embeddings
@@ -261,13 +250,13 @@ def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
             optimizer.build([rows])
             form = update_form(optimizer)
             kept[key] = (rows, optimizer, _update_function(optimizer, rows, form), _gather_function(rows, form))
-        shards.append(_Shard(table, working, trainable[id(working)], table.input_name, start, end, *kept[key]))
+        shards.append(_Shard(table, working, trainable[id(working)], start, end, *kept[key]))
     return shards
 
 
 def _working_variables(model: Any, plan: ShardPlan) -> Dict[int, str]:
     """``id(working table) -> layer name`` of the model's sharded tables."""
-    layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+    layers = embedding_layers(model)
     return {id(layers[table.layer].embeddings): table.layer for table in plan.tables}
 
 
@@ -298,11 +287,11 @@ def _slots(optimizer: Any, variable: Any) -> Dict[str, Any]:
 
 
 def _gathered_rows(shard: _Shard, ids: np.ndarray) -> np.ndarray:
-    """The shard's rows of local ``ids``; asked for padded to a power of two (at least 64), so that a compiled
-    gather sees a handful of shapes."""
+    """The shard's rows of local ``ids``; asked for padded to a power of two (at least ``MIN_PADDED_ROWS``, as the
+    padded updates), so that a compiled gather sees a handful of shapes."""
     if ids.size == 0:
         return np.zeros((0, *shard.table.row_shape), np.float32)
-    padded = np.full(max(64, 1 << int(np.ceil(np.log2(ids.size)))), ids[0], np.int64)
+    padded = np.full(max(MIN_PADDED_ROWS, 1 << int(np.ceil(np.log2(ids.size)))), ids[0], np.int64)
     padded[:ids.size] = ids
     return np.asarray(shard.gather(padded), np.float32)[:ids.size]
 
