@@ -188,12 +188,26 @@ def test_state_streams_to_every_rank_and_back_from_rank_0():
             assert all(np.array_equal(got, sent) for got, sent in zip(arrays, state))
         with ChannelClient(channel.address, 0, 2, SECRET, WAIT) as client:
             client.request({"op": "put_state", "meta": {"iteration": 4}}, WAIT, [a + 1 for a in state[:2]])
-        meta, arrays = channel.take_uploaded()
+        meta, arrays = channel.take_uploaded()[0]
         assert meta == {"iteration": 4} and np.array_equal(arrays[0], state[0] + 1)
-        assert channel.take_uploaded() is None  # handed over once
-        with ChannelClient(channel.address, 1, 2, SECRET, WAIT) as client:  # only rank 0 uploads
+        assert channel.take_uploaded() == {}  # handed over once
+        with ChannelClient(channel.address, 1, 2, SECRET, WAIT) as client:  # a rank that fetched no rows uploads none
             with pytest.raises(CollectiveError, match="failed"):
                 client.request({"op": "put_state", "meta": {}}, WAIT, state[:1])
+
+
+def test_a_rank_fetches_some_arrays_rows_only_and_sends_back_at_most_those():
+    state = [np.arange(40, dtype=np.float32).reshape(10, 4), np.arange(10, dtype=np.float32), np.array(3)]
+    with JobChannel(2, SECRET, "127.0.0.1") as channel:
+        channel.serve_state({"iteration": 1}, state)
+        with ChannelClient(channel.address, 1, 2, SECRET, WAIT) as client:
+            _, arrays = client.request({"op": "get_state", "rows": [[0, 5, 10], [1, 5, 10]]}, WAIT)
+            assert np.array_equal(arrays[0], state[0][5:]) and np.array_equal(arrays[1], state[1][5:])
+            assert arrays[2] == 3  # the arrays not named come whole
+            client.request({"op": "put_state", "meta": {"rows": [[0, 5, 10], [1, 5, 10]]}}, WAIT, arrays[:2])
+            with pytest.raises(CollectiveError, match="failed"):  # more than twice the rows it fetched
+                client.request({"op": "put_state", "meta": {}}, WAIT, [np.zeros(200, np.float32)])
+        assert sorted(channel.take_uploaded()) == [1]
 
 
 def test_reports_record_when_progress_last_changed():

@@ -4,6 +4,7 @@ training ends, weights and optimizer slots alike."""
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 
@@ -13,7 +14,7 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "lazy_adam")  # padded, row kernel, dens
 USERS, ITEMS, GLOBAL_BATCH, STEPS = 301, 7, 32, 5
 
 
-def _model(name):
+def _model(name, users_initializer="uniform"):
     import keras
 
     from sparktf.optimizers import LazyAdam, RowWiseAdagrad
@@ -24,7 +25,7 @@ def _model(name):
     keras.utils.set_random_seed(7)
     user, item = keras.Input((1,), dtype="int32", name="user"), keras.Input((2,), dtype="int32", name="item")
     product = keras.layers.Multiply()([
-        keras.layers.Flatten()(keras.layers.Embedding(USERS, 4, name="users")(user)),
+        keras.layers.Flatten()(keras.layers.Embedding(USERS, 4, users_initializer, name="users")(user)),
         keras.layers.Dense(4)(keras.layers.Flatten()(keras.layers.Embedding(ITEMS, 4, name="items")(item)))])
     model = keras.Model([user, item], keras.layers.Dense(1, activation="sigmoid")(product))
     model.compile(optimizer, "binary_crossentropy")
@@ -42,10 +43,12 @@ def _batches():
 def train_ranks(rank, peers, listener, secret):
     """Per optimizer: the weights and optimizer variables after replicated, then sharded, training."""
     from sparktf.collective import Communicator
+    from sparktf.models.payload import ModelPayload
     from sparktf.training.checkpoint import ModelState
     from sparktf.training.gradient_exchange import GradientExchange
     from sparktf.training.sharding.plan import ShardPlan
-    from sparktf.training.sharding.tables import RankShards, apply_start_state, working_model
+    from sparktf.training.sharding.tables import RankShards, apply_start_state, state_rows, working_model
+    from sparktf.training.state_source import rank_upload
     from sparktf.training.step import TrainStep
 
     half = slice(rank * GLOBAL_BATCH // 2, (rank + 1) * GLOBAL_BATCH // 2)
@@ -56,9 +59,10 @@ def train_ranks(rank, peers, listener, secret):
             TrainStep(model)  # builds the optimizer
             start = ModelState.capture(model)
             plan = ShardPlan.of(model, 2, None, {"users": True, "items": True})
-            working = working_model(model, plan, GLOBAL_BATCH // 2)
+            working = working_model(ModelPayload.from_model(model, include_weights=False), plan, GLOBAL_BATCH // 2)
             shards = RankShards(plan, working, rank, comm)
-            shards.start(apply_start_state(start, working, plan), 0)
+            rows = state_rows(working, plan, rank)  # the rank's rows of the tables and slots, all it is given
+            shards.start(apply_start_state(start.rows(rows), working, plan), 0)
             for trained, shards in ((model, None), (working, shards)):
                 step = TrainStep(trained)
                 step.sharded = frozenset() if shards is None else shards.positions
@@ -70,8 +74,9 @@ def train_ranks(rank, peers, listener, secret):
                     assert step.run(features, labels[half], exchange, weight=0.5).applied
                     if shards is not None:
                         shards.apply()
-                state = ModelState.capture(model) if shards is None else shards.captured_state(STEPS)
-                results[(name, shards is not None)] = (state.weights, state.optimizer_variables)
+                # sharded: what the rank uploads, its rows of the tables and slots (the test joins them as the driver)
+                results[(name, shards is not None)] = ModelState.capture(model) if shards is None else rank_upload(
+                    rank, *shards.captured_state(STEPS))
             assert working.get_layer("users").embeddings.shape[0] == GLOBAL_BATCH // 2  # no rank holds the table
     return results
 
@@ -83,15 +88,36 @@ def ranks_results():
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_sharded_training_ends_where_replicated_training_ends(ranks_results, name):
+    from sparktf.training.state_source import joined_uploads
+
+    uploads = {rank: results[(name, True)] for rank, results in enumerate(ranks_results)}
+    assert [len(arrays) for _, arrays in uploads.values()][1] < len(uploads[0][1])  # rank 1 sends its rows only
+    sharded = joined_uploads(uploads, "the test")
     for rank, results in enumerate(ranks_results):
-        (weights, slots), (sharded_weights, sharded_slots) = results[(name, False)], results[(name, True)]
-        for got, want in zip(sharded_weights + sharded_slots, weights + slots):
+        replicated = results[(name, False)]
+        for got, want in zip(sharded.weights + sharded.optimizer_variables,
+                             replicated.weights + replicated.optimizer_variables):
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=f"rank {rank}")
 
 
-def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_refuses_what_it_cannot_train(sc):
-    from sparktf import TFDataset, TFOptimizer
-    from sparktf.errors import ConfigurationError
+class _NotWholeInTasks(keras.initializers.Initializer):
+    """An initializer that fails when a Spark task builds a table of ``rows`` rows (sharded: no worker should)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __call__(self, shape, dtype=None):
+        from pyspark import TaskContext
+
+        assert not (TaskContext.get() is not None and shape[0] == self.rows), "a Spark task built the whole table"
+        return keras.random.uniform(shape, -0.05, 0.05, dtype=dtype, seed=1)
+
+    def get_config(self):
+        return {"rows": self.rows}
+
+
+def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_resumes_on_one_worker(sc, tmp_path):
+    from sparktf import SeveralIteration, TFDataset, TFOptimizer
     from sparktf.triggers import MaxIteration
 
     (users, items), labels = [np.concatenate(parts) for parts in zip(*[f for f, _ in _batches()])], \
@@ -101,15 +127,47 @@ def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_re
     for shard_tables in (None, "users,items"):
         sc.setLocalProperty("spark.sparktf.shardTables", shard_tables)
         try:
-            model = _model("adam")
-            optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2)
-            optimizer.optimize(MaxIteration(STEPS), verbose=0)
-            assert optimizer.last_traffic.sharded_tables == (2 * STEPS if shard_tables else 0)
-            trained[shard_tables] = model.get_weights() + [np.array(v.numpy()) for v in model.optimizer.variables]
+            model = _model("adam", _NotWholeInTasks(USERS) if shard_tables else "uniform")
+            model.set_weights(_model("adam").get_weights())  # the same start
+            optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2, model_dir=str(tmp_path / str(shard_tables)))
+            optimizer.optimize(MaxIteration(STEPS), checkpoint_trigger=SeveralIteration(3), verbose=0)
+            assert optimizer.last_traffic.sharded_tables == (2 * (STEPS - 3) if shard_tables else 0)
+            trained[shard_tables] = _state(model)
         finally:
             sc.setLocalProperty("spark.sparktf.shardTables", None)
     for got, want in zip(trained["users,items"], trained[None]):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    for got, want in zip(*[_checkpoint(tmp_path / run, 3) for run in ("users,items", "None")]):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)  # sharded, the driver joined the ranks' rows
+    resumed = {}
+    for run in ("users,items", "None"):  # each checkpoint of 2 workers resumed on 1
+        model = _model("adam")
+        optimizer = TFOptimizer.from_keras(model, dataset, num_workers=1, model_dir=str(tmp_path / run))
+        optimizer.load_checkpoint(version=3)
+        assert optimizer.optimize(MaxIteration(STEPS), verbose=0)["iterations"] == STEPS
+        resumed[run] = _state(model)
+    for got, want in zip(resumed["users,items"], resumed["None"]):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def _checkpoint(model_dir, iteration):
+    from sparktf.training.checkpoint import checkpoint_path, load_checkpoint
+
+    state = load_checkpoint(checkpoint_path(str(model_dir), iteration))
+    return state.weights + state.optimizer_variables
+
+
+def _state(model):
+    return model.get_weights() + [np.array(v.numpy()) for v in model.optimizer.variables]
+
+
+def test_sharded_tables_refuse_clipping_by_the_global_norm(sc):
+    from sparktf import TFDataset, TFOptimizer
+    from sparktf.errors import ConfigurationError
+    from sparktf.triggers import MaxIteration
+
+    dataset = TFDataset.from_ndarrays(((np.zeros((4, 1), "int32"), np.zeros((4, 2), "int32")), np.zeros((4, 1))),
+                                      batch_size=4)
     sc.setLocalProperty("spark.sparktf.shardTables", "users")
     try:
         optimizer = TFOptimizer.from_keras(_model("adam"), dataset, num_workers=2)

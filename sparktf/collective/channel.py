@@ -8,7 +8,8 @@ Every rank of a training segment talks to the driver through it:
 * **model state** (``get_state`` / ``put_state``): the start weights and
   optimizer variables stream to the workers, and rank 0's final state streams
   back, as raw arrays (:mod:`sparktf.collective.channel_wire`), never through
-  the JVM;
+  the JVM. A rank may ask for some arrays' rows only (its rows of a sharded
+  table and its slots) and then sends back those rows of its final state;
 * **reports** (``report``): each rank's heartbeat with its phase and
   iteration, which the driver's watchdog reads, and rank 0's values (loss,
   metrics) of every iteration since its previous report, which the channel
@@ -109,7 +110,8 @@ class JobChannel(AuthenticatedServer):
         self._registered: Dict[int, Tuple[socket.socket, str, Optional[int]]] = {}  # rank -> (sock, peer, claim)
         self._state: Optional[Tuple[Dict[str, Any], List[np.ndarray]]] = None
         self._state_bytes = 0
-        self._uploaded: Optional[Tuple[Dict[str, Any], List[np.ndarray]]] = None
+        self._uploaded: Dict[int, Tuple[Dict[str, Any], List[np.ndarray]]] = {}  # by rank
+        self._rows_served: Dict[int, int] = {}  # rank -> bytes of the rows it asked for
         self._reports: Dict[int, RankReport] = {}
         self._batches: Dict[int, Deque[BatchValues]] = {}
         self._batch_names: Dict[int, Tuple[str, ...]] = {}
@@ -123,10 +125,10 @@ class JobChannel(AuthenticatedServer):
             self._state = (dict(meta), list(arrays))
             self._state_bytes = sum(np.asarray(a).nbytes for a in arrays)
 
-    def take_uploaded(self) -> Optional[Tuple[Dict[str, Any], List[np.ndarray]]]:
-        """Rank 0's uploaded state, handed over once (None if it sent none)."""
+    def take_uploaded(self) -> Dict[int, Tuple[Dict[str, Any], List[np.ndarray]]]:
+        """The uploaded states by rank (rank 0's whole, the others' rows), handed over once."""
         with self._lock:
-            uploaded, self._uploaded = self._uploaded, None
+            uploaded, self._uploaded = self._uploaded, {}
             return uploaded
 
     def reports(self, take_batches: bool = False) -> Dict[int, RankReport]:
@@ -151,7 +153,8 @@ class JobChannel(AuthenticatedServer):
 
     def _closed(self) -> None:
         self._registered.clear()
-        self._state = self._uploaded = None
+        self._state = None
+        self._uploaded = {}
 
     def _ended(self, sock: socket.socket) -> None:
         for registered_rank, (registered, _, _) in list(self._registered.items()):
@@ -172,8 +175,10 @@ class JobChannel(AuthenticatedServer):
                 return
 
     def _upload_limit(self, rank: int) -> int:
-        """Only rank 0 uploads, at most a little more than the state it was served."""
-        return 2 * self._state_bytes + (64 << 20) if rank == 0 else 0
+        """Rank 0 uploads at most a little more than the state it was served; another rank, the rows it asked
+        for (none when it asked for none)."""
+        with self._lock:
+            return 2 * self._state_bytes + (64 << 20) if rank == 0 else 2 * self._rows_served.get(rank, 0)
 
     def _dispatch(self, sock: socket.socket, rank: int, header: Dict[str, Any], arrays: List[np.ndarray]) -> None:
         op = header.get("op")
@@ -195,10 +200,13 @@ class JobChannel(AuthenticatedServer):
             if state is None:
                 send_message(sock, {"error": "the driver has no state for this job"})
             else:
-                send_message(sock, state[0], state[1])
+                arrays, rows_bytes = _rows_of(state[1], header.get("rows") or ())
+                with self._lock:
+                    self._rows_served[rank] = rows_bytes
+                send_message(sock, state[0], arrays)
         elif op == "put_state":
             with self._lock:
-                self._uploaded = (header.get("meta", {}), arrays)
+                self._uploaded[rank] = (header.get("meta", {}), arrays)
             send_message(sock, {"ok": True})
         else:
             raise ValueError(f"unknown operation {op!r}")
@@ -238,6 +246,20 @@ class JobChannel(AuthenticatedServer):
                 send_message(waiting, answer)
             except OSError as exc:  # that rank is gone: it fails on its own, the others find out in the ring
                 logger.warning("the job channel could not answer a rank: %s", exc)
+
+
+def _rows_of(arrays: List[np.ndarray], rows: Sequence[Sequence[int]]) -> Tuple[List[np.ndarray], int]:
+    """``arrays`` with those ``rows`` names (``[index, start, end]`` each) cut to those rows (views), and the cut
+    arrays' bytes."""
+    cut = list(arrays)
+    rows_bytes = 0
+    for index, start, end in rows:
+        index, start, end = int(index), int(start), int(end)
+        if not (0 <= index < len(cut) and np.ndim(cut[index]) and 0 <= start <= end <= len(cut[index])):
+            raise ValueError(f"rows {start}:{end} of state array {index} do not exist")
+        cut[index] = cut[index][start:end]
+        rows_bytes += cut[index].nbytes
+    return cut, rows_bytes
 
 
 def _batches(message: Any) -> Tuple[Tuple[str, ...], List[BatchValues]]:

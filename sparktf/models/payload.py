@@ -33,12 +33,12 @@ import sys
 import types
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import cloudpickle
 import numpy as np
 
-from sparktf.errors import DataError
+from sparktf.errors import DataError, InternalError
 from sparktf.models import layer_state, rebuild
 from sparktf.models.layer_state import LayerState
 from sparktf.spark.user_code import pickle_by_value
@@ -182,8 +182,15 @@ class ModelPayload:
         fields = pickle.loads(body)
         return cls(key=key, **fields)
 
-    def build(self) -> Any:
+    def build(self, table_rows: Optional[Mapping[str, int]] = None) -> Any:
         """Rebuild the model, compiled when it was, with all its state.
+
+        Parameters
+        ----------
+        table_rows : mapping of str to int, optional
+            ``Embedding`` layers (by name) to build with that many rows instead
+            (a sharded table's working table); only for a payload without
+            weights.
 
         Returns
         -------
@@ -208,6 +215,10 @@ class ModelPayload:
 
         config = json.loads(self.config)
         rebuild.require_packages(config)
+        if table_rows:
+            if self.weights:
+                raise InternalError("a payload with weights cannot be built with resized tables")
+            rebuild.resize_tables(config, table_rows)
         custom_objects = cloudpickle.loads(self.custom_objects)
         try:
             with keras.saving.custom_object_scope(custom_objects), rebuild.global_policy(config):

@@ -13,12 +13,12 @@ import contextlib
 import importlib.util
 import inspect
 import sys
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, Mapping, Optional, Tuple
 
-from sparktf.errors import ModelError
+from sparktf.errors import InternalError, ModelError
 
 __all__ = ["freeze_as_captured", "require_packages", "keep_custom_compile_arguments", "compile_as_captured",
-           "global_policy", "policy_named", "config_native_models"]
+           "global_policy", "policy_named", "config_native_models", "resize_tables"]
 
 
 def freeze_as_captured(model: Any, trainable: Tuple[bool, ...]) -> bool:
@@ -37,6 +37,18 @@ def freeze_as_captured(model: Any, trainable: Tuple[bool, ...]) -> bool:
 
 #: Packages a model's classes may come from, and the sparktf extra that installs each.
 _EXTRAS = {"keras_hub": "hub"}
+
+
+def resize_tables(config: dict, rows: Mapping[str, int]) -> None:
+    """Give the ``Embedding`` layers ``rows`` names (by layer name) that many rows in the model's ``config``: a
+    sharded table's working table, so that a worker never builds the whole table."""
+    layers = {layer["config"].get("name"): layer for layer in config.get("config", {}).get("layers", ())
+              if layer.get("class_name") == "Embedding"}
+    missing = sorted(set(rows) - set(layers))
+    if missing:
+        raise InternalError(f"the model's config has no top-level Embedding layers {missing} to resize")
+    for name, count in rows.items():
+        layers[name]["config"]["input_dim"] = int(count)
 
 
 def require_packages(config: dict) -> None:

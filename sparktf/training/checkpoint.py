@@ -19,8 +19,12 @@ from sparktf.errors import SparkTFError
 from sparktf.models.layer_state import weights_assigned
 from sparktf.storage import join, local_copy, store_for
 
-__all__ = ["ModelState", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint", "write_checkpoint",
+__all__ = ["ModelState", "RowRanges", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint", "write_checkpoint",
            "prune_checkpoints", "load_checkpoint"]
+
+#: Rows ``(start, end)`` of some of a state's arrays, by index among ``weights + optimizer_variables``: a sharded
+#: table's and its slots' rows one rank holds.
+RowRanges = Dict[int, Tuple[int, int]]
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\.npz$")
 _TEMP_RE = re.compile(r"^checkpoint-\d+\.npz\.tmp-\d+$")
@@ -61,6 +65,26 @@ class ModelState:
         """The state :meth:`to_wire` described."""
         count = int(meta["weights"])
         return cls(arrays[:count], arrays[count:], int(meta["iteration"]))
+
+    def array(self, index: int) -> np.ndarray:
+        """The array at ``index`` of ``weights + optimizer_variables`` (the wire's order)."""
+        count = len(self.weights)
+        return self.weights[index] if index < count else self.optimizer_variables[index - count]
+
+    def set_array(self, index: int, value: np.ndarray) -> None:
+        """Replace the array at ``index`` of ``weights + optimizer_variables``."""
+        count = len(self.weights)
+        if index < count:
+            self.weights[index] = value
+        else:
+            self.optimizer_variables[index - count] = value
+
+    def rows(self, ranges: RowRanges) -> "ModelState":
+        """This state with the arrays ``ranges`` names cut to their rows (views, not copies)."""
+        cut = ModelState(list(self.weights), list(self.optimizer_variables), self.iteration)
+        for index, (start, end) in ranges.items():
+            cut.set_array(index, self.array(index)[start:end])
+        return cut
 
     @property
     def nbytes(self) -> int:

@@ -24,27 +24,28 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import numpy as np
 
-from sparktf.collective.channel_client import ChannelClient, start_heartbeat
+from sparktf.collective.channel_client import start_heartbeat
 from sparktf.data.batch_maps import MappedElements
 from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.sparse import model_values
 from sparktf.data.specs import flatten
 from sparktf.models.cache import batch_mapper, cached, load_cached
-from sparktf.models.payload import payload_key
-from sparktf.training.checkpoint import ModelState
+from sparktf.models.payload import ModelPayload, payload_key
+from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.errors import DataError, FailureRecord, InternalError, ModelError, StorageError
 from sparktf.training.failures import classified_failures
 from sparktf.training.state_source import StateSource
-from sparktf.training.sharding.plan import ShardingRequest, ShardPlan
-from sparktf.training.sharding.tables import HeldTables, RankShards, apply_start_state, working_features, working_model
+from sparktf.training.sharding.plan import ShardPlan
+from sparktf.training.sharding.tables import (HeldTables, RankShards, apply_start_state, state_rows, working_features,
+                                              working_model)
 from sparktf.training.gradient_exchange import GradientExchange, Traffic
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.training.class_weights import ClassWeights, batch_parts
 from sparktf.triggers import TrainingProgress, Trigger
 from sparktf.spark.worker_gc import freeze_alive
 
-__all__ = ["SegmentSpec", "SegmentResult", "run_segment", "state_checksums"]
+__all__ = ["SegmentSpec", "SegmentResult", "run_segment"]
 
 
 @dataclass
@@ -99,9 +100,9 @@ class SegmentSpec:
         The functions each batch goes through before the model (the dataset's
         maps, the model's preprocessing); ``element_structure`` is what they
         return.
-    sharding : ShardingRequest
-        Which embedding tables the workers split among them (see
-        :mod:`sparktf.training.sharding`); each rank plans them for its world size.
+    sharding : ShardPlan
+        The embedding tables the launch's workers split among them (see
+        :mod:`sparktf.training.sharding`), planned on the driver.
     """
 
     payload: Any
@@ -120,7 +121,7 @@ class SegmentSpec:
     metric_state: Optional[np.ndarray] = None
     class_weight: Optional[ClassWeights] = None
     maps: Optional[MappedElements] = None
-    sharding: ShardingRequest = ShardingRequest()
+    sharding: ShardPlan = ShardPlan((), 1)
 
 
 @dataclass
@@ -239,12 +240,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
-            final = None if shards is None else shards.captured_state(result.iteration)  # every rank's rows
+            final, rows = _final_state(spec, step, shards, result.iteration, rank)
             watch.lap("finish")
-            if rank == 0:
+            if final is not None:
                 heartbeat.phase = "state_upload"
-                final = final or ModelState.capture(step.model, result.iteration)
-                result.state = _hand_back(spec, final, world_size)
+                result.state = _state_source(spec, world_size).hand_back(rank, final, rows)
                 watch.lap("state_upload")
             finished = True
         finally:
@@ -361,8 +361,9 @@ def _prepared_step(
     that cannot run is not relaunched); the input's errors are its own.
     """
     heartbeat.phase = "model_load"
+    plan = spec.sharding
     with classified_failures(rank, None, spec.start.iteration + 1, warm_up=True):
-        step, plan, kept = _cached_step(spec, world_size)
+        step, kept = _cached_step(spec)
     watch.lap("model_load")
     if not step.warmed_up:
         heartbeat.phase = "data_cache"
@@ -376,7 +377,8 @@ def _prepared_step(
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
-    state = _start_state(spec, rank, world_size)  # also undoes the warm-up's update
+    rows = state_rows(step.model, plan, rank)  # the rank's rows of the sharded tables and slots (none without)
+    state = _state_source(spec, world_size).fetch(rank, rows)  # also undoes the warm-up's update
     held = apply_start_state(state, step.model, plan)
     watch.lap("state_fetch")
     return step, plan, held, kept
@@ -394,22 +396,24 @@ def _rank_shards(plan: ShardPlan, held: HeldTables, kept: Optional[dict], step: 
     return shards
 
 
-def _start_state(spec: SegmentSpec, rank: int, world_size: int) -> ModelState:
-    """The segment's start state: streamed from the job channel, or the broadcast's."""
-    source = StateSource(spec.directory, spec.secret, world_size, spec.collective_timeout, spec.state)
-    return source.fetch(rank)
+def _state_source(spec: SegmentSpec, world_size: int) -> StateSource:
+    """Where the segment's start state comes from and its final state goes: the job channel, or the broadcast."""
+    return StateSource(spec.directory, spec.secret, world_size, spec.collective_timeout, spec.state)
 
 
-def _hand_back(spec: SegmentSpec, state: ModelState, world_size: int) -> Optional[ModelState]:
-    """Rank 0's final state: uploaded to the job channel (None returned), or returned in the task result."""
+def _final_state(spec: SegmentSpec, step: TrainStep, shards: Optional[RankShards], iteration: int,
+                 rank: int) -> Tuple[Optional[ModelState], RowRanges]:
+    """What the rank hands back and the rows of it that are its share of the sharded tables (None: nothing).
+
+    Rank 0 hands back the model's state. With sharded tables, every rank hands back its rows of them and their
+    slots, which the job channel joins; without a channel, the ranks gather them through the ring for rank 0's.
+    """
+    if shards is None:
+        return (ModelState.capture(step.model, iteration) if rank == 0 else None), {}
     if spec.directory is None:
-        return state
-    meta, arrays = state.to_wire()
-    meta["checksums"] = state_checksums(arrays)
-    with ChannelClient(spec.directory, 0, world_size, spec.secret, spec.collective_timeout) as client:
-        client.request({"op": "put_state", "meta": meta}, spec.collective_timeout, arrays,
-                       what="uploading the final state")
-    return None
+        state = shards.gathered_state(iteration)  # a collective: every rank takes part
+        return (state if rank == 0 else None), {}
+    return shards.captured_state(iteration)
 
 
 def _features_labels(spec: SegmentSpec, mapped: Callable[[list], list], arrays: List[np.ndarray]) -> tuple:
@@ -418,11 +422,6 @@ def _features_labels(spec: SegmentSpec, mapped: Callable[[list], list], arrays: 
     arrays = mapped(arrays)
     arrays = model_values(flatten(spec.element_structure), arrays)  # sparse leaves as the model's inputs take them
     return batch_parts(spec.element_structure, arrays, spec.class_weight)
-
-
-def state_checksums(arrays: List[np.ndarray]) -> List[float]:
-    """One float64 sum per array: the driver checks the state it received against rank 0's."""
-    return [float(np.sum(a, dtype=np.float64)) for a in arrays]
 
 
 def _open_input(spec: SegmentSpec, rank: int, blocks: Iterable[tuple], connecting: Future) -> tuple:
@@ -457,21 +456,21 @@ def _close_when_connected(connecting: Future) -> None:
         connecting.result().close()
 
 
-def _cached_step(spec: SegmentSpec, world_size: int) -> Tuple[TrainStep, ShardPlan, Optional[dict]]:
-    """The process's TrainStep (model + traced functions) for the payload, clipping and sharded tables; the plan;
-    the ranks' shards kept with the step (None without sharded tables).
+def _cached_step(spec: SegmentSpec) -> Tuple[TrainStep, Optional[dict]]:
+    """The process's TrainStep (model + traced functions) for the payload, clipping and sharded tables, and the
+    ranks' shards kept with the step (None without sharded tables).
 
-    With sharded tables the step trains a copy of the model with working tables instead (``training.sharding``).
+    With sharded tables the step trains the model built with working tables instead, and the whole model is never
+    built here (``training.sharding``).
     """
-    model = load_cached(spec.payload)  # the key names the model object: a reloaded model gets a new step
-    plan = spec.sharding.plan(model, world_size, warn=False)
-    key = f"{payload_key(spec.payload.value)}/train-step/{spec.clipping!r}/{id(model)}"
+    key = f"{payload_key(spec.payload.value)}/train-step/{spec.clipping!r}"
+    plan = spec.sharding
     if not plan.tables:
-        return cached(key, lambda: TrainStep(model, spec.clipping)), plan, None
+        model = load_cached(spec.payload)  # the key names the model object: a reloaded model gets a new step
+        return cached(f"{key}/{id(model)}", lambda: TrainStep(model, spec.clipping)), None
     local_batch = max(spec.local_batches)
-    step, kept = cached(f"{key}/sharded/{plan!r}/{local_batch}", lambda: (  # one entry: the model's LRU is short
-        TrainStep(working_model(model, plan, local_batch), spec.clipping), {}))
-    return step, plan, kept
+    return cached(f"{key}/sharded/{plan!r}/{local_batch}", lambda: (
+        TrainStep(working_model(ModelPayload.from_bytes(spec.payload.value), plan, local_batch), spec.clipping), {}))
 
 
 def _average_non_trainable(model: Any, communicator: Any) -> None:

@@ -26,7 +26,7 @@ from sparktf.spark.calls import call_scope, current_label
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.training.callbacks import DriverCallbacks
 from sparktf.training.checkpoint import ModelState
-from sparktf.training.sharding.plan import ShardingRequest, check_trainable
+from sparktf.training.sharding.plan import ShardingRequest, ShardPlan, check_trainable
 from sparktf.training.checkpoint_writer import CheckpointWriter
 from sparktf.training.evaluation import evaluate_blocks
 from sparktf.training.inputs import WorkerInputs
@@ -141,8 +141,8 @@ class TrainingRun:
         import keras
 
         settings, validation = self._settings, self._dataset.val_dataset
-        sharding = ShardingRequest.of_settings(settings.session)
-        check_trainable(sharding.plan(self._model, settings.num_workers), self._model, self._clipping.clip_norm)
+        sharding = ShardingRequest.of_settings(settings.session).plan(self._model, settings.num_workers)
+        check_trainable(sharding, self._model, self._clipping.clip_norm)
         checkpoints = CheckpointWriter(settings.model_dir, settings.keep_checkpoints, request.checkpoint_trigger,
                                        request.checkpoint_failures)
         stops = [request.end_trigger]
@@ -161,7 +161,7 @@ class TrainingRun:
             while not request.end_trigger(progress):
                 driver.segment_begins(progress)
                 first = progress.iteration + 1
-                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request.class_weight)
+                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request.class_weight, sharding)
                 progress = self._finish_segment(result, history)
                 checkpoints.after_segment(progress, self._capture)
                 results = None
@@ -206,8 +206,9 @@ class TrainingRun:
         return TrainingProgress(state.iteration, self._per_epoch(), state.last_loss, state.last_score)
 
     def _run_segment(self, runner: SegmentRunner, progress: TrainingProgress, stop: Trigger, driver: DriverCallbacks,
-                     class_weight: Any) -> SegmentResult:
-        """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers)."""
+                     class_weight: Any, sharding: ShardPlan) -> SegmentResult:
+        """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers), its
+        ``sharding`` planned for ``num_workers`` (the launch plans it again for its own)."""
         settings = self._settings
         elements = self._elements_of(self._dataset)
         structure = model_structure(self._model, elements.element)  # sparse or dense per model input
@@ -215,7 +216,7 @@ class TrainingRun:
                            maps=elements, gradient_compression=settings.gradient_compression,
                            gpus=gpu_plan(settings.session.conf, settings.resource_profile),
                            metric_state=self._state.metric_state, class_weight=class_weight,
-                           sharding=ShardingRequest.of_settings(settings.session))
+                           sharding=sharding)
         return runner.run(spec, self._capture, driver.report,
                           lambda workers: driver.launching(workers, progress.iteration))
 

@@ -36,8 +36,9 @@ from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.failures import relaunch_helps
 from sparktf.training.inputs import WorkerInputs
-from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment, state_checksums
+from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment
 from sparktf.training.membership import Membership
+from sparktf.training.state_source import joined_uploads
 from sparktf.training.watchdog import JobWatchdog
 from sparktf.triggers import EveryEpoch, TriggerOr
 
@@ -153,7 +154,8 @@ class SegmentRunner:
 
     def _spec_for(self, spec: SegmentSpec, workers: int, feed: Any) -> SegmentSpec:
         stop = spec.stop if workers >= self.membership.num_workers else TriggerOr(spec.stop, EveryEpoch())
-        return dataclasses.replace(spec, local_batches=self.inputs.local_batches(workers), feed=feed, stop=stop)
+        return dataclasses.replace(spec, local_batches=self.inputs.local_batches(workers), feed=feed, stop=stop,
+                                   sharding=spec.sharding.on(workers))
 
     def _relaunch(self, spec: SegmentSpec, workers: int, error: Exception) -> int:
         """The worker count of the relaunch after ``error``; raises when training cannot go on."""
@@ -232,21 +234,10 @@ def run_segment_job(
             watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout, on_reports)
             # a rank that failed knowingly reported its record first: the watchdog raises that
             result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
-            result.state = _uploaded_state(channel, what)
+            result.state = joined_uploads(channel.take_uploaded(), what)
     worker_seconds = sum(result.timings.values())
     result.timings["launch"] = time.perf_counter() - started - worker_seconds
     return result
-
-
-def _uploaded_state(channel: JobChannel, what: str) -> ModelState:
-    """Rank 0's final state, checked against the checksums rank 0 computed."""
-    uploaded = channel.take_uploaded()
-    if uploaded is None:
-        raise TrainingError(f"{what} ended but rank 0 sent no model state to the driver")
-    meta, arrays = uploaded
-    if meta.get("checksums") != state_checksums(arrays):
-        raise TrainingError(f"the model state rank 0 sent after {what} arrived corrupted (checksums differ)")
-    return ModelState.from_wire(meta, arrays)
 
 
 def _collect(blocks: Any, spec: SegmentSpec, profile: Any) -> list:

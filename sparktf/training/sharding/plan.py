@@ -15,6 +15,7 @@ from the owners before the step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ class ShardedTable:
         One row's shape.
     world_size : int
         Ranks that share it.
+    ids_per_record : int
+        Ids one record of its input holds.
     """
 
     layer: str
@@ -56,6 +59,7 @@ class ShardedTable:
     rows: int
     row_shape: Tuple[int, ...]
     world_size: int
+    ids_per_record: int = 1
 
     @property
     def rows_per_rank(self) -> int:
@@ -129,8 +133,19 @@ class ShardPlan:
                                    table_bytes, reason)
                 continue
             tables.append(ShardedTable(name, input_name, int(layer.embeddings.shape[0]),
-                                       tuple(int(d) for d in layer.embeddings.shape[1:]), world_size))
+                                       tuple(int(d) for d in layer.embeddings.shape[1:]), world_size,
+                                       _ids_per_record(model, input_name)))
         return cls(tuple(tables), world_size)
+
+    def on(self, world_size: int) -> "ShardPlan":
+        """The same tables split among ``world_size`` ranks (none below two: a lone worker holds them whole)."""
+        if world_size < 2:
+            return ShardPlan((), world_size)
+        return ShardPlan(tuple(dataclasses.replace(table, world_size=world_size) for table in self.tables), world_size)
+
+    def capacities(self, local_batch: int) -> Dict[str, int]:
+        """Rows of each table's working table on a rank (by layer): the ids ``local_batch`` records hold."""
+        return {table.layer: local_batch * table.ids_per_record for table in self.tables}
 
 
 def embedding_layers(model: Any) -> Dict[str, Any]:
@@ -139,6 +154,12 @@ def embedding_layers(model: Any) -> Dict[str, Any]:
 
     return {layer.name: layer for layer in model._flatten_layers(include_self=False)
             if isinstance(layer, keras.layers.Embedding)}
+
+
+def _ids_per_record(model: Any, input_name: str) -> int:
+    """Ids one record of the model input ``input_name`` holds (its shape's product past the batch)."""
+    shape = next(tensor.shape for tensor in model.inputs if tensor.name == input_name)
+    return math.prod(d or 1 for d in shape[1:])
 
 
 def _id_input(model: Any, layer: Any) -> Tuple[Optional[str], Optional[str]]:

@@ -13,18 +13,19 @@ update of a row equals the model optimizer's (``docs/design/sharded-tables.md``,
 "Measured before building"). It runs at every step, also without rows, so its
 ``iterations`` (schedules, Adam's bias correction) keep pace.
 
-At a segment's ends the state is full-shaped, as without sharding:
-:func:`apply_start_state` gives each sharded table's full rows and slots to
-:meth:`RankShards.start`, which keeps the rank's share, and
-:meth:`RankShards.captured_state` gathers every rank's back into a
-``ModelState`` of the model's full shape. Checkpoints, resuming on another
-number of workers and the driver's model after ``optimize`` are those of
-unsharded training.
+No rank holds a whole sharded table: the rank builds its model from the
+payload with working tables (:func:`working_model`), fetches only its rows of
+the tables and their slots with the segment's start state (:func:`state_rows`
+names them; :func:`apply_start_state` hands them to :meth:`RankShards.start`),
+and hands back only those rows at the segment's end
+(:meth:`RankShards.captured_state`), which the driver joins into a state of
+the model's full shape (``training.state_source``). Checkpoints, resuming on
+another number of workers and the driver's model after ``optimize`` are those
+of unsharded training.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -32,36 +33,23 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sparktf.training.checkpoint import ModelState
+from sparktf.models.payload import ModelPayload
+from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.gradient_exchange import merge_rows
 from sparktf.training.sharding.plan import ShardedTable, ShardPlan, embedding_layers
 from sparktf.training.sparse_kernels import apply_rows
 from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
 
-__all__ = ["RankShards", "HeldTables", "apply_start_state", "working_features", "working_model"]
+__all__ = ["RankShards", "HeldTables", "apply_start_state", "state_rows", "working_features", "working_model"]
 
-#: Per sharded layer: its full table and its slots by kind, from the segment's start state.
+#: Per sharded layer: the rank's rows of its table and of its slots by kind, from the segment's start state.
 HeldTables = Dict[str, Tuple[np.ndarray, Dict[str, np.ndarray]]]
 
 
-def capacities(plan: ShardPlan, model: Any, local_batch: int) -> Dict[str, int]:
-    """Rows of each working table: the ids one local batch can hold."""
-    shapes = {tensor.name: tensor.shape for tensor in model.inputs}
-    return {table.layer: local_batch * math.prod(d or 1 for d in shapes[table.input_name][1:])
-            for table in plan.tables}
-
-
-def working_model(model: Any, plan: ShardPlan, local_batch: int) -> Any:
-    """A compiled copy of the functional ``model`` whose sharded tables have working-table rows (weights unset)."""
-    rows = capacities(plan, model, local_batch)
-    config = model.get_config()
-    for layer in config["layers"]:
-        if layer["config"].get("name") in rows:
-            layer["config"]["input_dim"] = rows[layer["config"]["name"]]
-    copy = type(model).from_config(config)
-    copy.compile(**keras.saving.deserialize_keras_object(model.get_compile_config()))
-    copy.optimizer.build(copy.trainable_variables)
-    return copy
+def working_model(payload: ModelPayload, plan: ShardPlan, local_batch: int) -> Any:
+    """The model of ``payload`` (one without weights) built with working tables of ``local_batch`` records' ids
+    for its sharded tables: the whole tables are never built on a worker."""
+    return payload.build(plan.capacities(local_batch))
 
 
 def working_features(plan: ShardPlan, model: Any, features: Any) -> Tuple[Any, List[np.ndarray]]:
@@ -81,9 +69,17 @@ def working_features(plan: ShardPlan, model: Any, features: Any) -> Tuple[Any, L
     return (tuple(replaced) if isinstance(features, tuple) else replaced[0]), unique
 
 
+def state_rows(model: Any, plan: ShardPlan, rank: int) -> RowRanges:
+    """The rows of the model state's arrays (by index, weights then optimizer variables) that rank ``rank`` holds
+    of the working ``model``'s sharded tables and their slots; the other arrays it holds whole."""
+    owned = {table.layer: table.owned(rank) for table in plan.tables}
+    return {index: owned[layer] for index, layer, _ in _state_positions(model, plan)}
+
+
 def apply_start_state(state: ModelState, model: Any, plan: ShardPlan) -> HeldTables:
-    """Assign the full-shaped ``state`` to the working ``model``, but for the sharded tables and their slots,
-    which are returned (:meth:`RankShards.start` keeps its share)."""
+    """Assign the segment's start ``state`` (the sharded tables' and slots' arrays the rank's rows of them, as
+    :func:`state_rows` says) to the working ``model``, but for those rows, which are returned
+    (:meth:`RankShards.start` keeps them)."""
     working = _working_variables(model, plan)
     slots = _slot_owners(model.optimizer, working)
     kept = state.apply_to(model, frozenset(working) | frozenset(slots))
@@ -133,9 +129,9 @@ class RankShards:
         """Keep this rank's rows and slots of the segment's start state, and its iteration count."""
         for shard in self._shards:
             table, slots = held[shard.table.layer]
-            shard.rows.assign(table[shard.start:shard.end])
+            shard.rows.assign(table)
             for kind, slot in _slots(shard.optimizer, shard.rows).items():
-                slot.assign(slots[kind][shard.start:shard.end])
+                slot.assign(slots[kind])
             shard.optimizer.iterations.assign(iterations)
 
     def fetch_rows(self, features: Any) -> Any:
@@ -190,26 +186,30 @@ class RankShards:
                                           tf.constant([shard.end - shard.start, *shard.table.row_shape], tf.int64)))
             shard.pending = None
 
-    def captured_state(self, iteration: int) -> ModelState:
-        """The model's full-shaped state: every rank's rows and slots gathered in place of the working tables'."""
+    def captured_state(self, iteration: int) -> Tuple[ModelState, RowRanges]:
+        """The model's state with this rank's rows and slots of each sharded table in place of the working
+        tables' and their slots, and those arrays' rows (:func:`state_rows`)."""
         state = ModelState.capture(self._model, iteration)
-        working = _working_variables(self._model, self._plan)
-        slots = _slot_owners(self._model.optimizer, working)
+        ranges = {}
         by_layer = {shard.table.layer: shard for shard in self._shards}
-        for k, variable in enumerate(self._model.weights):
-            if id(variable) in working:
-                shard = by_layer[working[id(variable)]]
-                state.weights[k] = self._gathered(shard, shard.rows)
-        for k, variable in enumerate(self._model.optimizer.variables):
-            if id(variable) in slots:
-                layer, kind = slots[id(variable)]
-                shard = by_layer[layer]
-                state.optimizer_variables[k] = self._gathered(shard, _slots(shard.optimizer, shard.rows)[kind])
+        for index, layer, kind in _state_positions(self._model, self._plan):
+            shard = by_layer[layer]
+            variable = shard.rows if kind is None else _slots(shard.optimizer, shard.rows)[kind]
+            state.set_array(index, np.asarray(variable.value, np.float32))
+            ranges[index] = (shard.start, shard.end)
+        return state, ranges
+
+    def gathered_state(self, iteration: int) -> ModelState:
+        """The model's full-shaped state, every rank's rows and slots gathered on every rank (a collective; without
+        a job channel to take each rank's)."""
+        state, _ = self.captured_state(iteration)
+        by_layer = {shard.table.layer: shard for shard in self._shards}
+        for index, layer, _ in _state_positions(self._model, self._plan):
+            state.set_array(index, self._gathered(by_layer[layer], state.array(index)))
         return state
 
-    def _gathered(self, shard: _Shard, variable: Any) -> np.ndarray:
-        """Every rank's ``variable`` (its rows of ``shard``'s table) in row order, the table's shape."""
-        mine = np.asarray(variable.value, np.float32)
+    def _gathered(self, shard: _Shard, mine: np.ndarray) -> np.ndarray:
+        """Every rank's ``mine`` (its rows of ``shard``'s table or slot) in row order, the table's shape."""
         per_row = int(np.prod(mine.shape[1:], dtype=np.int64))
         counts = [(shard.table.owned(r)[1] - shard.table.owned(r)[0]) * per_row
                   for r in range(shard.table.world_size)]
@@ -252,6 +252,16 @@ def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
             kept[key] = (rows, optimizer, _update_function(optimizer, rows, form), _gather_function(rows, form))
         shards.append(_Shard(table, working, trainable[id(working)], start, end, *kept[key]))
     return shards
+
+
+def _state_positions(model: Any, plan: ShardPlan) -> List[Tuple[int, str, Optional[str]]]:
+    """``(index in the model's state, layer, slot kind or None for the rows)`` of the working ``model``'s sharded
+    tables and their optimizer slots (the state's arrays: the weights, then the optimizer variables)."""
+    working = _working_variables(model, plan)
+    slots = _slot_owners(model.optimizer, working)
+    positions = [(k, working[id(v)], None) for k, v in enumerate(model.weights) if id(v) in working]
+    offset = len(model.weights)
+    return positions + [(offset + k, *slots[id(v)]) for k, v in enumerate(model.optimizer.variables) if id(v) in slots]
 
 
 def _working_variables(model: Any, plan: ShardPlan) -> Dict[int, str]:
