@@ -81,7 +81,7 @@ def dlrm_rows():
     return [min(rows, DLRM_MAX_ROWS) for rows in CRITEO_CARDINALITIES]
 
 
-def build_model(kind: str, optimizer: str):
+def build_model(kind: str, optimizer: str, ncf_rows=(USERS, ITEMS)):
     import keras
 
     from sparktf.optimizers import RowWiseAdagrad
@@ -98,8 +98,9 @@ def build_model(kind: str, optimizer: str):
         def embedded(ids, rows, width):
             return keras.layers.Flatten()(keras.layers.Embedding(rows, width)(ids))
 
-        gmf = keras.layers.Multiply()([embedded(user, USERS, 32), embedded(item, ITEMS, 32)])
-        mlp = keras.layers.Concatenate()([embedded(user, USERS, 64), embedded(item, ITEMS, 64)])
+        users, items = ncf_rows
+        gmf = keras.layers.Multiply()([embedded(user, users, 32), embedded(item, items, 32)])
+        mlp = keras.layers.Concatenate()([embedded(user, users, 64), embedded(item, items, 64)])
         for width in (128, 64, 32):
             mlp = keras.layers.Dense(width, activation="relu")(mlp)
         output = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()([gmf, mlp]))
@@ -137,13 +138,13 @@ def build_dlrm():
     return keras.Model([ids, numeric], keras.layers.Dense(1, activation="sigmoid")(top))
 
 
-def make_data(kind: str, records: int):
+def make_data(kind: str, records: int, ncf_rows=(USERS, ITEMS)):
     """Interactions: uniform users and Zipf items (NCF), or Zipf hashed ids per feature (Wide & Deep)."""
     rng = np.random.default_rng(1)
     labels = (rng.random((records, 1)) < 0.05).astype(np.float32)
     if kind == "ncf":
-        users = rng.integers(0, USERS, (records, 1)).astype(np.int32)
-        items = ((rng.zipf(1.2, (records, 1)) - 1) % ITEMS).astype(np.int32)
+        users = rng.integers(0, ncf_rows[0], (records, 1)).astype(np.int32)
+        items = ((rng.zipf(1.2, (records, 1)) - 1) % ncf_rows[1]).astype(np.int32)
         return [users, items], labels
     if kind == "dlrm":
         ids = np.stack([(rng.zipf(1.2, records) - 1) % rows for rows in dlrm_rows()], axis=1).astype(np.int32)

@@ -53,11 +53,13 @@ def python_workers() -> Dict[int, int]:
 
 
 class PeakSampler:
-    """Samples :func:`python_workers` every ``interval`` seconds on a thread; ``peak`` is the largest seen."""
+    """Samples :func:`python_workers` every ``interval`` seconds on a thread; ``peak`` is the largest seen, ``peaks``
+    the largest of each process."""
 
     def __init__(self, interval: float = 0.05):
         self.interval = interval
         self.peak = 0
+        self.peaks: Dict[int, int] = {}  # per worker process
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -71,5 +73,7 @@ class PeakSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max([self.peak, *python_workers().values()])
+            for pid, rss in python_workers().items():
+                self.peaks[pid] = max(self.peaks.get(pid, 0), rss)
+            self.peak = max([self.peak, *self.peaks.values()])
             self._stop.wait(self.interval)
