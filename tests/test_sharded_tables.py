@@ -124,19 +124,24 @@ def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_re
         np.concatenate([labels for _, labels in _batches()])
     dataset = TFDataset.from_ndarrays(((users, items), labels), batch_size=GLOBAL_BATCH)
     trained = {}
-    for shard_tables in (None, "users,items"):
+    # replicated; sharded (the job channel joins the ranks' rows); sharded without a job channel (the ranks gather)
+    for run, shard_tables, rendezvous in (("None", None, None), ("users,items", "users,items", None),
+                                          ("barrier", "users,items", "barrier")):
         sc.setLocalProperty("spark.sparktf.shardTables", shard_tables)
+        sc.setLocalProperty("spark.sparktf.rendezvous", rendezvous)
         try:
             model = _model("adam", _NotWholeInTasks(USERS) if shard_tables else "uniform")
             model.set_weights(_model("adam").get_weights())  # the same start
-            optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2, model_dir=str(tmp_path / str(shard_tables)))
+            optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2, model_dir=str(tmp_path / run))
             optimizer.optimize(MaxIteration(STEPS), checkpoint_trigger=SeveralIteration(3), verbose=0)
             assert optimizer.last_traffic.sharded_tables == (2 * (STEPS - 3) if shard_tables else 0)
-            trained[shard_tables] = _state(model)
+            trained[run] = _state(model)
         finally:
             sc.setLocalProperty("spark.sparktf.shardTables", None)
-    for got, want in zip(trained["users,items"], trained[None]):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+            sc.setLocalProperty("spark.sparktf.rendezvous", None)
+    for run in ("users,items", "barrier"):
+        for got, want in zip(trained[run], trained["None"]):
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=run)
     for got, want in zip(*[_checkpoint(tmp_path / run, 3) for run in ("users,items", "None")]):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)  # sharded, the driver joined the ranks' rows
     resumed = {}
@@ -176,3 +181,25 @@ def test_sharded_tables_refuse_clipping_by_the_global_norm(sc):
             optimizer.optimize(MaxIteration(1), verbose=0)
     finally:
         sc.setLocalProperty("spark.sparktf.shardTables", None)
+
+
+def test_the_driver_joins_the_ranks_rows_and_refuses_what_does_not_join():
+    from sparktf.errors import TrainingError
+    from sparktf.training.checkpoint import ModelState
+    from sparktf.training.state_source import joined_uploads, rank_upload
+
+    table, slot = np.arange(20, dtype=np.float32).reshape(10, 2), np.arange(10, dtype=np.float32)
+    state = ModelState([table, np.ones(3, np.float32)], [np.array(7), slot], 4)
+    rows = [{0: (0, 5), 3: (0, 5)}, {0: (5, 10), 3: (5, 10)}]
+    uploads = {rank: rank_upload(rank, state.rows(rows[rank]), rows[rank]) for rank in (0, 1)}
+    assert len(uploads[1][1]) == 2  # rank 1 sends its rows of the table and the slot only
+    joined = joined_uploads(uploads, "segment 1")
+    for got, want in zip(joined.weights + joined.optimizer_variables, state.weights + state.optimizer_variables):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(TrainingError, match=r"rows of sharded state array 0 do not join up: \[\(0, 5\), \(7, 10\)\]"):
+        joined_uploads({0: uploads[0], 2: rank_upload(2, state.rows({0: (7, 10)}), {0: (7, 10)})}, "segment 1")
+    meta, arrays = uploads[1]
+    with pytest.raises(TrainingError, match="rank 1 sent after segment 1 arrived corrupted"):
+        joined_uploads({0: uploads[0], 1: (meta, [arrays[0] + 1, arrays[1]])}, "segment 1")
+    with pytest.raises(TrainingError, match="rank 0 sent no model state"):
+        joined_uploads({1: uploads[1]}, "segment 1")
