@@ -26,6 +26,7 @@ of unsharded training.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -139,9 +140,11 @@ class RankShards:
         tables (before the step)."""
         features, unique = working_features(self._plan, self._model, features)
         grouped = [_by_owner(shard.table, ids) for shard, ids in zip(self._shards, unique)]
-        asked = self._alltoallv([requests for requests, _ in grouped])  # the ids each rank asks this one for
-        answers = self._alltoallv([[_gathered_rows(shard, part - shard.start) for part in parts]
-                                   for shard, parts in zip(self._shards, asked)])
+        asked, counts = self._alltoallv([requests for requests, _ in grouped])  # the ids each rank asks this one
+        widths = np.array([math.prod(shard.table.row_shape) for shard in self._shards], np.int64)
+        answers, _ = self._alltoallv([[_gathered_rows(shard, part - shard.start) for part in parts]
+                                      for shard, parts in zip(self._shards, asked)],
+                                     counts.transpose(1, 0, 2) * widths)  # a row for each id asked, back
         for shard, ids, (_, order), rows in zip(self._shards, unique, grouped, answers):
             shard.ids = ids
             working = np.zeros(tuple(int(d) for d in shard.working.shape), np.float32)
@@ -167,8 +170,9 @@ class RankShards:
             sent_rows.append([flat[offsets[d]:offsets[d + 1]] for d in range(len(requests))])
             widths.append(flat.shape[1])
         finite = True
-        for (position, _, _), ids, rows, width in zip(gradients, self._alltoallv(sent_ids),
-                                                      self._alltoallv(sent_rows), widths):
+        received_ids, counts = self._alltoallv(sent_ids)
+        received_rows, _ = self._alltoallv(sent_rows, counts * np.array(widths, np.int64))  # a row for each id
+        for (position, _, _), ids, rows, width in zip(gradients, received_ids, received_rows, widths):
             shard = shards[position]
             owned, summed = merge_rows(np.concatenate(ids), np.concatenate(rows).reshape(-1, width))
             shard.pending = (owned - shard.start, summed.reshape((owned.size, *shard.table.row_shape)))
@@ -215,13 +219,18 @@ class RankShards:
                   for r in range(shard.table.world_size)]
         return self._comm.allgatherv(mine.reshape(-1), counts).reshape((shard.table.rows, *mine.shape[1:]))
 
-    def _alltoallv(self, parts: Sequence[Sequence[np.ndarray]]) -> List[List[np.ndarray]]:
-        """One all-to-all for several tables: ``parts[t][d]``, this rank's of table ``t`` for rank ``d`` (one dtype);
-        returns ``received[t][s]``, rank ``s``'s of table ``t`` for this one, flat. The counts are all-gathered
-        first."""
+    def _alltoallv(self, parts: Sequence[Sequence[np.ndarray]],
+                   counts: Optional[np.ndarray] = None) -> Tuple[List[List[np.ndarray]], np.ndarray]:
+        """One all-to-all for several tables: ``parts[t][d]``, this rank's of table ``t`` for rank ``d`` (one dtype).
+
+        Returns ``received[t][s]``, rank ``s``'s of table ``t`` for this one, flat, and ``counts[s, d, t]``, the
+        elements rank ``s`` sent rank ``d`` of table ``t``: all-gathered first, unless every rank knows them
+        already from an earlier message (a row for each id) and passes them.
+        """
         world, tables, rank = self._comm.world_size, len(parts), self._comm.rank
-        mine = np.array([[table[d].size for table in parts] for d in range(world)], np.int64)  # [to, table]
-        counts = self._comm.allgatherv(mine.reshape(-1), [world * tables] * world).reshape(world, world, tables)
+        if counts is None:
+            mine = np.array([[table[d].size for table in parts] for d in range(world)], np.int64)  # [to, table]
+            counts = self._comm.allgatherv(mine.reshape(-1), [world * tables] * world).reshape(world, world, tables)
         dtype = np.asarray(parts[0][0]).dtype
         received = self._comm.alltoallv(
             [np.concatenate([np.ascontiguousarray(table[d], dtype).reshape(-1) for table in parts])
@@ -231,7 +240,7 @@ class RankShards:
             bounds = np.concatenate(([0], np.cumsum(counts[source, rank])))
             for t in range(tables):
                 out[t].append(received[source][bounds[t]:bounds[t + 1]])
-        return out
+        return out, counts
 
 
 def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
