@@ -111,8 +111,9 @@ class RankShards:
     """The shards rank ``rank`` owns of ``plan``'s tables, for the working ``model`` and ``communicator``.
 
     ``kept`` (a dict that lives as long as the working model) keeps the shards' variables, optimizers and
-    compiled functions by table and shard size, for the next segment with the same plan, whichever rank this
-    process then is (Spark may give the ranks each other's Python workers): only their values change.
+    compiled functions by table, for the next segment with the same plan, whichever rank this process then is
+    (Spark may give the ranks each other's Python workers): every rank's shard has the same rows, so only their
+    values change, and a process never holds two ranks' shards.
     """
 
     def __init__(self, plan: ShardPlan, model: Any, rank: int, communicator: Any, kept: Optional[dict] = None):
@@ -130,9 +131,9 @@ class RankShards:
         """Keep this rank's rows and slots of the segment's start state, and its iteration count."""
         for shard in self._shards:
             table, slots = held[shard.table.layer]
-            shard.rows.assign(table)
+            shard.rows.assign(_padded(table, shard.table.rows_per_rank))
             for kind, slot in _slots(shard.optimizer, shard.rows).items():
-                slot.assign(slots[kind])
+                slot.assign(_padded(slots[kind], shard.table.rows_per_rank))
             shard.optimizer.iterations.assign(iterations)
 
     def fetch_rows(self, features: Any) -> Any:
@@ -187,7 +188,7 @@ class RankShards:
             if clip is not None:
                 rows = np.clip(rows, *clip)
             shard.update(tf.IndexedSlices(tf.constant(rows, tf.float32), tf.constant(ids, tf.int64),
-                                          tf.constant([shard.end - shard.start, *shard.table.row_shape], tf.int64)))
+                                          tf.constant([shard.table.rows_per_rank, *shard.table.row_shape], tf.int64)))
             shard.pending = None
 
     def captured_state(self, iteration: int) -> Tuple[ModelState, RowRanges]:
@@ -199,7 +200,7 @@ class RankShards:
         for index, layer, kind in _state_positions(self._model, self._plan):
             shard = by_layer[layer]
             variable = shard.rows if kind is None else _slots(shard.optimizer, shard.rows)[kind]
-            state.set_array(index, np.asarray(variable.value, np.float32))
+            state.set_array(index, np.asarray(variable.value, np.float32)[:shard.end - shard.start])
             ranges[index] = (shard.start, shard.end)
         return state, ranges
 
@@ -245,16 +246,18 @@ class RankShards:
 
 def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
     """Rank ``rank``'s shards of the plan's tables: their variables, optimizer clones built on them and functions
-    taken from ``kept`` (by table and shard size) or made there."""
+    taken from ``kept`` (by table) or made there. Every rank's shard has ``rows_per_rank`` rows (a last rank that
+    owns fewer leaves the rest zero and untouched), so that one set serves whichever rank the process is."""
     trainable = {id(v): i for i, v in enumerate(model.trainable_variables)}
     layers = embedding_layers(model)
     shards = []
     for table in plan.tables:
         working = layers[table.layer].embeddings
         start, end = table.owned(rank)
-        key = (table.layer, end - start)
+        key = table.layer
         if key not in kept:
-            rows = keras.Variable(np.zeros((end - start, *table.row_shape), np.float32), name=f"{table.layer}_shard")
+            rows = keras.Variable(np.zeros((table.rows_per_rank, *table.row_shape), np.float32),
+                                  name=f"{table.layer}_shard")
             optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
             optimizer.build([rows])
             form = update_form(optimizer)
@@ -287,6 +290,15 @@ def _slot_owners(optimizer: Any, working: Dict[int, str]) -> Dict[int, Tuple[str
             for kind, slot in _slots(optimizer, variable).items():
                 owners[id(slot)] = (working[id(variable)], kind)
     return owners
+
+
+def _padded(rows: np.ndarray, count: int) -> np.ndarray:
+    """``rows`` with zero rows after them up to ``count`` (a shard that owns fewer rows than the others)."""
+    if len(rows) == count:
+        return rows
+    padded = np.zeros((count, *rows.shape[1:]), rows.dtype)
+    padded[:len(rows)] = rows
+    return padded
 
 
 def _by_owner(table: ShardedTable, ids: np.ndarray) -> Tuple[List[np.ndarray], np.ndarray]:
