@@ -29,6 +29,15 @@ def test_tables_over_the_threshold_are_sharded_in_contiguous_row_ranges():
     assert ShardPlan.of(recommender(), 1, threshold_bytes=0).tables == ()  # one worker: nothing to split
 
 
+def test_a_launch_on_another_worker_count_splits_the_same_tables_anew():
+    plan = ShardPlan.of(recommender(), 4, None, {"users": True, "items": True})
+    assert [(t.layer, t.ids_per_record) for t in plan.tables] == [("users", 1), ("items", 2)]
+    assert plan.capacities(16) == {"users": 16, "items": 32}  # a working table holds a local batch's ids
+    fewer = plan.on(3)  # an elastic relaunch after a worker was lost
+    assert [t.layer for t in fewer.tables] == ["users", "items"] and fewer.tables[0].owned(2) == (668, 1001)
+    assert plan.on(1).tables == ()  # one worker left holds the tables whole
+
+
 def test_a_choice_overrides_the_threshold_both_ways_and_names_what_cannot_be_sharded(caplog):
     plan = ShardPlan.of(recommender(), 2, threshold_bytes=1000, choices={"users": False, "items": True})
     assert [t.layer for t in plan.tables] == ["items"]
