@@ -62,7 +62,7 @@ def train_ranks(rank, peers, listener, secret):
             working = working_model(ModelPayload.from_model(model, include_weights=False), plan, GLOBAL_BATCH // 2)
             shards = RankShards(plan, working, rank, comm)
             rows = state_rows(working, plan, rank)  # the rank's rows of the tables and slots, all it is given
-            shards.start(apply_start_state(start.rows(rows), working, plan), 0)
+            shards.start(apply_start_state(start.rows(rows), working, plan))
             for trained, shards in ((model, None), (working, shards)):
                 step = TrainStep(trained)
                 step.sharded = frozenset() if shards is None else shards.positions
@@ -203,3 +203,24 @@ def test_the_driver_joins_the_ranks_rows_and_refuses_what_does_not_join():
         joined_uploads({0: uploads[0], 1: (meta, [arrays[0] + 1, arrays[1]])}, "segment 1")
     with pytest.raises(TrainingError, match="rank 0 sent no model state"):
         joined_uploads({1: uploads[1]}, "segment 1")
+
+
+def test_a_shards_optimizer_takes_the_learning_rate_and_iterations_the_start_state_gives_the_model():
+    """A ``LearningRateScheduler`` on the driver sets the rate between segments: the owners' updates use it."""
+    from sparktf.models.payload import ModelPayload
+    from sparktf.training.checkpoint import ModelState
+    from sparktf.training.sharding.plan import ShardPlan
+    from sparktf.training.sharding.tables import RankShards, apply_start_state, state_rows, working_model
+
+    model = _model("adam")  # a learning rate of 0.05 in the payload
+    model.optimizer.build(model.trainable_variables)
+    plan = ShardPlan.of(model, 2, None, {"users": True})
+    working = working_model(ModelPayload.from_model(model, include_weights=False), plan, 4)
+    shards = RankShards(plan, working, 1, communicator=None)
+    model.optimizer.learning_rate.assign(0.015625)  # set on the driver after the payload was made
+    model.optimizer.iterations.assign(40)
+    shards.start(apply_start_state(ModelState.capture(model).rows(state_rows(working, plan, 1)), working, plan))
+    (shard,) = shards._shards
+    assert float(shard.optimizer.learning_rate.numpy()) == 0.015625 and int(shard.optimizer.iterations.numpy()) == 40
+    np.testing.assert_array_equal(shard.rows.numpy()[:150], model.get_layer("users").embeddings.numpy()[151:])
+    assert not shard.rows.numpy()[150:].any()  # rank 1 owns 150 rows of a 151-row shard: the rest stays zero

@@ -391,7 +391,7 @@ def _rank_shards(plan: ShardPlan, held: HeldTables, kept: Optional[dict], step: 
     if not plan.tables:
         return None
     shards = RankShards(plan, step.model, rank, communicator, kept)
-    shards.start(held, int(step.model.optimizer.iterations.numpy()))
+    shards.start(held)
     step.sharded = shards.positions
     return shards
 

@@ -127,14 +127,19 @@ class RankShards:
         """The working tables' positions among the model's trainable variables (the step leaves them alone)."""
         return frozenset(shard.position for shard in self._shards)
 
-    def start(self, held: HeldTables, iterations: int) -> None:
-        """Keep this rank's rows and slots of the segment's start state, and its iteration count."""
+    def start(self, held: HeldTables) -> None:
+        """Keep this rank's rows and slots of the segment's start state (``held``); give each shard's optimizer
+        the model optimizer's own variables (its iteration count, a learning rate set between segments, e.g. by
+        a ``LearningRateScheduler``), which the start state gave the model."""
+        own = {variable.name: variable for variable in self._model.optimizer.variables if len(variable.shape) == 0}
         for shard in self._shards:
             table, slots = held[shard.table.layer]
             shard.rows.assign(_padded(table, shard.table.rows_per_rank))
             for kind, slot in _slots(shard.optimizer, shard.rows).items():
                 slot.assign(_padded(slots[kind], shard.table.rows_per_rank))
-            shard.optimizer.iterations.assign(iterations)
+            for variable in shard.optimizer.variables:
+                if len(variable.shape) == 0:  # the shard is 2-D: its optimizer's scalars are its own, not slots
+                    variable.assign(own[variable.name])
 
     def fetch_rows(self, features: Any) -> Any:
         """The batch's features with working-table positions for ids; the owners' rows written into the working
