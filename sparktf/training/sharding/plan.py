@@ -85,7 +85,7 @@ class ShardPlan:
 
     @classmethod
     def of(cls, model: Any, world_size: int, threshold_bytes: Optional[int],
-           choices: Optional[Mapping[str, bool]] = None, warn: bool = True) -> "ShardPlan":
+           choices: Optional[Mapping[str, bool]] = None) -> "ShardPlan":
         """The plan for ``model``: tables over ``threshold_bytes`` (None: no threshold), or as ``choices`` say.
 
         Parameters
@@ -98,8 +98,6 @@ class ShardPlan:
             A table of more bytes is sharded, unless ``choices`` says no.
         choices : mapping of str to bool, optional
             Per ``Embedding`` layer name: shard it (True) or keep it replicated (False).
-        warn : bool
-            Log the tables only the threshold picked that stay replicated (the driver's plan; not the workers').
 
         Raises
         ------
@@ -128,13 +126,15 @@ class ShardPlan:
                 if chosen:
                     raise ConfigurationError(f"Embedding layer {name!r} cannot be sharded: {reason}. Keep it "
                                              "replicated (leave it out of the sharded tables)")
-                if warn:
-                    logger.warning("Embedding layer %r (%d bytes) stays replicated on every worker: %s", name,
-                                   table_bytes, reason)
+                logger.warning("Embedding layer %r (%d bytes) stays replicated on every worker: %s", name,
+                               table_bytes, reason)
                 continue
-            tables.append(ShardedTable(name, input_name, int(layer.embeddings.shape[0]),
-                                       tuple(int(d) for d in layer.embeddings.shape[1:]), world_size,
-                                       _ids_per_record(model, input_name)))
+            table = ShardedTable(name, input_name, int(layer.embeddings.shape[0]),
+                                 tuple(int(d) for d in layer.embeddings.shape[1:]), world_size,
+                                 _ids_per_record(model, input_name))
+            logger.info("Embedding layer %r (%d bytes) is sharded across %d workers: each holds %d of its %d rows "
+                        "and their optimizer slots", name, table_bytes, world_size, table.rows_per_rank, table.rows)
+            tables.append(table)
         return cls(tuple(tables), world_size)
 
     def on(self, world_size: int) -> "ShardPlan":
@@ -197,9 +197,9 @@ class ShardingRequest:
         names = [name.strip() for name in kind.setting(SHARD_TABLES_CONF, "").split(",") if name.strip()]
         return cls(threshold, tuple((name.lstrip("-"), not name.startswith("-")) for name in names))
 
-    def plan(self, model: Any, world_size: int, warn: bool = True) -> ShardPlan:
-        """The :class:`ShardPlan` of ``model`` on ``world_size`` workers (``warn``: see :meth:`ShardPlan.of`)."""
-        return ShardPlan.of(model, world_size, self.threshold_bytes, dict(self.choices), warn)
+    def plan(self, model: Any, world_size: int) -> ShardPlan:
+        """The :class:`ShardPlan` of ``model`` on ``world_size`` workers (see :meth:`ShardPlan.of`)."""
+        return ShardPlan.of(model, world_size, self.threshold_bytes, dict(self.choices))
 
 
 def check_trainable(plan: ShardPlan, model: Any, clip_norm: Optional[float]) -> None:
