@@ -19,8 +19,8 @@ from sparktf.errors import SparkTFError
 from sparktf.models.layer_state import weights_assigned
 from sparktf.storage import join, local_copy, store_for
 
-__all__ = ["ModelState", "RowRanges", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint", "write_checkpoint",
-           "prune_checkpoints", "load_checkpoint"]
+__all__ = ["ModelState", "RowRanges", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint",
+           "write_checkpoint", "prune_checkpoints", "load_checkpoint"]
 
 #: Rows ``(start, end)`` of some of a state's arrays, by index among ``weights + optimizer_variables``: a sharded
 #: table's and its slots' rows one rank holds.
