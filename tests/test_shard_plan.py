@@ -45,6 +45,11 @@ def test_a_choice_overrides_the_threshold_both_ways_and_names_what_cannot_be_sha
         ShardPlan.of(recommender(), 2, None, {"nope": True})
     with pytest.raises(ConfigurationError, match="'buckets' cannot be sharded: its ids are not a model input"):
         ShardPlan.of(recommender(), 2, None, {"buckets": True})
+    frozen = recommender()
+    frozen.get_layer("users").trainable = False
+    assert [t.layer for t in ShardPlan.of(frozen, 2, threshold_bytes=1000).tables] == []
+    with pytest.raises(ConfigurationError, match=r"'users' cannot be sharded: it is frozen \(trainable=False\)"):
+        ShardPlan.of(frozen, 2, None, {"users": True})
     with caplog.at_level(logging.INFO, "sparktf.training"):  # picked by the threshold alone: replicated, said
         assert [t.layer for t in ShardPlan.of(recommender(), 2, threshold_bytes=0).tables] == ["users", "items"]
     assert "'buckets'" in caplog.text and "stays replicated" in caplog.text

@@ -122,6 +122,8 @@ class ShardPlan:
             if not wanted or world_size < 2:
                 continue
             input_name, reason = _id_input(model, layer)
+            if reason is None and not any(variable is layer.embeddings for variable in model.trainable_variables):
+                reason = "it is frozen (trainable=False): only a trained table is split with its optimizer slots"
             if reason is not None:
                 if chosen:
                     raise ConfigurationError(f"Embedding layer {name!r} cannot be sharded: {reason}. Keep it "
