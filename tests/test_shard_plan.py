@@ -54,3 +54,31 @@ def test_a_choice_overrides_the_threshold_both_ways_and_names_what_cannot_be_sha
         assert [t.layer for t in ShardPlan.of(recommender(), 2, threshold_bytes=0).tables] == ["users", "items"]
     assert "'buckets'" in caplog.text and "stays replicated" in caplog.text
     assert "'users' (32032 bytes) is sharded across 2 workers: each holds 501 of its 1001 rows" in caplog.text
+
+
+def shared_ids(raw_reader=False):
+    """Two tables on one input (Wide & Deep); three on columns of another (DLRM), one of them small."""
+    ids, cats = keras.Input((3,), dtype="int64", name="ids"), keras.Input((4,), dtype="int32", name="cats")
+    parts = [keras.layers.Flatten()(keras.layers.Embedding(1000, 8, name="deep")(ids)),
+             keras.layers.Flatten()(keras.layers.Embedding(1000, 1, name="wide")(ids)),
+             keras.layers.Embedding(1000, 4, name="c0")(cats[:, 0]),
+             keras.layers.Embedding(1000, 4, name="c3")(cats[:, -1]),
+             keras.layers.Embedding(5, 2, name="c1")(cats[:, 1])]
+    if raw_reader:
+        parts.append(keras.layers.Dense(2, name="raw")(keras.ops.cast(cats, "float32")))
+    return keras.Model([ids, cats], keras.layers.Dense(1)(keras.layers.Concatenate()(parts)))
+
+
+def test_tables_looked_up_by_the_same_ids_are_sharded_together_and_columns_of_an_input_alone(caplog):
+    plan = ShardPlan.of(shared_ids(), 2, None, {"deep": True, "wide": True, "c0": True, "c3": True})
+    assert [(t.layer, t.input_name, t.column, t.ids_per_record) for t in plan.tables] == [
+        ("deep", "ids", None, 3), ("wide", "ids", None, 3), ("c0", "cats", 0, 1), ("c3", "cats", 3, 1)]
+    with pytest.raises(ConfigurationError, match=r"'deep' cannot be sharded: its ids \(model input 'ids'\) are also "
+                                                 r"read by 'wide', which would see their positions"):
+        ShardPlan.of(shared_ids(), 2, None, {"deep": True})
+    with caplog.at_level(logging.WARNING, "sparktf.training"):  # the size picks deep, not wide: both replicated
+        assert [t.layer for t in ShardPlan.of(shared_ids(), 2, threshold_bytes=10_000).tables] == ["c0", "c3"]
+    assert "'deep' (32000 bytes) stays replicated" in caplog.text and "also read by 'wide'" in caplog.text
+    with pytest.raises(ConfigurationError, match=r"'c0' cannot be sharded: its ids \(model input 'cats'\[:, 0\]\) "
+                                                 r"are also read by 'cast"):
+        ShardPlan.of(shared_ids(raw_reader=True), 2, None, {"c0": True})

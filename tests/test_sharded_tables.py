@@ -11,7 +11,9 @@ import pytest
 from ring_harness import run_ranks
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "lazy_adam")  # padded, row kernel, dense and own row update forms
-USERS, ITEMS, GLOBAL_BATCH, STEPS = 301, 7, 32, 5
+USERS, ITEMS, TAGS, GLOBAL_BATCH, STEPS = 301, 50, 13, 32, 5
+#: Every table: "items" and "item_bias" share their ids (Wide & Deep), "tag_a" and "tag_c" are columns of one input.
+SHARDED = ("users", "items", "item_bias", "tag_a", "tag_c")
 
 
 def _model(name, users_initializer="uniform"):
@@ -24,19 +26,24 @@ def _model(name, users_initializer="uniform"):
                  "lazy_adam": lambda: LazyAdam(0.05), "row_wise_adagrad": lambda: RowWiseAdagrad(0.5)}[name]()
     keras.utils.set_random_seed(7)
     user, item = keras.Input((1,), dtype="int32", name="user"), keras.Input((2,), dtype="int32", name="item")
+    tags = keras.Input((3,), dtype="int32", name="tags")
     product = keras.layers.Multiply()([
         keras.layers.Flatten()(keras.layers.Embedding(USERS, 4, users_initializer, name="users")(user)),
         keras.layers.Dense(4)(keras.layers.Flatten()(keras.layers.Embedding(ITEMS, 4, name="items")(item)))])
-    model = keras.Model([user, item], keras.layers.Dense(1, activation="sigmoid")(product))
+    joined = keras.layers.Concatenate()([
+        product, keras.layers.Flatten()(keras.layers.Embedding(ITEMS, 1, name="item_bias")(item)),
+        keras.layers.Embedding(TAGS, 3, name="tag_a")(tags[:, 0]), keras.layers.Embedding(TAGS, 3, name="tag_c")(tags[:, 2])])
+    model = keras.Model([user, item, tags], keras.layers.Dense(1, activation="sigmoid")(joined))
     model.compile(optimizer, "binary_crossentropy")
     return model
 
 
 def _batches():
-    """``STEPS`` global batches; user ids Zipf-repeated (within and across the ranks), items from a few."""
+    """``STEPS`` global batches; user ids Zipf-repeated (within and across the ranks), items and tags from a few."""
     rng = np.random.default_rng(3)
     return [([(np.minimum(rng.zipf(1.3, (GLOBAL_BATCH, 1)), USERS) - 1).astype("int32"),
-              rng.integers(0, ITEMS, (GLOBAL_BATCH, 2)).astype("int32")],
+              rng.choice(np.arange(1, ITEMS, 7), (GLOBAL_BATCH, 2)).astype("int32"),  # ids unlike their positions
+              rng.integers(0, TAGS, (GLOBAL_BATCH, 3)).astype("int32")],
              rng.integers(0, 2, (GLOBAL_BATCH, 1)).astype("float32")) for _ in range(STEPS)]
 
 
@@ -58,7 +65,7 @@ def train_ranks(rank, peers, listener, secret):
             model = _model(name)
             TrainStep(model)  # builds the optimizer
             start = ModelState.capture(model)
-            plan = ShardPlan.of(model, 2, None, {"users": True, "items": True})
+            plan = ShardPlan.of(model, 2, None, dict.fromkeys(SHARDED, True))
             working = working_model(ModelPayload.from_model(model, include_weights=False), plan, GLOBAL_BATCH // 2)
             shards = RankShards(plan, working, rank, comm)
             rows = state_rows(working, plan, rank)  # the rank's rows of the tables and slots, all it is given
@@ -120,13 +127,13 @@ def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_re
     from sparktf import SeveralIteration, TFDataset, TFOptimizer
     from sparktf.triggers import MaxIteration
 
-    (users, items), labels = [np.concatenate(parts) for parts in zip(*[f for f, _ in _batches()])], \
+    features, labels = [np.concatenate(parts) for parts in zip(*[f for f, _ in _batches()])], \
         np.concatenate([labels for _, labels in _batches()])
-    dataset = TFDataset.from_ndarrays(((users, items), labels), batch_size=GLOBAL_BATCH)
+    dataset = TFDataset.from_ndarrays((tuple(features), labels), batch_size=GLOBAL_BATCH)
     trained = {}
     # replicated; sharded (the job channel joins the ranks' rows); sharded without a job channel (the ranks gather)
-    for run, shard_tables, rendezvous in (("None", None, None), ("users,items", "users,items", None),
-                                          ("barrier", "users,items", "barrier")):
+    every = ",".join(SHARDED)
+    for run, shard_tables, rendezvous in (("None", None, None), ("sharded", every, None), ("barrier", every, "barrier")):
         sc.setLocalProperty("spark.sparktf.shardTables", shard_tables)
         sc.setLocalProperty("spark.sparktf.rendezvous", rendezvous)
         try:
@@ -134,24 +141,24 @@ def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_re
             model.set_weights(_model("adam").get_weights())  # the same start
             optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2, model_dir=str(tmp_path / run))
             optimizer.optimize(MaxIteration(STEPS), checkpoint_trigger=SeveralIteration(3), verbose=0)
-            assert optimizer.last_traffic.sharded_tables == (2 * (STEPS - 3) if shard_tables else 0)
+            assert optimizer.last_traffic.sharded_tables == (len(SHARDED) * (STEPS - 3) if shard_tables else 0)
             trained[run] = _state(model)
         finally:
             sc.setLocalProperty("spark.sparktf.shardTables", None)
             sc.setLocalProperty("spark.sparktf.rendezvous", None)
-    for run in ("users,items", "barrier"):
+    for run in ("sharded", "barrier"):
         for got, want in zip(trained[run], trained["None"]):
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=run)
-    for got, want in zip(*[_checkpoint(tmp_path / run, 3) for run in ("users,items", "None")]):
+    for got, want in zip(*[_checkpoint(tmp_path / run, 3) for run in ("sharded", "None")]):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)  # sharded, the driver joined the ranks' rows
     resumed = {}
-    for run in ("users,items", "None"):  # each checkpoint of 2 workers resumed on 1
+    for run in ("sharded", "None"):  # each checkpoint of 2 workers resumed on 1
         model = _model("adam")
         optimizer = TFOptimizer.from_keras(model, dataset, num_workers=1, model_dir=str(tmp_path / run))
         optimizer.load_checkpoint(version=3)
         assert optimizer.optimize(MaxIteration(STEPS), verbose=0)["iterations"] == STEPS
         resumed[run] = _state(model)
-    for got, want in zip(resumed["users,items"], resumed["None"]):
+    for got, want in zip(resumed["sharded"], resumed["None"]):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
@@ -171,7 +178,7 @@ def test_sharded_tables_refuse_clipping_by_the_global_norm(sc):
     from sparktf.errors import ConfigurationError
     from sparktf.triggers import MaxIteration
 
-    dataset = TFDataset.from_ndarrays(((np.zeros((4, 1), "int32"), np.zeros((4, 2), "int32")), np.zeros((4, 1))),
+    dataset = TFDataset.from_ndarrays((tuple(np.zeros((4, width), "int32") for width in (1, 2, 3)), np.zeros((4, 1))),
                                       batch_size=4)
     sc.setLocalProperty("spark.sparktf.shardTables", "users")
     try:

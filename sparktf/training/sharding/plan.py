@@ -8,9 +8,10 @@ is sharded, and a per-layer choice overrides the threshold both ways. Rank
 is a slice of the table, and re-sharding from N to M ranks reads the slices
 that cover the new range.
 
-A table can be sharded when its layer is called once, on a model input of
-integer ids: a worker reads the batch's ids of that input to fetch their rows
-from the owners before the step.
+A table can be sharded when it is trained and its layer is called once, on a
+model input of integer ids or one column of one, which nothing but sharded
+tables reads (:mod:`~sparktf.training.sharding.lookups`): a worker reads the
+batch's ids there to fetch their rows from the owners before the step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 from sparktf.errors import ConfigurationError
 from sparktf.spark.cluster import size_setting
+from sparktf.training.sharding.lookups import Lookup, lookup_of, other_readers
 
 __all__ = ["ShardedTable", "ShardPlan", "ShardingRequest", "SHARD_TABLE_BYTES_CONF", "SHARD_TABLES_CONF"]
 
@@ -51,7 +53,9 @@ class ShardedTable:
     world_size : int
         Ranks that share it.
     ids_per_record : int
-        Ids one record of its input holds.
+        Ids one record gives it.
+    column : int, optional
+        The column of ``input_name`` it is looked up by (``ids[:, column]``); None: the whole input.
     """
 
     layer: str
@@ -60,6 +64,7 @@ class ShardedTable:
     row_shape: Tuple[int, ...]
     world_size: int
     ids_per_record: int = 1
+    column: Optional[int] = None
 
     @property
     def rows_per_rank(self) -> int:
@@ -114,26 +119,34 @@ class ShardPlan:
             raise ConfigurationError(
                 f"sharded tables: {unknown} are not Embedding layers of the model; its Embedding layers are "
                 f"{sorted(embeddings)}")
-        tables = []
+        found: Dict[str, Tuple[Any, Lookup, bool, int]] = {}  # name -> layer, lookup, chosen, bytes
         for name, layer in embeddings.items():
             table_bytes = int(np.prod(layer.embeddings.shape)) * np.dtype(layer.embeddings.dtype).itemsize
             chosen = choices.get(name)
             wanted = chosen if chosen is not None else threshold_bytes is not None and table_bytes > threshold_bytes
             if not wanted or world_size < 2:
                 continue
-            input_name, reason = _id_input(model, layer)
+            lookup, reason = lookup_of(model, layer)
             if reason is None and not any(variable is layer.embeddings for variable in model.trainable_variables):
                 reason = "it is frozen (trainable=False): only a trained table is split with its optimizer slots"
-            if reason is not None:
-                if chosen:
-                    raise ConfigurationError(f"Embedding layer {name!r} cannot be sharded: {reason}. Keep it "
-                                             "replicated (leave it out of the sharded tables)")
-                logger.warning("Embedding layer %r (%d bytes) stays replicated on every worker: %s", name,
-                               table_bytes, reason)
-                continue
-            table = ShardedTable(name, input_name, int(layer.embeddings.shape[0]),
-                                 tuple(int(d) for d in layer.embeddings.shape[1:]), world_size,
-                                 _ids_per_record(model, input_name))
+            if reason is None:
+                found[name] = (layer, lookup, bool(chosen), table_bytes)
+            else:
+                _refuse(name, reason, bool(chosen), table_bytes)
+        while True:  # a table left replicated reads its ids too: the others looked up by them cannot be sharded
+            conflicts = other_readers(model, {name: entry[1] for name, entry in found.items()})
+            if not conflicts:
+                break
+            for name, reader in conflicts.items():
+                layer, lookup, chosen, table_bytes = found.pop(name)
+                _refuse(name, f"its ids ({_ids_words(lookup)}) are also read by {reader!r}, which would see their "
+                        "positions in the batch instead: shard every table looked up by them, or none", chosen,
+                        table_bytes)
+        tables = []
+        for name, (layer, lookup, _, table_bytes) in found.items():
+            table = ShardedTable(name, lookup.input_name, int(layer.embeddings.shape[0]),
+                                 tuple(int(d) for d in layer.embeddings.shape[1:]), world_size, lookup.ids_per_record,
+                                 lookup.column)
             logger.info("Embedding layer %r (%d bytes) is sharded across %d workers: each holds %d of its %d rows "
                         "and their optimizer slots", name, table_bytes, world_size, table.rows_per_rank, table.rows)
             tables.append(table)
@@ -158,26 +171,18 @@ def embedding_layers(model: Any) -> Dict[str, Any]:
             if isinstance(layer, keras.layers.Embedding)}
 
 
-def _ids_per_record(model: Any, input_name: str) -> int:
-    """Ids one record of the model input ``input_name`` holds (its shape's product past the batch)."""
-    shape = next(tensor.shape for tensor in model.inputs if tensor.name == input_name)
-    return math.prod(d or 1 for d in shape[1:])
+def _refuse(name: str, reason: str, chosen: bool, table_bytes: int) -> None:
+    """A table that cannot be sharded: an error when the user named it, else a warning (it stays replicated)."""
+    if chosen:
+        raise ConfigurationError(f"Embedding layer {name!r} cannot be sharded: {reason}. Keep it replicated (leave "
+                                 "it out of the sharded tables)")
+    logger.warning("Embedding layer %r (%d bytes) stays replicated on every worker: %s", name, table_bytes, reason)
 
 
-def _id_input(model: Any, layer: Any) -> Tuple[Optional[str], Optional[str]]:
-    """``(input name, None)`` when ``layer`` is called once, directly on a model input of integer ids;
-    ``(None, reason)`` otherwise."""
-    nodes = list(getattr(layer, "_inbound_nodes", ()))
-    if len(nodes) != 1:
-        return None, f"it is called {len(nodes)} times (a sharded table is looked up by one model input)"
-    tensors = list(nodes[0].input_tensors)
-    inputs = {id(tensor): tensor for tensor in getattr(model, "inputs", None) or ()}
-    if len(tensors) != 1 or id(tensors[0]) not in inputs:
-        return None, "its ids are not a model input (they are computed inside the model)"
-    ids = tensors[0]
-    if not np.issubdtype(np.dtype(ids.dtype), np.integer):
-        return None, f"its model input {ids.name!r} is {ids.dtype}, not integer ids"
-    return ids.name, None
+def _ids_words(lookup: Lookup) -> str:
+    """The ids a lookup reads, in words."""
+    column = "" if lookup.column is None else f"[:, {lookup.column}]"
+    return f"model input {lookup.input_name!r}{column}"
 
 
 @dataclass(frozen=True)

@@ -54,17 +54,32 @@ def working_model(payload: ModelPayload, plan: ShardPlan, local_batch: int) -> A
 
 
 def working_features(plan: ShardPlan, model: Any, features: Any) -> Tuple[Any, List[np.ndarray]]:
-    """``(features with each sharded table's ids replaced by positions, each table's unique ids)``."""
+    """``(features with each sharded table's ids replaced by positions, each table's unique ids)``.
+
+    Tables looked up by the same ids (an input, or one column of it) share their unique ids and positions.
+    """
     names = [tensor.name for tensor in model.inputs]
     replaced = dict(features) if isinstance(features, dict) else list(features) if isinstance(
         features, (list, tuple)) else [features]
-    unique = []
+    original = dict(replaced) if isinstance(replaced, dict) else list(replaced)
+    looked_up: Dict[Tuple[str, Optional[int]], np.ndarray] = {}
     for table in plan.tables:
+        if (table.input_name, table.column) in looked_up:
+            continue
         key = table.input_name if isinstance(replaced, dict) else names.index(table.input_name)
-        ids = np.asarray(replaced[key])
+        ids = np.asarray(original[key])
+        if table.column is not None:
+            ids = ids[:, table.column]
         values, positions = np.unique(ids.astype(np.int64), return_inverse=True)
-        replaced[key] = positions.reshape(ids.shape).astype(ids.dtype)
-        unique.append(values)
+        positions = positions.reshape(ids.shape).astype(ids.dtype)
+        if table.column is None:
+            replaced[key] = positions
+        else:
+            if replaced[key] is original[key]:  # the batch's array is the caller's: change a copy
+                replaced[key] = np.array(original[key])
+            replaced[key][:, table.column] = positions
+        looked_up[(table.input_name, table.column)] = values
+    unique = [looked_up[(table.input_name, table.column)] for table in plan.tables]
     if isinstance(features, (dict, list)):
         return replaced, unique
     return (tuple(replaced) if isinstance(features, tuple) else replaced[0]), unique

@@ -1,0 +1,117 @@
+"""How a table's ids reach it in the model's graph, and what else reads them.
+
+A sharded table is looked up by a model input of integer ids, or by one
+column of one (``ids[:, i]``, a ``GetItem`` on a 2-D input: a DLRM's
+categorical features in one array). Before a step, a rank replaces those ids
+in the batch by their positions among the batch's unique ids (the rows of
+its working table), so nothing else may read them: every other reader must
+be a sharded table looked up by the same ids (which then has the same
+positions), or, for a column, a ``GetItem`` of another column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Set, Tuple
+
+import numpy as np
+
+__all__ = ["Lookup", "lookup_of", "other_readers"]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Where a table's ids come from.
+
+    Attributes
+    ----------
+    input_name : str
+        The model input of ids.
+    column : int, optional
+        The column of that 2-D input the table is looked up by; None: the whole input.
+    ids_per_record : int
+        Ids one record gives the table.
+    """
+
+    input_name: str
+    column: Optional[int]
+    ids_per_record: int
+
+
+def lookup_of(model: Any, layer: Any) -> Tuple[Optional[Lookup], Optional[str]]:
+    """``(lookup, None)`` when ``layer`` is called once, on a model input of integer ids or on one column of one;
+    ``(None, reason)`` otherwise."""
+    nodes = list(getattr(layer, "_inbound_nodes", ()))
+    if len(nodes) != 1:
+        return None, f"it is called {len(nodes)} times (a sharded table is looked up by one model input)"
+    tensors = list(nodes[0].input_tensors)
+    if len(tensors) != 1:
+        return None, "it is called on several tensors"
+    inputs = {id(tensor): tensor for tensor in getattr(model, "inputs", None) or ()}
+    tensor = tensors[0]
+    source, column = (tensor, None) if id(tensor) in inputs else _input_column(tensor, inputs)
+    if source is None:
+        return None, "its ids are not a model input or a column of one (they are computed inside the model)"
+    if not np.issubdtype(np.dtype(source.dtype), np.integer):
+        return None, f"its model input {source.name!r} is {source.dtype}, not integer ids"
+    return Lookup(source.name, column, int(np.prod([d or 1 for d in tensor.shape[1:]], dtype=np.int64))), None
+
+
+def other_readers(model: Any, lookups: Dict[str, Lookup]) -> Dict[str, str]:
+    """For each table of ``lookups`` (by layer name) whose ids something else reads: the name of that reader.
+
+    A model input read whole by tables may be read only by those tables; one whose columns tables read, only by
+    ``GetItem`` columns; such a column, only by the tables looked up by it.
+    """
+    inputs = {id(tensor): tensor for tensor in getattr(model, "inputs", None) or ()}
+    tables_of: Dict[Tuple[str, Optional[int]], Set[str]] = {}
+    for name, lookup in lookups.items():
+        tables_of.setdefault((lookup.input_name, lookup.column), set()).add(name)
+    on_input: Dict[str, Set[str]] = {}
+    for (input_name, _), names in tables_of.items():
+        on_input.setdefault(input_name, set()).update(names)
+    conflicts: Dict[str, str] = {}
+    for operation in getattr(model, "operations", ()):
+        for node in getattr(operation, "_inbound_nodes", ()):
+            for tensor in node.input_tensors:
+                if id(tensor) in inputs and tensor.name in on_input:  # the input itself
+                    whole = tables_of.get((tensor.name, None))
+                    if whole is not None:
+                        fine = operation.name in whole
+                    else:  # read by columns: only columns of it may be taken
+                        outputs = list(getattr(node, "output_tensors", ()) or ())
+                        fine = bool(outputs) and _input_column(outputs[0], inputs)[0] is not None
+                    affected = on_input[tensor.name]
+                else:
+                    source, column = _input_column(tensor, inputs)
+                    if source is None or (source.name, column) not in tables_of:
+                        continue
+                    affected = tables_of[(source.name, column)]
+                    fine = operation.name in affected
+                if not fine:
+                    for name in affected:
+                        conflicts.setdefault(name, operation.name)
+    return conflicts
+
+
+def _input_column(tensor: Any, inputs: Dict[int, Any]) -> Tuple[Any, Optional[int]]:
+    """``(model input, column)`` when ``tensor`` is ``input[:, column]`` of a 2-D model input; ``(None, None)``
+    otherwise."""
+    history = getattr(tensor, "_keras_history", None)
+    if history is None or type(history.operation).__name__ != "GetItem":
+        return None, None
+    nodes = getattr(history.operation, "_inbound_nodes", ())
+    if history.node_index >= len(nodes):
+        return None, None
+    args = nodes[history.node_index].arguments.args
+    if len(args) != 2 or id(args[0]) not in inputs or len(args[0].shape) != 2:
+        return None, None
+    key = args[1]
+    if not (isinstance(key, tuple) and len(key) == 2 and key[0] == slice(None)
+            and isinstance(key[1], (int, np.integer)) and not isinstance(key[1], bool)):
+        return None, None
+    width = args[0].shape[1]
+    column = int(key[1])
+    if width is None or not -width <= column < width:
+        return None, None
+    return args[0], column % width
