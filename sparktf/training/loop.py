@@ -220,7 +220,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             )
             opening = pool.submit(_open_input, spec, rank, blocks, connecting)
             try:
-                step, plan, held, kept = _prepared_step(spec, opening, watch, heartbeat, rank, world_size)
+                step, held, kept = _prepared_step(spec, opening, watch, heartbeat, rank, world_size)
                 heartbeat.phase = "data_cache"
                 stream, first_batch, shard = opening.result()
                 watch.lap("data_cache")
@@ -235,8 +235,8 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         try:
             heartbeat.phase = "train"
             batches = itertools.chain([first_batch], stream)
-            shards = _rank_shards(plan, held, kept, step, rank, communicator)
-            held = None  # the full tables and slots: each rank keeps its share only
+            shards = _rank_shards(spec.sharding, held, kept, step, rank, communicator)
+            held = None  # the shards hold their copy now
             result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
@@ -352,10 +352,10 @@ def _prepared_step(
     heartbeat: Any,
     rank: int,
     world_size: int,
-) -> Tuple[TrainStep, ShardPlan, HeldTables, Optional[dict]]:
+) -> Tuple[TrainStep, HeldTables, Optional[dict]]:
     """The process's TrainStep, traced and compiled (on the input's first batch), holding the segment's start state;
-    the segment's plan of sharded tables, their full rows and slots from that state (none without any), and the
-    ranks' shards kept with the step.
+    the rank's rows of the sharded tables and their slots from that state (none without any), and the ranks'
+    shards kept with the step.
 
     What loading the model or its warm-up step raises is classified (a model
     that cannot run is not relaunched); the input's errors are its own.
@@ -381,7 +381,7 @@ def _prepared_step(
     state = _state_source(spec, world_size).fetch(rank, rows)  # also undoes the warm-up's update
     held = apply_start_state(state, step.model, plan)
     watch.lap("state_fetch")
-    return step, plan, held, kept
+    return step, held, kept
 
 
 def _rank_shards(plan: ShardPlan, held: HeldTables, kept: Optional[dict], step: TrainStep, rank: int,

@@ -62,7 +62,7 @@ class StateSource:
         rows = rows or {}
         if self.address is None:
             return self.broadcast.value.rows(rows)
-        request = {"op": "get_state", "rows": [[index, *rows[index]] for index in sorted(rows)]}
+        request = {"op": "get_state", "rows": _wire_rows(rows)}
         with ChannelClient(self.address, rank, self.world_size, self.secret, self.timeout) as client:
             meta, arrays = client.request(request, self.timeout, what="fetching the model state")
         return ModelState.from_wire(meta, arrays)
@@ -84,7 +84,7 @@ def rank_upload(rank: int, state: ModelState, rows: RowRanges) -> Upload:
     (its rows of the sharded tables and slots); with their rows and checksums in the meta."""
     meta, arrays = state.to_wire()
     if rows:
-        meta["rows"] = [[index, *rows[index]] for index in sorted(rows)]
+        meta["rows"] = _wire_rows(rows)
         arrays = arrays if rank == 0 else [arrays[index] for index in sorted(rows)]
     meta["checksums"] = state_checksums(arrays)
     return meta, arrays
@@ -118,6 +118,11 @@ def joined_uploads(uploaded: Dict[int, Upload], what: str) -> ModelState:
                                 f"{[(start, end) for start, end, _ in parts]}")
         state.set_array(index, np.concatenate([part for _, _, part in parts]))
     return state
+
+
+def _wire_rows(rows: RowRanges) -> List[List[int]]:
+    """``rows`` as the job channel takes them: ``[index, start, end]`` by index."""
+    return [[index, *rows[index]] for index in sorted(rows)]
 
 
 def state_checksums(arrays: List[np.ndarray]) -> List[float]:

@@ -136,6 +136,7 @@ class RankShards:
         self._plan = plan
         self._model = model
         self._shards = _shards(plan, model, rank, {} if kept is None else kept)
+        self._by_layer = {shard.table.layer: shard for shard in self._shards}
 
     @property
     def positions(self) -> frozenset:
@@ -216,9 +217,8 @@ class RankShards:
         tables' and their slots, and those arrays' rows (:func:`state_rows`)."""
         state = ModelState.capture(self._model, iteration)
         ranges = {}
-        by_layer = {shard.table.layer: shard for shard in self._shards}
         for index, layer, kind in _state_positions(self._model, self._plan):
-            shard = by_layer[layer]
+            shard = self._by_layer[layer]
             variable = shard.rows if kind is None else _slots(shard.optimizer, shard.rows)[kind]
             state.set_array(index, np.asarray(variable.value, np.float32)[:shard.end - shard.start])
             ranges[index] = (shard.start, shard.end)
@@ -228,9 +228,8 @@ class RankShards:
         """The model's full-shaped state, every rank's rows and slots gathered on every rank (a collective; without
         a job channel to take each rank's)."""
         state, _ = self.captured_state(iteration)
-        by_layer = {shard.table.layer: shard for shard in self._shards}
         for index, layer, _ in _state_positions(self._model, self._plan):
-            state.set_array(index, self._gathered(by_layer[layer], state.array(index)))
+            state.set_array(index, self._gathered(self._by_layer[layer], state.array(index)))
         return state
 
     def _gathered(self, shard: _Shard, mine: np.ndarray) -> np.ndarray:
@@ -334,7 +333,7 @@ def _slots(optimizer: Any, variable: Any) -> Dict[str, Any]:
     """The optimizer's slot variables of ``variable``, by kind (``"momentum"``, ``"velocity"``, ...)."""
     prefix = variable.path.replace("/", "_") + "_"
     return {slot.name[len(prefix):]: slot for slot in optimizer.variables
-            if slot.name.startswith(prefix) and slot.shape and slot.shape[0] == variable.shape[0]}
+            if slot.name.startswith(prefix) and len(slot.shape) and slot.shape[0] == variable.shape[0]}
 
 
 def _gathered_rows(shard: _Shard, ids: np.ndarray) -> np.ndarray:
