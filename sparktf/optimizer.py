@@ -20,6 +20,7 @@ from sparktf.training.checkpoint import find_checkpoint, load_checkpoint
 from sparktf.training.preflight import (check_labels, check_membership, check_optimize, check_settings,
                                         compile_with_loss, recompile)
 from sparktf.training.run import RunRequest, RunSettings, RunState, TrainingRun, evaluate_model
+from sparktf.training.sharding.driver_tables import DriverTables
 from sparktf.training.step import GradientClipping
 from sparktf.training.update_form import log_table_updates
 from sparktf.triggers import EveryEpoch, MaxEpoch, Trigger
@@ -104,8 +105,7 @@ class TFOptimizer:
         self._state = RunState()  # where training stands: what the next optimize resumes from
         self._payload = None
         self.history: Any = None  # the last optimize call's keras.callbacks.History
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+        self._tables = DriverTables.of(model, self.session, self.num_workers, model_dir)  # builds the optimizer
         log_table_updates(model)
 
     # ------------------------------------------------------------------ factories
@@ -309,7 +309,7 @@ class TFOptimizer:
                              default_verbose() if verbose is None else verbose, class_weight, checkpoint_failures)
         settings = RunSettings(self.session, self.num_workers, self.min_workers, self.replace_wait, self.max_failures,
                                self.collective_timeout, self.gradient_compression, self.resource_profile,
-                               self.model_dir, self.keep_checkpoints)
+                               self.model_dir, self.keep_checkpoints, self._tables)
         run = TrainingRun(self.model, self.dataset, settings, self._state, self.clipping, self._payload_broadcast,
                           self._elements_of, (self.train_summary, self.val_summary))
         result, self.history = run.run(request)
@@ -388,8 +388,7 @@ class TFOptimizer:
         """
         path = find_checkpoint(path, self.model_dir, version)
         state = load_checkpoint(path)
-        state.apply_to(self.model)
-        self._state = RunState(iteration=state.iteration)
+        self._state = RunState(iteration=state.iteration, slots=self._tables.load(state, self.model))
 
     def _payload_broadcast(self) -> Any:
         """The model's architecture and compile config, no weights (a few KB), shipped once per TFOptimizer.

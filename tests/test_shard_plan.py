@@ -26,7 +26,8 @@ def test_tables_over_the_threshold_are_sharded_in_contiguous_row_ranges():
     users = plan.tables[0]
     assert users.rows_per_rank == 334 and [users.owned(r) for r in range(3)] == [(0, 334), (334, 668), (668, 1001)]
     assert users.owners(np.array([0, 333, 334, 1000])).tolist() == [0, 0, 1, 2]
-    assert ShardPlan.of(recommender(), 1, threshold_bytes=0).tables == ()  # one worker: nothing to split
+    alone = ShardPlan.of(recommender(), 1, threshold_bytes=0).tables  # one worker holds it whole, slots in files
+    assert alone[0].layer == "users" and alone[0].owned(0) == (0, 1001)
 
 
 def test_a_launch_on_another_worker_count_splits_the_same_tables_anew():
@@ -35,7 +36,7 @@ def test_a_launch_on_another_worker_count_splits_the_same_tables_anew():
     assert plan.capacities(16) == {"users": 16, "items": 32}  # a working table holds a local batch's ids
     fewer = plan.on(3)  # an elastic relaunch after a worker was lost
     assert [t.layer for t in fewer.tables] == ["users", "items"] and fewer.tables[0].owned(2) == (668, 1001)
-    assert plan.on(1).tables == ()  # one worker left holds the tables whole
+    assert plan.on(1).tables[1].owned(0) == (0, 50)  # one worker left holds the tables whole
 
 
 def test_a_choice_overrides_the_threshold_both_ways_and_names_what_cannot_be_sharded(caplog):

@@ -4,6 +4,8 @@ training ends, weights and optimizer slots alike."""
 
 from __future__ import annotations
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -48,13 +50,18 @@ def _batches():
 
 
 def train_ranks(rank, peers, listener, secret):
-    """Per optimizer: the weights and optimizer variables after replicated, then sharded, training."""
+    """Per optimizer: the state after replicated training (without the tables' slots, and those by layer and kind),
+    and what each rank of sharded training uploads and the folder it writes its rows of the slots to."""
+    import os
+    import tempfile
+
     from sparktf.collective import Communicator
     from sparktf.models.payload import ModelPayload
     from sparktf.training.checkpoint import ModelState
     from sparktf.training.gradient_exchange import GradientExchange
     from sparktf.training.sharding.plan import ShardPlan
-    from sparktf.training.sharding.tables import RankShards, apply_start_state, state_rows, working_model
+    from sparktf.training.sharding.tables import (RankShards, apply_start_state, slot_positions, state_rows,
+                                                  working_model)
     from sparktf.training.state_source import rank_upload
     from sparktf.training.step import TrainStep
 
@@ -64,12 +71,13 @@ def train_ranks(rank, peers, listener, secret):
         for name in OPTIMIZERS:
             model = _model(name)
             TrainStep(model)  # builds the optimizer
-            start = ModelState.capture(model)
+            slots = slot_positions(model, SHARDED)
+            start = ModelState.capture(model).without(slots)  # the driver's: without the tables' slots
             plan = ShardPlan.of(model, 2, None, dict.fromkeys(SHARDED, True))
             working = working_model(ModelPayload.from_model(model, include_weights=False), plan, GLOBAL_BATCH // 2)
             shards = RankShards(plan, working, rank, comm)
-            rows = state_rows(working, plan, rank)  # the rank's rows of the tables and slots, all it is given
-            shards.start(apply_start_state(start.rows(rows), working, plan))
+            rows = state_rows(working, plan, rank)  # the rank's rows of the tables, all it is given
+            shards.start(apply_start_state(start.rows(rows), working, plan), None)  # fresh slots
             for trained, shards in ((model, None), (working, shards)):
                 step = TrainStep(trained)
                 step.sharded = frozenset() if shards is None else shards.positions
@@ -81,30 +89,49 @@ def train_ranks(rank, peers, listener, secret):
                     assert step.run(features, labels[half], exchange, weight=0.5).applied
                     if shards is not None:
                         shards.apply()
-                # sharded: what the rank uploads, its rows of the tables and slots (the test joins them as the driver)
-                results[(name, shards is not None)] = ModelState.capture(model) if shards is None else rank_upload(
-                    rank, *shards.captured_state(STEPS))
+                # sharded: what the rank uploads, its rows of the tables (the test joins them as the driver), and
+                # where it wrote its rows of their slots (a folder both ranks name)
+                if shards is None:
+                    state = ModelState.capture(model)
+                    results[(name, False)] = (state.without(slots),
+                                              {where: state.array(index) for index, where in slots.items()})
+                else:
+                    root = os.path.join(tempfile.gettempdir(), f"sparktf-ring-slots-{secret[:4].hex()}", name)
+                    results[(name, True)] = (rank_upload(rank, *shards.captured_state(STEPS)),
+                                             shards.save_slots(root, STEPS, secret))
             assert working.get_layer("users").embeddings.shape[0] == GLOBAL_BATCH // 2  # no rank holds the table
     return results
 
 
 @pytest.fixture(scope="module")
 def ranks_results():
-    return run_ranks(2, train_ranks)
+    import shutil
+
+    results = run_ranks(2, train_ranks)
+    yield results
+    shutil.rmtree(os.path.dirname(os.path.dirname(results[0][(OPTIMIZERS[0], True)][1])), ignore_errors=True)
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_sharded_training_ends_where_replicated_training_ends(ranks_results, name):
+    from sparktf.training.sharding.slot_store import read_slot_rows
     from sparktf.training.state_source import joined_uploads
 
-    uploads = {rank: results[(name, True)] for rank, results in enumerate(ranks_results)}
+    uploads = {rank: results[(name, True)][0] for rank, results in enumerate(ranks_results)}
     assert [len(arrays) for _, arrays in uploads.values()][1] < len(uploads[0][1])  # rank 1 sends its rows only
     sharded = joined_uploads(uploads, "the test")
+    folder = ranks_results[0][(name, True)][1]
+    assert ranks_results[1][(name, True)][1] == folder
     for rank, results in enumerate(ranks_results):
-        replicated = results[(name, False)]
+        replicated, slots = results[(name, False)]
+        assert len(sharded.optimizer_variables) == len(replicated.optimizer_variables)
         for got, want in zip(sharded.weights + sharded.optimizer_variables,
                              replicated.weights + replicated.optimizer_variables):
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=f"rank {rank}")
+        assert bool(slots) == (name != "sgd")
+        for (layer, kind), want in slots.items():  # both ranks' files, read whole (2 -> 1)
+            got = read_slot_rows(folder, layer, 0, len(want), [kind])[kind]
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=f"{layer} {kind}")
 
 
 class _NotWholeInTasks(keras.initializers.Initializer):
@@ -124,6 +151,8 @@ class _NotWholeInTasks(keras.initializers.Initializer):
 
 
 def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_resumes_on_one_worker(sc, tmp_path):
+    """The driver never holds the sharded tables' slots (the ranks keep them in model_dir): its optimizer has none,
+    its checkpoints neither; a checkpoint of 2 sharded workers loads and resumes on 1 unsharded one."""
     from sparktf import SeveralIteration, TFDataset, TFOptimizer
     from sparktf.triggers import MaxIteration
 
@@ -142,35 +171,46 @@ def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_re
             optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2, model_dir=str(tmp_path / run))
             optimizer.optimize(MaxIteration(STEPS), checkpoint_trigger=SeveralIteration(3), verbose=0)
             assert optimizer.last_traffic.sharded_tables == (len(SHARDED) * (STEPS - 3) if shard_tables else 0)
-            trained[run] = _state(model)
+            trained[run] = _state(model, () if shard_tables else SHARDED)  # the driver's optimizer: no table slots
         finally:
             sc.setLocalProperty("spark.sparktf.shardTables", None)
             sc.setLocalProperty("spark.sparktf.rendezvous", None)
+    folders = sorted(os.listdir(tmp_path / "sharded" / "tables"))  # the checkpoints' and the last segment's only
+    assert [name.split("-")[1] for name in folders] == ["3", "5"], folders
     for run in ("sharded", "barrier"):
+        assert len(trained[run]) == len(trained["None"])
         for got, want in zip(trained[run], trained["None"]):
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=run)
-    for got, want in zip(*[_checkpoint(tmp_path / run, 3) for run in ("sharded", "None")]):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)  # sharded, the driver joined the ranks' rows
-    resumed = {}
-    for run in ("sharded", "None"):  # each checkpoint of 2 workers resumed on 1
-        model = _model("adam")
-        optimizer = TFOptimizer.from_keras(model, dataset, num_workers=1, model_dir=str(tmp_path / run))
-        optimizer.load_checkpoint(version=3)
-        assert optimizer.optimize(MaxIteration(STEPS), verbose=0)["iterations"] == STEPS
-        resumed[run] = _state(model)
-    for got, want in zip(resumed["sharded"], resumed["None"]):
+    loaded, models = {}, {}
+    # each checkpoint of 2 workers loaded and resumed on 1: tables replicated (the driver reads the sharded run's
+    # slots from the ranks' files), and the sharded one on a lone sharded worker (that worker reads them)
+    for run, model_dir, shard_tables in (("sharded", "sharded", None), ("None", "None", None),
+                                         ("on one", "sharded", every)):
+        sc.setLocalProperty("spark.sparktf.shardTables", shard_tables)
+        try:
+            models[run] = model = _model("adam")
+            optimizer = TFOptimizer.from_keras(model, dataset, num_workers=1, model_dir=str(tmp_path / model_dir))
+            optimizer.load_checkpoint(version=3)
+            loaded[run] = _state(model)
+            assert optimizer.optimize(MaxIteration(STEPS), verbose=0)["iterations"] == STEPS
+        finally:
+            sc.setLocalProperty("spark.sparktf.shardTables", None)
+    for got, want in zip(loaded["sharded"], loaded["None"]):  # the slots the driver read are the replicated ones
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    for run, without in (("sharded", ()), ("on one", SHARDED)):
+        replicated = _state(models["None"], without)
+        assert len(_state(models[run])) == len(replicated)
+        for got, want in zip(_state(models[run]), replicated):
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=run)
 
 
-def _checkpoint(model_dir, iteration):
-    from sparktf.training.checkpoint import checkpoint_path, load_checkpoint
+def _state(model, without=()):
+    """The model's weights and optimizer variables, but its optimizer's slots of the tables ``without``."""
+    from sparktf.training.sharding.tables import slot_positions
 
-    state = load_checkpoint(checkpoint_path(str(model_dir), iteration))
-    return state.weights + state.optimizer_variables
-
-
-def _state(model):
-    return model.get_weights() + [np.array(v.numpy()) for v in model.optimizer.variables]
+    dropped = slot_positions(model, without)
+    variables = model.weights + model.optimizer.variables
+    return [np.array(v.numpy()) for k, v in enumerate(variables) if k not in dropped]
 
 
 def test_sharded_tables_refuse_clipping_by_the_global_norm(sc):
@@ -217,7 +257,8 @@ def test_a_shards_optimizer_takes_the_learning_rate_and_iterations_the_start_sta
     from sparktf.models.payload import ModelPayload
     from sparktf.training.checkpoint import ModelState
     from sparktf.training.sharding.plan import ShardPlan
-    from sparktf.training.sharding.tables import RankShards, apply_start_state, state_rows, working_model
+    from sparktf.training.sharding.tables import (RankShards, apply_start_state, slot_positions, state_rows,
+                                                  working_model)
 
     model = _model("adam")  # a learning rate of 0.05 in the payload
     model.optimizer.build(model.trainable_variables)
@@ -226,7 +267,8 @@ def test_a_shards_optimizer_takes_the_learning_rate_and_iterations_the_start_sta
     shards = RankShards(plan, working, 1, communicator=None)
     model.optimizer.learning_rate.assign(0.015625)  # set on the driver after the payload was made
     model.optimizer.iterations.assign(40)
-    shards.start(apply_start_state(ModelState.capture(model).rows(state_rows(working, plan, 1)), working, plan))
+    driver_state = ModelState.capture(model).without(slot_positions(model, ["users"]))
+    shards.start(apply_start_state(driver_state.rows(state_rows(working, plan, 1)), working, plan), None)
     (shard,) = shards._shards
     assert float(shard.optimizer.learning_rate.numpy()) == 0.015625 and int(shard.optimizer.iterations.numpy()) == 40
     np.testing.assert_array_equal(shard.rows.numpy()[:150], model.get_layer("users").embeddings.numpy()[151:])

@@ -9,17 +9,20 @@ driver can write), so ``model_dir`` only needs to be visible to the driver.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from sparktf.errors import SparkTFError
 from sparktf.models.layer_state import weights_assigned
-from sparktf.storage import join, local_copy, store_for
+from sparktf.storage import join, local_copy, scheme_of, store_for
+from sparktf.storage.uri import split
 
-__all__ = ["ModelState", "RowRanges", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint",
+__all__ = ["ModelState", "RowRanges", "checkpoint_iterations", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint",
            "write_checkpoint", "prune_checkpoints", "load_checkpoint"]
 
 #: Rows ``(start, end)`` of some of a state's arrays, by index among ``weights + optimizer_variables``: a sharded
@@ -42,11 +45,19 @@ class ModelState:
         ``model.optimizer.variables`` in order (empty when not captured).
     iteration : int
         Absolute number of iterations trained.
+    slots : str, optional
+        The folder of the sharded tables' optimizer slots at ``iteration``
+        (``training.sharding.slot_store``), which ``optimizer_variables``
+        leaves out; None: they start fresh (or nothing is sharded).
+    slot_tables : tuple of str
+        The ``Embedding`` layers whose slots are in ``slots``, not here.
     """
 
     weights: List[np.ndarray]
     optimizer_variables: List[np.ndarray]
     iteration: int = 0
+    slots: Optional[str] = None
+    slot_tables: Tuple[str, ...] = ()
 
     @classmethod
     def capture(cls, model, iteration: int = 0, include_optimizer: bool = True) -> "ModelState":
@@ -58,13 +69,16 @@ class ModelState:
 
     def to_wire(self) -> Tuple[Dict[str, Any], List[np.ndarray]]:
         """``(meta, arrays)`` for the job channel: the arrays are the state's own, not copies."""
-        return {"iteration": self.iteration, "weights": len(self.weights)}, self.weights + self.optimizer_variables
+        meta = {"iteration": self.iteration, "weights": len(self.weights), "slots": self.slots,
+                "slot_tables": list(self.slot_tables)}
+        return meta, self.weights + self.optimizer_variables
 
     @classmethod
     def from_wire(cls, meta: Dict[str, Any], arrays: List[np.ndarray]) -> "ModelState":
         """The state :meth:`to_wire` described."""
         count = int(meta["weights"])
-        return cls(arrays[:count], arrays[count:], int(meta["iteration"]))
+        return cls(arrays[:count], arrays[count:], int(meta["iteration"]), meta.get("slots"),
+                   tuple(meta.get("slot_tables", ())))
 
     def array(self, index: int) -> np.ndarray:
         """The array at ``index`` of ``weights + optimizer_variables`` (the wire's order)."""
@@ -81,10 +95,24 @@ class ModelState:
 
     def rows(self, ranges: RowRanges) -> "ModelState":
         """This state with the arrays ``ranges`` names cut to their rows (views, not copies)."""
-        cut = ModelState(list(self.weights), list(self.optimizer_variables), self.iteration)
+        cut = dataclasses.replace(self, weights=list(self.weights), optimizer_variables=list(self.optimizer_variables))
         for index, (start, end) in ranges.items():
             cut.set_array(index, self.array(index)[start:end])
         return cut
+
+    def without(self, indices: Sequence[int]) -> "ModelState":
+        """This state without the optimizer variables at ``indices`` (of ``weights + optimizer_variables``): a
+        model's whose sharded tables' slots are in files, as the driver holds it."""
+        count, dropped = len(self.weights), set(indices)
+        kept = [value for k, value in enumerate(self.optimizer_variables) if count + k not in dropped]
+        return dataclasses.replace(self, weights=list(self.weights), optimizer_variables=kept)
+
+    def with_placeholders(self, indices: Sequence[int]) -> "ModelState":
+        """The inverse of :meth:`without`: empty arrays at ``indices``, for ``apply_to(..., keep)`` to skip."""
+        count, values, empty = len(self.weights), iter(self.optimizer_variables), set(indices)
+        total = len(self.optimizer_variables) + len(empty)
+        filled = [np.zeros(0, np.float32) if count + k in empty else next(values) for k in range(total)]
+        return dataclasses.replace(self, weights=list(self.weights), optimizer_variables=filled)
 
     @property
     def nbytes(self) -> int:
@@ -128,6 +156,11 @@ def _checkpoints(model_dir: str) -> List[Tuple[int, str]]:
     """``(iteration, name)`` of every complete checkpoint in ``model_dir``, oldest first."""
     names = store_for(model_dir, "model_dir").listdir(model_dir)
     return sorted((int(match.group(1)), name) for name in names if (match := _CHECKPOINT_RE.match(name)))
+
+
+def checkpoint_iterations(model_dir: str) -> List[int]:
+    """The iterations of the complete checkpoints in ``model_dir``, oldest first."""
+    return [iteration for iteration, _ in _checkpoints(model_dir)]
 
 
 def latest_checkpoint(model_dir: str) -> Optional[str]:
@@ -178,6 +211,8 @@ def write_checkpoint(state: ModelState, model_dir: str) -> str:
                 handle,
                 iteration=np.int64(state.iteration),
                 counts=np.array([len(state.weights), len(state.optimizer_variables)]),
+                slots=np.array(_relative(state.slots, model_dir) if state.slots else ""),
+                slot_tables=np.array(list(state.slot_tables), dtype=str),
                 **arrays,
             )
     return path
@@ -201,8 +236,17 @@ def load_checkpoint(path: str) -> ModelState:
         raise SparkTFError(f"checkpoint {path!r} does not exist; pass a path written by optimize")
     with local_copy(path, "checkpoint") as local, np.load(local) as data:
         num_weights, num_optimizer = (int(n) for n in data["counts"])
+        slots = str(data["slots"]) if "slots" in data.files else ""
         return ModelState(
             [data[f"w{i}"] for i in range(num_weights)],
             [data[f"o{i}"] for i in range(num_optimizer)],
             int(data["iteration"]),
+            (slots if scheme_of(slots) or os.path.isabs(slots) else join(split(path)[0], slots)) if slots else None,
+            tuple(str(name) for name in data["slot_tables"]) if "slot_tables" in data.files else (),
         )
+
+
+def _relative(folder: str, model_dir: str) -> str:
+    """``folder`` relative to ``model_dir`` when inside it (a moved model_dir keeps its checkpoints whole)."""
+    prefix = join(model_dir, "")
+    return folder[len(prefix):] if folder.startswith(prefix) else folder

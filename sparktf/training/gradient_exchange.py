@@ -279,7 +279,7 @@ class GradientExchange:
 
     def __call__(self, layout: GradientLayout, parts: ExchangedParts) -> ExchangedParts:
         """The global sums of ``parts`` (``GradientLayout.pack``'s, in NumPy): the same on every rank."""
-        if self.world_size == 1:
+        if self.world_size == 1 and self._shards is None:  # a lone rank with sharded tables still routes their rows
             return parts
         comm = self._communicator
         fused = parts.fused if parts.fused.flags.writeable else parts.fused.copy()

@@ -103,6 +103,8 @@ class SegmentSpec:
     sharding : ShardPlan
         The embedding tables the launch's workers split among them (see
         :mod:`sparktf.training.sharding`), planned on the driver.
+    slots : str, optional
+        Where the ranks write the sharded tables' slots at the end (``slot_store``).
     """
 
     payload: Any
@@ -122,6 +124,7 @@ class SegmentSpec:
     class_weight: Optional[ClassWeights] = None
     maps: Optional[MappedElements] = None
     sharding: ShardPlan = ShardPlan((), 1)
+    slots: Optional[str] = None
 
 
 @dataclass
@@ -240,7 +243,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
-            final, rows = _final_state(spec, step, shards, result.iteration, rank)
+            final, rows = _final_state(spec, shards, step, result.iteration, rank)
             watch.lap("finish")
             if final is not None:
                 heartbeat.phase = "state_upload"
@@ -377,21 +380,22 @@ def _prepared_step(
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
-    rows = state_rows(step.model, plan, rank)  # the rank's rows of the sharded tables and slots (none without)
+    rows = state_rows(step.model, plan, rank)  # the rank's rows of the sharded tables (none without)
     state = _state_source(spec, world_size).fetch(rank, rows)  # also undoes the warm-up's update
-    held = apply_start_state(state, step.model, plan)
+    held = apply_start_state(state, step.model, plan), state.slots
     watch.lap("state_fetch")
     return step, held, kept
 
 
-def _rank_shards(plan: ShardPlan, held: HeldTables, kept: Optional[dict], step: TrainStep, rank: int,
-                 communicator: Any) -> Optional[RankShards]:
-    """This rank's shards of the plan's tables (None: none), holding its share of the start state's."""
+def _rank_shards(plan: ShardPlan, held: Tuple[HeldTables, Optional[str]], kept: Optional[dict], step: TrainStep,
+                 rank: int, communicator: Any) -> Optional[RankShards]:
+    """This rank's shards of the plan's tables (None: none), holding its share of the start state's and of the
+    slots in its folder."""
     step.sharded = frozenset()
     if not plan.tables:
         return None
     shards = RankShards(plan, step.model, rank, communicator, kept)
-    shards.start(held)
+    shards.start(*held)
     step.sharded = shards.positions
     return shards
 
@@ -401,19 +405,20 @@ def _state_source(spec: SegmentSpec, world_size: int) -> StateSource:
     return StateSource(spec.directory, spec.secret, world_size, spec.collective_timeout, spec.state)
 
 
-def _final_state(spec: SegmentSpec, step: TrainStep, shards: Optional[RankShards], iteration: int,
+def _final_state(spec: SegmentSpec, shards: Optional[RankShards], step: TrainStep, iteration: int,
                  rank: int) -> Tuple[Optional[ModelState], RowRanges]:
     """What the rank hands back and the rows of it that are its share of the sharded tables (None: nothing).
 
-    Rank 0 hands back the model's state. With sharded tables, every rank hands back its rows of them and their
-    slots, which the job channel joins; without a channel, the ranks gather them through the ring for rank 0's.
+    Rank 0 hands back the model's state. With sharded tables, every rank writes its rows of their slots to a new
+    folder (the state names it) and hands back its rows of them, which the job channel joins; without a channel,
+    the ranks gather them through the ring for rank 0's.
     """
     if shards is None:
         return (ModelState.capture(step.model, iteration) if rank == 0 else None), {}
-    if spec.directory is None:
-        state = shards.gathered_state(iteration)  # a collective: every rank takes part
-        return (state if rank == 0 else None), {}
-    return shards.captured_state(iteration)
+    folder = shards.save_slots(spec.slots, iteration, spec.secret)
+    state, rows = shards.gathered_state(iteration) if spec.directory is None else shards.captured_state(iteration)
+    state.slots, state.slot_tables = folder, tuple(table.layer for table in spec.sharding.tables)
+    return (state if rank == 0 or spec.directory is not None else None), ({} if spec.directory is None else rows)
 
 
 def _features_labels(spec: SegmentSpec, mapped: Callable[[list], list], arrays: List[np.ndarray]) -> tuple:

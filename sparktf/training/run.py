@@ -26,7 +26,8 @@ from sparktf.spark.calls import call_scope, current_label
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.training.callbacks import DriverCallbacks
 from sparktf.training.checkpoint import ModelState
-from sparktf.training.sharding.plan import ShardingRequest, ShardPlan, check_trainable
+from sparktf.training.sharding.driver_tables import DriverTables
+from sparktf.training.sharding.plan import ShardPlan, check_trainable
 from sparktf.training.checkpoint_writer import CheckpointWriter
 from sparktf.training.evaluation import evaluate_blocks
 from sparktf.training.inputs import WorkerInputs
@@ -54,6 +55,7 @@ class RunSettings:
     resource_profile: Any
     model_dir: Optional[str]
     keep_checkpoints: Optional[int]
+    tables: DriverTables
 
 
 @dataclass
@@ -72,6 +74,8 @@ class RunState:
         The last segment's seconds per phase.
     last_traffic : Traffic or None
         The last segment's gradient bytes on rank 0.
+    slots : str or None
+        The folder of the sharded tables' optimizer slots at ``iteration`` (None: fresh, or none sharded).
     """
 
     iteration: int = 0
@@ -80,6 +84,7 @@ class RunState:
     metric_state: Any = None
     last_timings: Dict[str, float] = field(default_factory=dict)
     last_traffic: Any = None
+    slots: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,7 @@ class TrainingRun:
         import keras
 
         settings, validation = self._settings, self._dataset.val_dataset
-        sharding = ShardingRequest.of_settings(settings.session).plan(self._model, settings.num_workers)
+        sharding = settings.tables.plan
         check_trainable(sharding, self._model, self._clipping.clip_norm)
         checkpoints = CheckpointWriter(settings.model_dir, settings.keep_checkpoints, request.checkpoint_trigger,
                                        request.checkpoint_failures)
@@ -164,6 +169,7 @@ class TrainingRun:
                 result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request.class_weight, sharding)
                 progress = self._finish_segment(result, history)
                 checkpoints.after_segment(progress, self._capture)
+                settings.tables.prune(self._state.slots, settings.model_dir)
                 results = None
                 epoch_end = bool(request.callbacks) and progress.epoch_finished
                 if validation is not None and (request.validation_trigger(progress) or epoch_end):
@@ -196,7 +202,7 @@ class TrainingRun:
                                elastic, current_label())
 
     def _capture(self) -> ModelState:
-        return ModelState.capture(self._model, self._state.iteration)
+        return self._settings.tables.capture(self._model, self._state.iteration, self._state.slots)
 
     def _per_epoch(self) -> int:
         return self._dataset.iterations_per_epoch(self._settings.num_workers)
@@ -216,7 +222,7 @@ class TrainingRun:
                            maps=elements, gradient_compression=settings.gradient_compression,
                            gpus=gpu_plan(settings.session.conf, settings.resource_profile),
                            metric_state=self._state.metric_state, class_weight=class_weight,
-                           sharding=sharding)
+                           sharding=sharding, slots=settings.tables.root)
         return runner.run(spec, self._capture, driver.report,
                           lambda workers: driver.launching(workers, progress.iteration))
 
@@ -224,6 +230,7 @@ class TrainingRun:
         """Take the segment's state into the driver's model; log its iterations and the epochs it ended."""
         state = self._state
         result.state.apply_to(self._model)
+        state.slots = result.state.slots
         first = state.iteration + 1
         state.iteration, state.last_timings, state.last_traffic = result.iteration, result.timings, result.traffic
         state.metric_state = result.metric_state

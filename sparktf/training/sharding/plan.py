@@ -124,7 +124,7 @@ class ShardPlan:
             table_bytes = int(np.prod(layer.embeddings.shape)) * np.dtype(layer.embeddings.dtype).itemsize
             chosen = choices.get(name)
             wanted = chosen if chosen is not None else threshold_bytes is not None and table_bytes > threshold_bytes
-            if not wanted or world_size < 2:
+            if not wanted:
                 continue
             lookup, reason = lookup_of(model, layer)
             if reason is None and not any(variable is layer.embeddings for variable in model.trainable_variables):
@@ -153,9 +153,8 @@ class ShardPlan:
         return cls(tuple(tables), world_size)
 
     def on(self, world_size: int) -> "ShardPlan":
-        """The same tables split among ``world_size`` ranks (none below two: a lone worker holds them whole)."""
-        if world_size < 2:
-            return ShardPlan((), world_size)
+        """The same tables split among ``world_size`` ranks (a lone worker holds them whole, its slots in files as
+        ever)."""
         return ShardPlan(tuple(dataclasses.replace(table, world_size=world_size) for table in self.tables), world_size)
 
     def capacities(self, local_batch: int) -> Dict[str, int]:

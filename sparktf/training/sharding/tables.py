@@ -15,13 +15,15 @@ update of a row equals the model optimizer's (``docs/design/sharded-tables.md``,
 
 No rank holds a whole sharded table: the rank builds its model from the
 payload with working tables (:func:`working_model`), fetches only its rows of
-the tables and their slots with the segment's start state (:func:`state_rows`
-names them; :func:`apply_start_state` hands them to :meth:`RankShards.start`),
-and hands back only those rows at the segment's end
-(:meth:`RankShards.captured_state`), which the driver joins into a state of
-the model's full shape (``training.state_source``). Checkpoints, resuming on
-another number of workers and the driver's model after ``optimize`` are those
-of unsharded training.
+the tables with the segment's start state (:func:`state_rows` names them;
+:func:`apply_start_state` hands them to :meth:`RankShards.start`), and hands
+back only those rows at the segment's end (:meth:`RankShards.captured_state`),
+which the driver joins into its model's full tables
+(``training.state_source``). The tables' optimizer slots never reach the
+driver: each rank reads its rows of them from the files the ranks of the last
+segment wrote, and writes them at the segment's end
+(:mod:`~sparktf.training.sharding.slot_store`); the states the driver holds
+and checkpoints leave them out (:func:`slot_positions`).
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.gradient_exchange import merge_rows
 from sparktf.training.sharding.plan import ShardedTable, ShardPlan, embedding_layers
+from sparktf.training.sharding.slot_store import read_slot_rows, slot_folder, write_slot_rows
 from sparktf.training.sparse_kernels import apply_rows
 from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
 
-__all__ = ["RankShards", "HeldTables", "apply_start_state", "state_rows", "working_features", "working_model"]
+__all__ = ["RankShards", "HeldTables", "apply_start_state", "slot_positions", "state_rows", "working_features",
+           "working_model"]
 
-#: Per sharded layer: the rank's rows of its table and of its slots by kind, from the segment's start state.
-HeldTables = Dict[str, Tuple[np.ndarray, Dict[str, np.ndarray]]]
+#: Per sharded layer: the rank's rows of its table, from the segment's start state.
+HeldTables = Dict[str, np.ndarray]
 
 
 def working_model(payload: ModelPayload, plan: ShardPlan, local_batch: int) -> Any:
@@ -86,23 +90,32 @@ def working_features(plan: ShardPlan, model: Any, features: Any) -> Tuple[Any, L
 
 
 def state_rows(model: Any, plan: ShardPlan, rank: int) -> RowRanges:
-    """The rows of the model state's arrays (by index, weights then optimizer variables) that rank ``rank`` holds
-    of the working ``model``'s sharded tables and their slots; the other arrays it holds whole."""
+    """The rows of the model state's arrays (by index among the weights) that rank ``rank`` holds of the working
+    ``model``'s sharded tables; the other arrays it holds whole."""
+    working = _working_variables(model, plan)
     owned = {table.layer: table.owned(rank) for table in plan.tables}
-    return {index: owned[layer] for index, layer, _ in _state_positions(model, plan)}
+    return {k: owned[working[id(v)]] for k, v in enumerate(model.weights) if id(v) in working}
+
+
+def slot_positions(model: Any, layers: Sequence[str]) -> Dict[int, Tuple[str, str]]:
+    """``index -> (layer, slot kind)``: where ``model``'s state (weights, then optimizer variables) has its
+    optimizer's slots of the tables of the ``Embedding`` ``layers``, which a state without them (the driver's)
+    leaves out."""
+    found = embedding_layers(model)
+    owners = _slot_owners(model.optimizer, {id(found[layer].embeddings): layer for layer in layers})
+    offset = len(model.weights)
+    return {offset + k: owners[id(v)] for k, v in enumerate(model.optimizer.variables) if id(v) in owners}
 
 
 def apply_start_state(state: ModelState, model: Any, plan: ShardPlan) -> HeldTables:
-    """Assign the segment's start ``state`` (the sharded tables' and slots' arrays the rank's rows of them, as
-    :func:`state_rows` says) to the working ``model``, but for those rows, which are returned
-    (:meth:`RankShards.start` keeps them)."""
+    """Assign the segment's start ``state`` (the driver's: the sharded tables cut to the rank's rows, as
+    :func:`state_rows` says, and without their slots) to the working ``model``, but for those rows, which are
+    returned (:meth:`RankShards.start` keeps them)."""
     working = _working_variables(model, plan)
-    slots = _slot_owners(model.optimizer, working)
-    kept = state.apply_to(model, frozenset(working) | frozenset(slots))
-    held: HeldTables = {layer: (kept[variable], {}) for variable, layer in working.items()}
-    for slot, (layer, kind) in slots.items():
-        held[layer][1][kind] = kept[slot]
-    return held
+    slots = slot_positions(model, [table.layer for table in plan.tables])
+    kept = state.with_placeholders(slots).apply_to(model, frozenset(working) | frozenset(
+        id(model.optimizer.variables[index - len(model.weights)]) for index in slots))
+    return {layer: kept[variable] for variable, layer in working.items()}
 
 
 @dataclass
@@ -118,6 +131,7 @@ class _Shard:
     optimizer: Any  # the model optimizer's clone, built on ``rows``
     update: Any  # tf.function(slices) -> None
     gather: Any  # tf.function(local ids) -> their rows
+    initial: Dict[str, np.ndarray]  # a fresh slot's row, by kind
     ids: Optional[np.ndarray] = None  # the step's unique ids: working-table position -> id
     pending: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the step's summed rows: local ids, rows
 
@@ -143,16 +157,27 @@ class RankShards:
         """The working tables' positions among the model's trainable variables (the step leaves them alone)."""
         return frozenset(shard.position for shard in self._shards)
 
-    def start(self, held: HeldTables) -> None:
-        """Keep this rank's rows and slots of the segment's start state (``held``); give each shard's optimizer
-        the model optimizer's own variables (its iteration count, a learning rate set between segments, e.g. by
-        a ``LearningRateScheduler``), which the start state gave the model."""
+    def start(self, held: HeldTables, slots: Optional[str]) -> None:
+        """Keep this rank's rows of the segment's start state (``held``) and read its rows of their optimizer slots
+        from the folder ``slots`` (None: fresh slots); give each shard's optimizer the model optimizer's own
+        variables (its iteration count, a learning rate set between segments, e.g. by a
+        ``LearningRateScheduler``), which the start state gave the model.
+
+        Raises
+        ------
+        StorageError
+            The folder lacks some of the rank's rows.
+        """
         own = {variable.name: variable for variable in self._model.optimizer.variables if len(variable.shape) == 0}
         for shard in self._shards:
-            table, slots = held[shard.table.layer]
-            shard.rows.assign(_padded(table, shard.table.rows_per_rank))
-            for kind, slot in _slots(shard.optimizer, shard.rows).items():
-                slot.assign(_padded(slots[kind], shard.table.rows_per_rank))
+            count = shard.table.rows_per_rank
+            shard.rows.assign(_padded(held[shard.table.layer], count))
+            variables = _slots(shard.optimizer, shard.rows)
+            stored = read_slot_rows(slots, shard.table.layer, shard.start, shard.end, sorted(variables)) if (
+                slots and shard.end > shard.start) else {}
+            for kind, slot in variables.items():
+                slot.assign(_padded(stored[kind], count) if kind in stored else
+                            np.broadcast_to(shard.initial[kind], (count, *shard.table.row_shape)))
             for variable in shard.optimizer.variables:
                 if len(variable.shape) == 0:  # the shard is 2-D: its optimizer's scalars are its own, not slots
                     variable.assign(own[variable.name])
@@ -212,24 +237,40 @@ class RankShards:
                                           tf.constant([shard.table.rows_per_rank, *shard.table.row_shape], tf.int64)))
             shard.pending = None
 
+    def save_slots(self, root: Optional[str], iteration: int, launch_secret: bytes) -> Optional[str]:
+        """Write this rank's rows of the tables' optimizer slots to the launch's folder of ``iteration`` under
+        ``root`` (the segment's end), and return it (None: no ``root``, the optimizer has no slots)."""
+        if root is None:
+            return None
+        folder = slot_folder(root, iteration, launch_secret)
+        for shard in self._shards:
+            write_slot_rows(folder, shard.table.layer, shard.start, shard.end, {
+                kind: np.asarray(slot.value, np.float32)[:shard.end - shard.start]
+                for kind, slot in _slots(shard.optimizer, shard.rows).items()})
+        return folder
+
     def captured_state(self, iteration: int) -> Tuple[ModelState, RowRanges]:
-        """The model's state with this rank's rows and slots of each sharded table in place of the working
-        tables' and their slots, and those arrays' rows (:func:`state_rows`)."""
-        state = ModelState.capture(self._model, iteration)
+        """The model's state as the driver holds it (without the sharded tables' slots) with this rank's rows of
+        each sharded table in place of the working tables, and those arrays' rows (:func:`state_rows`)."""
+        state = ModelState.capture(self._model, iteration).without(
+            slot_positions(self._model, [table.layer for table in self._plan.tables]))
         ranges = {}
-        for index, layer, kind in _state_positions(self._model, self._plan):
-            shard = self._by_layer[layer]
-            variable = shard.rows if kind is None else _slots(shard.optimizer, shard.rows)[kind]
-            state.set_array(index, np.asarray(variable.value, np.float32)[:shard.end - shard.start])
-            ranges[index] = (shard.start, shard.end)
+        layers = _working_variables(self._model, self._plan)
+        for index, variable in enumerate(self._model.weights):
+            if id(variable) in layers:
+                shard = self._by_layer[layers[id(variable)]]
+                state.set_array(index, np.asarray(shard.rows.value, np.float32)[:shard.end - shard.start])
+                ranges[index] = (shard.start, shard.end)
         return state, ranges
 
     def gathered_state(self, iteration: int) -> ModelState:
-        """The model's full-shaped state, every rank's rows and slots gathered on every rank (a collective; without
-        a job channel to take each rank's)."""
-        state, _ = self.captured_state(iteration)
-        for index, layer, _ in _state_positions(self._model, self._plan):
-            state.set_array(index, self._gathered(self._by_layer[layer], state.array(index)))
+        """The driver's state, every rank's rows of the tables gathered on every rank (a collective; without a job
+        channel to take each rank's)."""
+        state, ranges = self.captured_state(iteration)
+        layers = _working_variables(self._model, self._plan)
+        for index in ranges:
+            state.set_array(index, self._gathered(self._by_layer[layers[id(self._model.weights[index])]],
+                                                  state.array(index)))
         return state
 
     def _gathered(self, shard: _Shard, mine: np.ndarray) -> np.ndarray:
@@ -280,19 +321,11 @@ def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
             optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
             optimizer.build([rows])
             form = update_form(optimizer)
-            kept[key] = (rows, optimizer, _update_function(optimizer, rows, form), _gather_function(rows, form))
+            initial = {kind: np.asarray(slot.value[0], np.float32) for kind, slot in _slots(optimizer, rows).items()}
+            kept[key] = (rows, optimizer, _update_function(optimizer, rows, form), _gather_function(rows, form),
+                         initial)
         shards.append(_Shard(table, working, trainable[id(working)], start, end, *kept[key]))
     return shards
-
-
-def _state_positions(model: Any, plan: ShardPlan) -> List[Tuple[int, str, Optional[str]]]:
-    """``(index in the model's state, layer, slot kind or None for the rows)`` of the working ``model``'s sharded
-    tables and their optimizer slots (the state's arrays: the weights, then the optimizer variables)."""
-    working = _working_variables(model, plan)
-    slots = _slot_owners(model.optimizer, working)
-    positions = [(k, working[id(v)], None) for k, v in enumerate(model.weights) if id(v) in working]
-    offset = len(model.weights)
-    return positions + [(offset + k, *slots[id(v)]) for k, v in enumerate(model.optimizer.variables) if id(v) in slots]
 
 
 def _working_variables(model: Any, plan: ShardPlan) -> Dict[int, str]:

@@ -1,0 +1,133 @@
+"""Where the sharded tables' optimizer slots live between segments: files the ranks write and read, never the
+driver's memory.
+
+At a segment's end every rank writes its rows of each sharded table's slots
+to ``<root>/slots-<iteration>-<launch>/<layer>/<kind>.<start>-<end>.npy``
+through :mod:`sparktf.storage`; the next segment's ranks read the rows they
+own from the files whose rows overlap them, whatever the number of ranks that
+wrote them (resuming on another number of workers re-shards here). ``root``
+is ``model_dir/tables``, or a temporary folder on the driver's disk when the
+executors share that disk (a local master). A checkpoint names the folder of
+its iteration; the driver deletes the folders no checkpoint and no segment
+needs any more (:func:`prune_slot_folders`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import tempfile
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sparktf.errors import ConfigurationError, StorageError
+from sparktf.storage import join, local_copy, store_for
+
+__all__ = ["slot_folder", "slot_root", "write_slot_rows", "read_slot_rows", "prune_slot_folders",
+           "remove_temporary_root"]
+
+_FILE_RE = re.compile(r"^(?P<kind>[^.]+)\.(?P<start>\d+)-(?P<end>\d+)\.npy$")
+_FOLDER_RE = re.compile(r"^slots-(?P<iteration>\d+)-[0-9a-f]+$")
+
+
+def slot_root(model_dir: Optional[str], master: str) -> Tuple[str, bool]:
+    """``(root, temporary)``: where a training run keeps its sharded tables' slots.
+
+    ``model_dir/tables`` when there is a ``model_dir`` (every executor must reach it); without one, a new
+    temporary folder of the driver's disk, which only a local master's executors share (the caller deletes it).
+
+    Raises
+    ------
+    ConfigurationError
+        No ``model_dir`` and a master whose executors may not share the driver's disk.
+    """
+    if model_dir:
+        return join(model_dir, "tables"), False
+    if master.startswith("local"):
+        return tempfile.mkdtemp(prefix="sparktf-slots-"), True
+    raise ConfigurationError(
+        f"sharded tables keep their optimizer slots in files the workers write and read between segments, and the "
+        f"master {master or '(unknown)'!r} may run them on other machines: pass TFOptimizer a model_dir that every "
+        "executor can read and write (HDFS, S3, a shared file system), or keep the tables replicated")
+
+
+def remove_temporary_root(root: str) -> None:
+    """Delete a temporary root :func:`slot_root` made (its training is over)."""
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def slot_folder(root: str, iteration: int, launch_secret: bytes) -> str:
+    """The folder of the slots the ranks of the launch of ``launch_secret`` write at ``iteration`` (a relaunch never
+    writes into a failed launch's folder; the name does not tell the secret)."""
+    return join(root, f"slots-{int(iteration)}-{hashlib.sha256(launch_secret).hexdigest()[:12]}")
+
+
+def write_slot_rows(folder: str, layer: str, start: int, end: int, slots: Mapping[str, np.ndarray]) -> None:
+    """Write rows ``[start, end)`` of ``layer``'s slots (by kind), each file complete or not at all."""
+    if end <= start:
+        return
+    store = store_for(folder, "the sharded tables' slot folder")
+    directory = join(folder, layer)
+    store.makedirs(directory)
+    for kind, rows in slots.items():
+        if len(rows) != end - start:
+            raise ValueError(f"slot {kind!r} of {layer!r}: {len(rows)} rows for [{start}, {end})")
+        with store.atomic_file(join(directory, f"{kind}.{start}-{end}.npy")) as local, open(local, "wb") as handle:
+            np.save(handle, np.ascontiguousarray(rows))
+
+
+def read_slot_rows(folder: str, layer: str, start: int, end: int, kinds: Sequence[str]) -> Dict[str, np.ndarray]:
+    """Rows ``[start, end)`` of ``layer``'s slots of ``kinds``, from the files that hold them.
+
+    Raises
+    ------
+    StorageError
+        The folder lacks some of the rows: it is not reachable from here, or a writer's files are missing.
+    """
+    store = store_for(folder, "the sharded tables' slot folder")
+    directory = join(folder, layer)
+    names = store.listdir(directory) if end > start and store.exists(directory) else []
+    found: Dict[str, List[Tuple[int, int, str]]] = {}
+    for name in names:
+        match = _FILE_RE.match(name)
+        if match:
+            found.setdefault(match["kind"], []).append((int(match["start"]), int(match["end"]), name))
+    out = {}
+    for kind in kinds:
+        pieces = sorted(piece for piece in found.get(kind, ()) if piece[0] < end and piece[1] > start)
+        covered = start
+        for piece_start, piece_end, _ in pieces:
+            if piece_start > covered:
+                break
+            covered = max(covered, piece_end)
+        if covered < end:
+            raise StorageError(
+                f"the optimizer slot {kind!r} of sharded table {layer!r} lacks rows [{covered}, {end}) in {directory!r} "
+                f"(found rows {[(s, e) for s, e, _ in pieces]}): the folder must be one every executor and the driver "
+                "read and write (model_dir on HDFS, S3 or a shared file system), and its files must not be removed "
+                "while training or resuming needs them", path=directory)
+        rows = None
+        for piece_start, piece_end, name in pieces:
+            with local_copy(join(directory, name), "slot file") as local:
+                part = np.load(local, mmap_mode="r")
+                if rows is None:
+                    rows = np.empty((end - start, *part.shape[1:]), part.dtype)
+                low, high = max(start, piece_start), min(end, piece_end)
+                rows[low - start:high - start] = part[low - piece_start:high - piece_start]
+        out[kind] = rows if rows is not None else np.zeros((0,), np.float32)
+    return out
+
+
+def prune_slot_folders(root: str, keep_iterations: Iterable[int], keep_folder: Optional[str]) -> None:
+    """Delete ``root``'s slot folders but ``keep_folder`` and those of ``keep_iterations`` (the checkpoints')."""
+    store = store_for(root, "the sharded tables' slot folder")
+    if not store.exists(root):
+        return
+    keep = set(int(i) for i in keep_iterations)
+    for name in store.listdir(root):
+        match = _FOLDER_RE.match(name)
+        path = join(root, name)
+        if match and int(match["iteration"]) not in keep and path != keep_folder:
+            store.delete(path, recursive=True)
