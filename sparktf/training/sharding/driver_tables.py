@@ -137,6 +137,7 @@ def _has_slots(optimizer: Any, row_shape: Tuple[int, ...]) -> bool:
     """Whether ``optimizer``'s kind keeps per-row state (slots) for a table of ``row_shape`` rows."""
     import keras
 
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss-scaled: refused later, by name
     probe = type(optimizer).from_config(optimizer.get_config())
     probe.build([keras.Variable(np.zeros((1, *row_shape), np.float32))])
     return any(len(variable.shape) for variable in probe.variables)
