@@ -12,9 +12,10 @@ each on 4 workers:
 * **base**: the same model with tables of 1,024 rows: what a worker takes
   without the tables (TensorFlow, the MLP, the input).
 
-Each prints the four busiest Python workers' peak RssAnon. The tables' and
-slots' share of a worker's peak is its peak less the base's; the goal is that
-the sharded share is about a quarter of the replicated one.
+Each prints the four busiest Python workers' peak RssAnon, and the bytes of
+the driver's optimizer variables (sharded: no slot of a sharded table). The
+tables' and slots' share of a worker's peak is its peak less the base's; the
+goal is that the sharded share is about a quarter of the replicated one.
 
 Last line::
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_sparse and worker_memory beside this file
 
 from bench_sparse import GLOBAL_BATCH, ITEMS, USERS, build_model, make_data  # noqa: E402
@@ -36,8 +39,9 @@ from worker_memory import PeakSampler  # noqa: E402
 WORKERS, ITERATIONS, BASE_ROWS = 4, 20, 1024
 
 
-def peaks(shard: bool, rows) -> list:
-    """The ``WORKERS`` largest per-process peak RssAnon (bytes) of a ``WORKERS``-worker NCF-Adam ``optimize``."""
+def peaks(shard: bool, rows) -> tuple:
+    """The ``WORKERS`` largest per-process peak RssAnon (bytes) of a ``WORKERS``-worker NCF-Adam ``optimize``, and
+    the bytes of the driver's optimizer variables after it."""
     from pyspark import SparkContext
 
     from sparktf import MaxIteration, TFDataset, TFOptimizer
@@ -49,7 +53,8 @@ def peaks(shard: bool, rows) -> list:
     with PeakSampler(interval=0.1) as memory:
         trainer.optimize(end_trigger=MaxIteration(ITERATIONS), verbose=0)
     assert trainer.last_traffic.sharded_tables == (4 * ITERATIONS if shard else 0), trainer.last_traffic
-    return sorted(memory.peaks.values(), reverse=True)[:WORKERS]
+    driver = sum(int(np.prod(v.shape)) * 4 for v in trainer.model.optimizer.variables)
+    return sorted(memory.peaks.values(), reverse=True)[:WORKERS], driver
 
 
 def main() -> None:
@@ -67,8 +72,9 @@ def main() -> None:
     runs = {}
     for name, shard, rows in (("replicated", False, (USERS, ITEMS)), ("sharded", True, (USERS, ITEMS)),
                               ("base", False, (BASE_ROWS, BASE_ROWS))):
-        runs[name] = peaks(shard, rows)
-        print(f"{name:10s} peak RssAnon per worker: {', '.join(f'{p / 2**20:.0f}' for p in runs[name])} MB")
+        runs[name], driver = peaks(shard, rows)
+        print(f"{name:10s} peak RssAnon per worker: {', '.join(f'{p / 2**20:.0f}' for p in runs[name])} MB; "
+              f"the driver's optimizer variables {driver / 2**20:.1f} MB")
     spark.stop()
     base = max(runs["base"])
     share = {name: max(runs[name]) - base for name in ("replicated", "sharded")}

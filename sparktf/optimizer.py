@@ -44,6 +44,9 @@ class TFOptimizer:
     model_dir : str, optional
         Folder for checkpoints, written by the driver: a local path or a URI
         (``hdfs://``, ``s3a://``, ``gs://``, ... see ``docs/guides/storage.md``).
+        With sharded embedding tables the workers keep the tables' optimizer
+        slots under ``model_dir/tables``, so every executor must reach it
+        (``docs/guides/recommendation.md``).
     num_workers : int, optional
         Number of barrier tasks (default ``sc.defaultParallelism``).
     max_failures : int

@@ -4,7 +4,9 @@ A :class:`ModelState` is what moves between the driver and the barrier tasks
 at segment boundaries and what a checkpoint holds. Checkpoints are
 ``model_dir/checkpoint-<iteration>.npz`` files written by the driver, complete
 or not at all, through :mod:`sparktf.storage` (a local folder or any URI the
-driver can write), so ``model_dir`` only needs to be visible to the driver.
+driver can write), so ``model_dir`` only needs to be visible to the driver; with sharded tables a checkpoint
+names the folder of their optimizer slots instead of holding them, which the workers write
+(``training.sharding.slot_store``).
 """
 
 from __future__ import annotations
