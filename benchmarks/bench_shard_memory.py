@@ -3,8 +3,8 @@
 NCF shaped like MovieLens-20M (``bench_sparse.py``'s: 138,493 users and
 26,744 items, embeddings of 32 and 64, four tables of 63.4 MB in all) with
 Adam, whose two slots per row add 126.9 MB. On ``local-cluster[4,1,1024]``
-(four executors of one core each), three ``optimize`` runs in one session,
-each on 4 workers:
+(four executors of one core each), three ``optimize`` runs, each on 4
+workers in a Spark session of its own (fresh Python workers):
 
 * **replicated**: every worker holds the tables and their slots whole;
 * **sharded** (``spark.sparktf.shardTableBytes=1m``: the four tables): each
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -57,25 +58,40 @@ def peaks(shard: bool, rows) -> tuple:
     return sorted(memory.peaks.values(), reverse=True)[:WORKERS], driver
 
 
+def wait_for_executors(sc, count: int, timeout: float) -> None:
+    """Wait until the session has ``count`` task slots (a new local-cluster's executors register after it starts)."""
+    from sparktf.spark.cluster import total_task_slots
+
+    deadline = time.monotonic() + timeout
+    while total_task_slots(sc) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{count} executors did not register within {timeout} s")
+        time.sleep(0.5)
+
+
 def main() -> None:
     import sparktf
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    spark = sparktf.init_spark(f"local-cluster[{WORKERS},1,1024]", app_name="bench-shard-memory", conf={
-        "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.executor.memory": "512m",
-        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-        "spark.scheduler.minRegisteredResourcesRatio": "1.0"})
-    spark.sparkContext.setLogLevel("ERROR")
     tables = (USERS + ITEMS) * (32 + 64) * 4
     print(f"NCF-Adam on local-cluster[{WORKERS},1,1024], global batch {GLOBAL_BATCH}, {ITERATIONS} iterations; "
           f"tables {tables / 2**20:.1f} MB, Adam's slots {2 * tables / 2**20:.1f} MB")
     runs = {}
-    for name, shard, rows in (("replicated", False, (USERS, ITEMS)), ("sharded", True, (USERS, ITEMS)),
-                              ("base", False, (BASE_ROWS, BASE_ROWS))):
-        runs[name], driver = peaks(shard, rows)
+    for name, shard, rows in (("base", False, (BASE_ROWS, BASE_ROWS)), ("replicated", False, (USERS, ITEMS)),
+                              ("sharded", True, (USERS, ITEMS))):
+        # a session of its own: fresh executors and Python workers, which keep nothing of another run's
+        spark = sparktf.init_spark(f"local-cluster[{WORKERS},1,1024]", app_name="bench-shard-memory", conf={
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.executor.memory": "512m",
+            "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+            "spark.scheduler.minRegisteredResourcesRatio": "1.0"})
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            wait_for_executors(spark.sparkContext, WORKERS, timeout=120)
+            runs[name], driver = peaks(shard, rows)
+        finally:
+            spark.stop()
         print(f"{name:10s} peak RssAnon per worker: {', '.join(f'{p / 2**20:.0f}' for p in runs[name])} MB; "
               f"the driver's optimizer variables {driver / 2**20:.1f} MB")
-    spark.stop()
     base = max(runs["base"])
     share = {name: max(runs[name]) - base for name in ("replicated", "sharded")}
     print(f"tables' and slots' share of a worker's peak (peak less base {base / 2**20:.0f} MB): "
