@@ -243,7 +243,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
             _average_non_trainable(step.model, communicator)
-            final, rows = _final_state(spec, shards, step, result.iteration, rank)
+            final, rows = _final_state(spec, step, shards, result.iteration, rank)
             watch.lap("finish")
             if final is not None:
                 heartbeat.phase = "state_upload"
@@ -389,8 +389,7 @@ def _prepared_step(
 
 def _rank_shards(plan: ShardPlan, held: Tuple[HeldTables, Optional[str]], kept: Optional[dict], step: TrainStep,
                  rank: int, communicator: Any) -> Optional[RankShards]:
-    """This rank's shards of the plan's tables (None: none), holding its share of the start state's and of the
-    slots in its folder."""
+    """This rank's shards of the plan's tables (None: none), holding its share of the start state and its slots."""
     step.sharded = frozenset()
     if not plan.tables:
         return None
@@ -405,7 +404,7 @@ def _state_source(spec: SegmentSpec, world_size: int) -> StateSource:
     return StateSource(spec.directory, spec.secret, world_size, spec.collective_timeout, spec.state)
 
 
-def _final_state(spec: SegmentSpec, shards: Optional[RankShards], step: TrainStep, iteration: int,
+def _final_state(spec: SegmentSpec, step: TrainStep, shards: Optional[RankShards], iteration: int,
                  rank: int) -> Tuple[Optional[ModelState], RowRanges]:
     """What the rank hands back and the rows of it that are its share of the sharded tables (None: nothing).
 
@@ -416,9 +415,12 @@ def _final_state(spec: SegmentSpec, shards: Optional[RankShards], step: TrainSte
     if shards is None:
         return (ModelState.capture(step.model, iteration) if rank == 0 else None), {}
     folder = shards.save_slots(spec.slots, iteration, spec.secret)
-    state, rows = shards.gathered_state(iteration) if spec.directory is None else shards.captured_state(iteration)
+    if spec.directory is None:
+        state, rows = shards.gathered_state(iteration), {}  # a collective: every rank takes part
+    else:
+        state, rows = shards.captured_state(iteration)
     state.slots, state.slot_tables = folder, tuple(table.layer for table in spec.sharding.tables)
-    return (state if rank == 0 or spec.directory is not None else None), ({} if spec.directory is None else rows)
+    return (state if rank == 0 or spec.directory is not None else None), rows
 
 
 def _features_labels(spec: SegmentSpec, mapped: Callable[[list], list], arrays: List[np.ndarray]) -> tuple:

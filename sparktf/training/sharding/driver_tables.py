@@ -13,6 +13,7 @@ therefore knows no sharded table: ``model.fit`` needs ``model.compile`` again
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any, Optional, Tuple
 
@@ -25,6 +26,8 @@ from sparktf.training.sharding.slot_store import prune_slot_folders, read_slot_r
 from sparktf.training.sharding.tables import slot_positions
 
 __all__ = ["DriverTables"]
+
+_LOG = logging.getLogger("sparktf.optimizer")  # where training tells the user what happens
 
 
 class DriverTables:
@@ -128,9 +131,15 @@ class DriverTables:
         return None
 
     def prune(self, slots: Optional[str], model_dir: Optional[str]) -> None:
-        """Delete the slot folders that neither ``slots`` (the current one) nor a checkpoint names."""
-        if self.root:
+        """Delete the slot folders that neither ``slots`` (the current one) nor a checkpoint names; a failure only
+        warns (the next segment's end tries again)."""
+        if not self.root:
+            return
+        try:
             prune_slot_folders(self.root, checkpoint_iterations(model_dir) if model_dir else (), slots)
+        except OSError as error:  # StorageError included
+            _LOG.warning("old folders of the sharded tables' optimizer slots in %s could not be deleted (%s); the "
+                         "next segment's end tries again", self.root, error)
 
 
 def _has_slots(optimizer: Any, row_shape: Tuple[int, ...]) -> bool:
