@@ -476,3 +476,18 @@ def test_files_opened_early_are_taken_over_at_most_max_early_kept_and_dropped_wh
     idle._thread.join(30)  # its queue is full (the file has more chunks): it gives up on its own
     assert not idle._thread.is_alive() and not idle.claim()
     assert records(second, None, ("idle",)) == expected  # read afresh
+
+
+def test_the_sharded_tables_slots_travel_through_an_object_store(s3_driver):
+    """Two ranks write their rows of a slot to S3; one reads the whole table back; pruning removes an old folder."""
+    from sparktf.training.sharding.slot_store import prune_slot_folders, read_slot_rows, slot_folder, write_slot_rows
+
+    root = "s3://sparktf-faults/run/tables"
+    velocity = np.arange(14, dtype=np.float32).reshape(7, 2)
+    old, current = slot_folder(root, 2, b"first"), slot_folder(root, 4, b"second")
+    for folder in (old, current):
+        write_slot_rows(folder, "users", 0, 4, {"velocity": velocity[:4]})
+        write_slot_rows(folder, "users", 4, 7, {"velocity": velocity[4:]})
+    np.testing.assert_array_equal(read_slot_rows(current, "users", 0, 7, ["velocity"])["velocity"], velocity)
+    prune_slot_folders(root, keep_iterations=[], keep_folder=current)
+    assert store_for(root).listdir(root) == [current.rsplit("/", 1)[1]]
