@@ -90,3 +90,14 @@ def test_the_drivers_optimizer_has_no_slots_of_a_sharded_table_and_its_folder_go
     built.optimizer.build(built.trainable_variables)  # e.g. by fit
     with pytest.raises(ConfigurationError, match=r"built .* with slots for the sharded tables \['users'\]"):
         DriverTables(plan, root).build_optimizer(built)
+
+
+def test_an_optimizer_a_sharded_run_built_is_refused_by_a_replicated_one(tmp_path):
+    from sparktf.training.sharding.driver_tables import DriverTables
+
+    model = recommender()
+    model.compile(keras.optimizers.Adam(), "mse")
+    DriverTables(ShardPlan.of(model, 2, None, {"users": True}), str(tmp_path)).build_optimizer(model)
+    with pytest.raises(ConfigurationError, match=r"no slots for \['users/embeddings'\] .* compile the model again"):
+        DriverTables(ShardPlan((), 2)).build_optimizer(model)
+    DriverTables(ShardPlan.of(model, 2, None, {"users": True}), str(tmp_path)).build_optimizer(model)  # sharded again

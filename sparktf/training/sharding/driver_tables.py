@@ -78,18 +78,27 @@ class DriverTables:
         Raises
         ------
         ConfigurationError
-            It is built already, with slots of a sharded table.
+            It is built already, with slots of a sharded table, or without slots of a variable this optimizer
+            trains replicated (an earlier ``optimize`` sharded it).
         """
         layers = embedding_layers(model)
         tables = {id(layers[table.layer].embeddings) for table in self.plan.tables}
         optimizer = model.optimizer
         if not optimizer.built:
             optimizer.build([v for v in model.trainable_variables if id(v) not in tables])
-        elif self.root and tables & {id(v) for v in optimizer._trainable_variables}:
+            return
+        known = {id(v) for v in optimizer._trainable_variables}
+        if self.root and tables & known:
             raise ConfigurationError(
                 f"the model's optimizer was built (by fit, or build) with slots for the sharded tables "
                 f"{list(self.slot_tables)}, which the driver must not hold: compile the model again before making "
                 "the TFOptimizer, or keep the tables replicated")
+        unknown = [v.path for v in model.trainable_variables if id(v) not in known and id(v) not in tables]
+        if unknown and any(len(v.shape) for v in optimizer.variables):
+            raise ConfigurationError(
+                f"the model's optimizer has no slots for {unknown} (an earlier optimize sharded them), and this "
+                "TFOptimizer trains them replicated: compile the model again (fresh slots), or shard them again "
+                "(spark.sparktf.shardTables)")
 
     def capture(self, model: Any, iteration: int, slots: Optional[str]) -> ModelState:
         """The driver's state: ``model``'s, with ``slots``, the folder of the sharded tables' slots."""
