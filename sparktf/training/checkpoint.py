@@ -71,16 +71,14 @@ class ModelState:
 
     def to_wire(self) -> Tuple[Dict[str, Any], List[np.ndarray]]:
         """``(meta, arrays)`` for the job channel: the arrays are the state's own, not copies."""
-        meta = {"iteration": self.iteration, "weights": len(self.weights), "slots": self.slots,
-                "slot_tables": list(self.slot_tables)}
+        meta = {"iteration": self.iteration, "weights": len(self.weights), "slots": self.slots}
         return meta, self.weights + self.optimizer_variables
 
     @classmethod
     def from_wire(cls, meta: Dict[str, Any], arrays: List[np.ndarray]) -> "ModelState":
         """The state :meth:`to_wire` described."""
         count = int(meta["weights"])
-        return cls(arrays[:count], arrays[count:], int(meta["iteration"]), meta.get("slots"),
-                   tuple(meta.get("slot_tables", ())))
+        return cls(arrays[:count], arrays[count:], int(meta["iteration"]), meta.get("slots"))
 
     def array(self, index: int) -> np.ndarray:
         """The array at ``index`` of ``weights + optimizer_variables`` (the wire's order)."""

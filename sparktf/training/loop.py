@@ -419,7 +419,7 @@ def _final_state(spec: SegmentSpec, step: TrainStep, shards: Optional[RankShards
         state, rows = shards.gathered_state(iteration), {}  # a collective: every rank takes part
     else:
         state, rows = shards.captured_state(iteration)
-    state.slots, state.slot_tables = folder, tuple(table.layer for table in spec.sharding.tables)
+    state.slots = folder  # the driver's next state names it (its own capture says which tables)
     return (state if rank == 0 or spec.directory is not None else None), rows
 
 

@@ -23,7 +23,7 @@ from sparktf.errors import ConfigurationError
 from sparktf.training.checkpoint import ModelState, checkpoint_iterations
 from sparktf.training.sharding.plan import ShardPlan, ShardingRequest, embedding_layers
 from sparktf.training.sharding.slot_store import prune_slot_folders, read_slot_rows, remove_temporary_root, slot_root
-from sparktf.training.sharding.tables import slot_positions
+from sparktf.training.sharding.tables import apply_without_slots, slot_positions
 
 __all__ = ["DriverTables"]
 
@@ -130,13 +130,10 @@ class DriverTables:
                 "files: load it with the same sharded tables (spark.sparktf.shardTables, shardTableBytes) or with "
                 "none sharded")
         positions = slot_positions(model, state.slot_tables)
-        variables = model.optimizer.variables
-        offset = len(model.weights)
-        state.with_placeholders(list(positions)).apply_to(model, frozenset(id(variables[i - offset]) for i in positions))
+        apply_without_slots(state, model, positions)
         for index, (layer, kind) in positions.items():
-            variable = variables[index - offset]
-            rows = read_slot_rows(state.slots, layer, 0, int(variable.shape[0]), [kind])[kind]
-            variable.assign(rows)
+            variable = model.optimizer.variables[index - len(model.weights)]
+            variable.assign(read_slot_rows(state.slots, layer, 0, int(variable.shape[0]), [kind])[kind])
         return None
 
     def prune(self, slots: Optional[str], model_dir: Optional[str]) -> None:

@@ -44,7 +44,7 @@ from sparktf.training.sharding.slot_store import read_slot_rows, slot_folder, wr
 from sparktf.training.sparse_kernels import apply_rows
 from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
 
-__all__ = ["RankShards", "HeldTables", "apply_start_state", "slot_positions", "state_rows", "working_features",
+__all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_slots", "slot_positions", "state_rows", "working_features",
            "working_model"]
 
 #: Per sharded layer: the rank's rows of its table, from the segment's start state.
@@ -92,9 +92,8 @@ def working_features(plan: ShardPlan, model: Any, features: Any) -> Tuple[Any, L
 def state_rows(model: Any, plan: ShardPlan, rank: int) -> RowRanges:
     """The rows of the model state's arrays (by index among the weights) that rank ``rank`` holds of the working
     ``model``'s sharded tables; the other arrays it holds whole."""
-    working = _working_variables(model, plan)
     owned = {table.layer: table.owned(rank) for table in plan.tables}
-    return {k: owned[working[id(v)]] for k, v in enumerate(model.weights) if id(v) in working}
+    return {index: owned[layer] for index, layer in _table_indices(model, plan).items()}
 
 
 def slot_positions(model: Any, layers: Sequence[str]) -> Dict[int, Tuple[str, str]]:
@@ -107,14 +106,23 @@ def slot_positions(model: Any, layers: Sequence[str]) -> Dict[int, Tuple[str, st
     return {offset + k: owners[id(v)] for k, v in enumerate(model.optimizer.variables) if id(v) in owners}
 
 
+def apply_without_slots(state: ModelState, model: Any, positions: Dict[int, Tuple[str, str]],
+                        keep: frozenset = frozenset()) -> Dict[int, np.ndarray]:
+    """Assign a ``state`` without the optimizer slots at ``positions`` (:func:`slot_positions`: the driver's) to
+    ``model``, whose optimizer has them: those slots are left as they are, and so are the variables whose ``id``
+    is in ``keep``, whose values are returned by ``id`` (``ModelState.apply_to``)."""
+    offset = len(model.weights)
+    slots = frozenset(id(model.optimizer.variables[index - offset]) for index in positions)
+    return state.with_placeholders(list(positions)).apply_to(model, keep | slots)
+
+
 def apply_start_state(state: ModelState, model: Any, plan: ShardPlan) -> HeldTables:
     """Assign the segment's start ``state`` (the driver's: the sharded tables cut to the rank's rows, as
     :func:`state_rows` says, and without their slots) to the working ``model``, but for those rows, which are
     returned (:meth:`RankShards.start` keeps them)."""
     working = _working_variables(model, plan)
-    slots = slot_positions(model, [table.layer for table in plan.tables])
-    kept = state.with_placeholders(slots).apply_to(model, frozenset(working) | frozenset(
-        id(model.optimizer.variables[index - len(model.weights)]) for index in slots))
+    kept = apply_without_slots(state, model, slot_positions(model, [table.layer for table in plan.tables]),
+                               frozenset(working))
     return {layer: kept[variable] for variable, layer in working.items()}
 
 
@@ -255,22 +263,18 @@ class RankShards:
         state = ModelState.capture(self._model, iteration).without(
             slot_positions(self._model, [table.layer for table in self._plan.tables]))
         ranges = {}
-        layers = _working_variables(self._model, self._plan)
-        for index, variable in enumerate(self._model.weights):
-            if id(variable) in layers:
-                shard = self._by_layer[layers[id(variable)]]
-                state.set_array(index, np.asarray(shard.rows.value, np.float32)[:shard.end - shard.start])
-                ranges[index] = (shard.start, shard.end)
+        for index, layer in _table_indices(self._model, self._plan).items():
+            shard = self._by_layer[layer]
+            state.set_array(index, np.asarray(shard.rows.value, np.float32)[:shard.end - shard.start])
+            ranges[index] = (shard.start, shard.end)
         return state, ranges
 
     def gathered_state(self, iteration: int) -> ModelState:
         """The driver's state, every rank's rows of the tables gathered on every rank (a collective; without a job
         channel to take each rank's)."""
-        state, ranges = self.captured_state(iteration)
-        layers = _working_variables(self._model, self._plan)
-        for index in ranges:
-            state.set_array(index, self._gathered(self._by_layer[layers[id(self._model.weights[index])]],
-                                                  state.array(index)))
+        state, _ = self.captured_state(iteration)
+        for index, layer in _table_indices(self._model, self._plan).items():
+            state.set_array(index, self._gathered(self._by_layer[layer], state.array(index)))
         return state
 
     def _gathered(self, shard: _Shard, mine: np.ndarray) -> np.ndarray:
@@ -326,6 +330,12 @@ def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
                          initial)
         shards.append(_Shard(table, working, trainable[id(working)], start, end, *kept[key]))
     return shards
+
+
+def _table_indices(model: Any, plan: ShardPlan) -> Dict[int, str]:
+    """``index among the weights -> layer name`` of the working ``model``'s sharded tables."""
+    working = _working_variables(model, plan)
+    return {k: working[id(v)] for k, v in enumerate(model.weights) if id(v) in working}
 
 
 def _working_variables(model: Any, plan: ShardPlan) -> Dict[int, str]:
