@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence
 
 from sparktf.data.batch_maps import MappedElements
+from sparktf.errors import ConfigurationError
 from sparktf.data.specs import leaf_specs
 from sparktf.inference.feeds import feature_leaves, keras_feed
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
@@ -89,6 +90,8 @@ class TFOptimizer:
     ):
         check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression,
                        keep_checkpoints)
+        if dataset.is_streaming:  # the lengths its schema does not tell come from the model
+            dataset = dataset.resolved_for(model)
         self._elements = _check_data_fits(model, dataset)  # by dataset: its batches as the model gets them
         self.session = dataset.blocks.kind
         self.model = model
@@ -306,17 +309,75 @@ class TFOptimizer:
         StorageError
             After ``checkpoint_failures`` failed checkpoint writes in a row, or when the last one was never written.
         """
+        if self.dataset.is_streaming:
+            raise ConfigurationError("optimize trains a dataset of records that exist now, but this TFOptimizer's "
+                                     "dataset is a streaming one: call optimize_stream() instead")
         end_trigger, checkpoint_trigger, validation_trigger, class_weight = check_optimize(
             self, (end_trigger, checkpoint_trigger, validation_trigger), class_weight)
         request = RunRequest(end_trigger, checkpoint_trigger, validation_trigger, list(callbacks or []),
                              default_verbose() if verbose is None else verbose, class_weight, checkpoint_failures)
-        settings = RunSettings(self.session, self.num_workers, self.min_workers, self.replace_wait, self.max_failures,
-                               self.collective_timeout, self.gradient_compression, self.resource_profile,
-                               self.model_dir, self.keep_checkpoints, self._tables)
-        run = TrainingRun(self.model, self.dataset, settings, self._state, self.clipping, self._payload_broadcast,
-                          self._elements_of, (self.train_summary, self.val_summary))
-        result, self.history = run.run(request)
+        result, self.history = self._training_run(self.dataset, self.num_workers).run(request)
         return result
+
+    def optimize_stream(self, trigger: Optional[Dict[str, Any]] = None, publish_every: Optional[int] = None,
+                        checkpoint_location: Optional[str] = None, callbacks: Optional[Sequence[Any]] = None) -> Any:
+        """Train continuously on a streaming dataset, each micro-batch exactly once; returns the running query.
+
+        Each micro-batch is first evaluated with the model as it stands
+        (test-then-train: ``test_loss`` and ``test_<metric>``), then trained
+        on in one pass of global batches of ``batch_size`` (the last one
+        partial; in order without ``shuffle``), on the same warm workers.
+        The checkpoint written after it (``model_dir/checkpoint-<iteration>.npz``)
+        records the query's id and the micro-batch's ``batchId``: a query
+        restarted from the same ``model_dir`` and ``checkpoint_location``, in
+        this process or a new one, resumes from it and trains no micro-batch
+        twice or not at all. See ``docs/guides/streaming.md``.
+
+        Parameters
+        ----------
+        trigger : dict, optional
+            ``DataStreamWriter.trigger`` keywords, e.g. ``{"processingTime":
+            "2 seconds"}`` or ``{"availableNow": True}`` (default: Spark's,
+            a micro-batch as soon as the last one ends).
+        publish_every : int, optional
+            Every this many trained micro-batches, the model is written to
+            ``model_dir/published/<version>/`` (``model.keras`` and
+            ``manifest.json``: version, batchId, time, the test-then-train
+            metrics) for ``TFPredictor.from_published``; the newest
+            ``keep_checkpoints`` versions are kept. None publishes nothing.
+        checkpoint_location : str, optional
+            The query's own checkpoint (offsets, commits); default
+            ``model_dir/stream``.
+        callbacks : list of keras.callbacks.Callback, optional
+            Run on the driver: ``on_train_begin`` when the query starts,
+            ``on_epoch_begin(batchId)`` and ``on_epoch_end(batchId, logs)``
+            for every micro-batch trained, ``logs`` holding ``loss``, the
+            ``test_*`` metrics and ``records``.
+
+        Returns
+        -------
+        pyspark.sql.streaming.StreamingQuery
+            The running query (``awaitTermination``, ``stop``, ``exception``),
+            whose ``training_progress`` lists each micro-batch's metrics.
+
+        Raises
+        ------
+        ConfigurationError
+            Before any job: the dataset is not a streaming one, ``model_dir``
+            is missing, ``trigger`` is not one Spark knows, or the session is
+            a Spark Connect one (its ``foreachBatch`` runs on the server).
+        """
+        from sparktf.streaming.query import start_training_query
+
+        return start_training_query(self, trigger, publish_every, checkpoint_location, list(callbacks or []))
+
+    def _training_run(self, dataset: Any, workers: int, elements_of: Any = None) -> TrainingRun:
+        """A TrainingRun of this optimizer's model, state and settings on ``dataset`` with ``workers`` workers."""
+        settings = RunSettings(self.session, workers, min(self.min_workers, workers), self.replace_wait,
+                               self.max_failures, self.collective_timeout, self.gradient_compression,
+                               self.resource_profile, self.model_dir, self.keep_checkpoints, self._tables)
+        return TrainingRun(self.model, dataset, settings, self._state, self.clipping, self._payload_broadcast,
+                           elements_of or self._elements_of, (self.train_summary, self.val_summary))
 
     # ------------------------------------------------------------------ where training stands
 
@@ -391,7 +452,8 @@ class TFOptimizer:
         """
         path = find_checkpoint(path, self.model_dir, version)
         state = load_checkpoint(path)
-        self._state = RunState(iteration=state.iteration, slots=self._tables.load(state, self.model))
+        self._state = RunState(iteration=state.iteration, slots=self._tables.load(state, self.model),
+                               stream=state.stream)
 
     def _payload_broadcast(self) -> Any:
         """The model's architecture and compile config, no weights (a few KB), shipped once per TFOptimizer.

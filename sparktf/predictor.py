@@ -32,16 +32,19 @@ import numpy as np
 from sparktf.data import arrow_io, batching, specs
 from sparktf.data.batch_maps import NO_MAPS, BatchMaps, MappedElements
 from sparktf.errors import DataError
+from sparktf.inference import columns as column_checks
 from sparktf.inference.dataframe_output import DataFramePredict, spark_output_type
-from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, feature_leaves, keras_feed, plan_feed
+from sparktf.inference.feeds import (DICT, LIST, SINGLE, Feed, TensorInfo, feature_leaves, keras_feed, keras_inputs,
+                                     plan_feed)
 from sparktf.inference.runners import ModelHandle, records, run_batches
 from sparktf.models.payload import ModelPayload
+from sparktf.models.published import load_version, newest_version
 from sparktf.models.saved_model_archive import SavedModelArchive, load_saved_model
 from sparktf.spark.raising_rdd import raising_sparktf_errors
 from sparktf.spark.remote_errors import reporting_failures
 from sparktf.spark.resources import ResourceProfileLike, map_in_arrow, stage_profile, with_profile
 from sparktf.spark.task_devices import gpu_plan
-from sparktf.storage import local_copy
+from sparktf.storage import local_copy, store_for
 
 __all__ = ["TFPredictor", "TensorInfo"]
 
@@ -67,16 +70,8 @@ class KerasModelSource:
     """
 
     def __init__(self, model: Any, method: str = "call", options: Optional[Dict[str, Any]] = None):
-        if method not in ("call", "generate"):
-            raise DataError(f"method must be 'call' or 'generate', got {method!r}")
-        if method == "generate" and not callable(getattr(model, "generate", None)):
-            raise DataError(f"method='generate' needs a model with a generate() method (a Keras Hub CausalLM); "
-                            f"{type(model).__name__} has none")
-        if options and method != "generate":
-            raise DataError(f"keywords {sorted(options)} go to the model's method; model(x) takes none. "
-                            "Pass method='generate' to generate text")
+        self.model, self.method = model, _checked_method(model, method, options)
         payload = ModelPayload.from_model(model, include_optimizer=False)
-        self.model, self.method = model, method
         self.handle = ModelHandle("keras", payload.key, current_session().share(payload.to_bytes(), "model"),
                                   method=method, options=tuple(sorted((options or {}).items())))
 
@@ -84,6 +79,11 @@ class KerasModelSource:
         """Batches of ``stored`` features as the model gets them: after ``maps`` and the model's preprocessing
         (``generate`` preprocesses prompts itself)."""
         return MappedElements.of_structure(maps, stored, self.model if self.method == "call" else None)
+
+    def declared_inputs(self) -> Optional[List[TensorInfo]]:
+        """The inputs the model declares (None: it declares none, or ``generate``'s prompts)."""
+        declared = None if self.method == "generate" else keras_inputs(self.model)
+        return None if declared is None else declared[0]
 
     def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
         if self.method == "generate":
@@ -105,6 +105,36 @@ class KerasModelSource:
         return SINGLE, [TensorInfo.from_tensor("output", spec)]
 
 
+class PublishedModelSource(KerasModelSource):
+    """The newest published version of a ``model_dir`` (``optimize_stream``'s): each task loads the newest version
+    when it starts, so a running streaming query picks up new ones. The driver reads the newest one now for the
+    inputs and outputs, which every later version must keep."""
+
+    def __init__(self, model_dir: str, method: str = "call", options: Optional[Dict[str, Any]] = None):
+        version = newest_version(model_dir)
+        if version is None:
+            raise DataError(f"no version is published in {model_dir!r} (no {model_dir}/published/<n>/manifest.json): "
+                            "run TFOptimizer.optimize_stream with publish_every=... first")
+        model = load_version(version)
+        self.model, self.method = model, _checked_method(model, method, options)
+        store = store_for(model_dir, "model_dir")
+        self.handle = ModelHandle("published", store.executor_uri(model_dir), None, method=method,
+                                  options=tuple(sorted((options or {}).items())))
+
+
+def _checked_method(model: Any, method: str, options: Optional[Dict[str, Any]]) -> str:
+    """``method`` when ``model`` can run it with ``options``; a ``DataError`` saying what fits otherwise."""
+    if method not in ("call", "generate"):
+        raise DataError(f"method must be 'call' or 'generate', got {method!r}")
+    if method == "generate" and not callable(getattr(model, "generate", None)):
+        raise DataError(f"method='generate' needs a model with a generate() method (a Keras Hub CausalLM); "
+                        f"{type(model).__name__} has none")
+    if options and method != "generate":
+        raise DataError(f"keywords {sorted(options)} go to the model's method; model(x) takes none. "
+                        "Pass method='generate' to generate text")
+    return method
+
+
 class SavedModelSource:
     """A SavedModel signature on the driver: its inputs, chosen outputs and the handle of its bytes on the executors."""
 
@@ -124,6 +154,10 @@ class SavedModelSource:
     def elements(self, maps: BatchMaps, stored: tuple) -> MappedElements:
         """Batches of ``stored`` features after ``maps``."""
         return MappedElements.of_structure(maps, stored, None)
+
+    def declared_inputs(self) -> List[TensorInfo]:
+        """The signature's inputs."""
+        return list(self.inputs)
 
     def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
         return plan_feed(self.inputs, DICT, leaves, names)
@@ -156,6 +190,8 @@ class TFPredictor:
     """
 
     def __init__(self, model: ModelSource, dataset: Any):
+        if dataset.is_streaming and isinstance(model, KerasModelSource):  # lengths its schema does not tell
+            dataset = dataset.resolved_for(model.model)
         self._model = model
         self.dataset = dataset
         self._elements = model.elements(dataset.batch_maps, dataset.stored_structure[:1])  # the features alone
@@ -191,6 +227,36 @@ class TFPredictor:
             batch size is set.
         """
         return cls(KerasModelSource(keras_model, method, method_kwargs), dataset)
+
+    @classmethod
+    def from_published(cls, model_dir: str, dataset: Any, method: str = "predict", **method_kwargs: Any
+                       ) -> "TFPredictor":
+        """A predictor scoring with the newest version ``optimize_stream`` published to ``model_dir``.
+
+        Each prediction task loads the newest complete version when it starts
+        (once per Python worker and version): a running streaming query
+        scores each micro-batch with the newest version, a batch job with the
+        newest at its start, and neither is restarted for a new version.
+
+        Parameters
+        ----------
+        model_dir : str
+            The ``model_dir`` of the training (a local path or a URI the
+            executors can read).
+        dataset : TFDataset
+            As in :meth:`from_keras` (a streaming one too).
+        method : {"predict", "generate"}
+            ``"predict"`` calls the model (as :meth:`from_keras`'s ``"call"``).
+        **method_kwargs
+            Keywords of ``generate``.
+
+        Raises
+        ------
+        DataError
+            When nothing is published yet, or the data does not fit the newest version.
+        """
+        method = "call" if method == "predict" else method
+        return cls(PublishedModelSource(model_dir, method, method_kwargs), dataset)
 
     @classmethod
     def from_saved_model(
@@ -285,6 +351,10 @@ class TFPredictor:
         Parameters
         ----------
         df : pyspark.sql.DataFrame
+            A DataFrame, or a streaming one (``df.isStreaming``): the result
+            is then a streaming DataFrame for any sink, and nothing runs until
+            its query starts. A stream's array and vector lengths come from
+            the model's declared inputs, else from the predictor's dataset.
         feature_cols : str or list of str
             Numeric, ``ArrayType``, ``Vector``, ``string`` or ``binary``
             columns, one per model input (matched by name when they are named
@@ -318,7 +388,7 @@ class TFPredictor:
         check_new_column(df, output_col, "output_col")
         session = current_session(df.sparkSession)
         profile = stage_profile(session, resource_profile)
-        leaves = column_leaves(df, columns)
+        leaves = column_leaves(df, columns, self._model, self._elements.stored[0])
         batch = self.dataset.inference_batch_size(session.default_parallelism())
         return dataframe_with_predictions(self._model, df, columns, leaves, output_col, batch, profile,
                                           self.dataset.batch_maps)
@@ -330,10 +400,40 @@ def check_new_column(df: DataFrame, name: str, parameter: str) -> None:
         raise DataError(f"column {name!r} already exists in the DataFrame; pick another {parameter}")
 
 
-def column_leaves(df: DataFrame, columns: Sequence[str]) -> List[specs.LeafSpec]:
-    """The dtype and per-row shape of each of ``columns``, array lengths read from the first row (a small job)."""
-    layouts = arrow_io.column_layouts(df, columns)
-    return [specs.leaf_specs(specs.parse_spec(layout, name), name)[0] for name, layout in zip(columns, layouts)]
+def column_leaves(df: DataFrame, columns: Sequence[str], source: Optional[ModelSource] = None,
+                  known: Any = None) -> List[specs.LeafSpec]:
+    """The dtype and per-row shape of each of ``columns``.
+
+    A DataFrame's array lengths are read from its first row (a small job). A
+    streaming DataFrame runs nothing: its lengths come from the inputs
+    ``source`` declares, else from ``known``, the features' specs (e.g. of
+    the dataset a predictor was made with), one per column.
+
+    Raises
+    ------
+    DataError
+        For a stream whose lengths neither tells, naming the columns.
+    """
+    if not df.isStreaming:
+        layouts = arrow_io.column_layouts(df, columns)
+        return [specs.leaf_specs(specs.parse_spec(layout, name), name)[0] for name, layout in zip(columns, layouts)]
+    declared = None if source is None else source.declared_inputs()
+    leaves = column_checks.feature_leaves(df, columns, declared, "feature_cols")
+    if leaves is not None:
+        return leaves
+    kinds = [arrow_io.column_kind(name, df.schema[name].dataType) for name in columns]
+    if not any(depth for _, depth in kinds):
+        return [specs.LeafSpec(name, np.dtype(object if dtype == "string" else dtype), ())
+                for name, (dtype, _) in zip(columns, kinds)]
+    stored = [] if known is None else specs.leaf_specs(known, "features")
+    if len(stored) == len(columns) and all(len(leaf.shape) == depth for leaf, (_, depth) in zip(stored, kinds)):
+        return [specs.LeafSpec(name, np.dtype(object if dtype == "string" else dtype), tuple(leaf.shape))
+                for name, (dtype, _), leaf in zip(columns, kinds, stored)]
+    arrays = [name for name, (_, depth) in zip(columns, kinds) if depth]
+    raise DataError(
+        f"the lengths of the array/vector columns {arrays} of a streaming DataFrame cannot be read before its "
+        "query runs: give the model inputs of fixed shapes (keras.Input((n,))), or make the predictor's dataset "
+        "with features of these columns' shapes")
 
 
 def dataframe_with_predictions(

@@ -35,6 +35,7 @@ LAYERS = {
     "sparktf.predictor": 6,
     "sparktf.net": 6,
     "sparktf.summary": 6,
+    "sparktf.streaming": 6,
     "sparktf.ml": 7,
 }
 PUBLIC_LAYER = 6

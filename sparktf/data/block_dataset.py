@@ -21,7 +21,8 @@ from sparktf.data import specs
 from sparktf.data.batch_maps import NO_MAPS, BatchMaps
 from sparktf.data.block_feed import BlockFeed
 from sparktf.data.block_sets import BlockSet
-from sparktf.data.columnar import RecordFormat, balanced_bounds
+from sparktf.data.stream_frames import StreamFrames
+from sparktf.data.columnar import RecordFormat, balanced_bounds, pass_bounds
 from sparktf.errors import DataError
 from sparktf.spark.cluster import train_data_memory
 from sparktf.spark.remote_errors import reraise_remote
@@ -109,6 +110,7 @@ class BlockDataset:
         self._file_stream = file_stream
         self._maps = NO_MAPS
         self._mapped_structure: Optional[tuple] = None
+        self._one_pass = False
 
     # ------------------------------------------------------------------ properties
 
@@ -164,6 +166,30 @@ class BlockDataset:
             dataset._val_dataset = self._val_dataset.mapped(function)
         dataset.element_structure  # traced now: a function that fails, fails here
         return dataset
+
+    @property
+    def is_streaming(self) -> bool:
+        """Whether the records come from a streaming DataFrame (for ``TFOptimizer.optimize_stream``)."""
+        return isinstance(self._blocks, StreamFrames)
+
+    def one_pass(self) -> "BlockDataset":
+        """This dataset laid out for one pass in global batches of ``batch_size`` (a stream's micro-batch).
+
+        Its training shards are cut by :func:`~sparktf.data.columnar.pass_bounds`:
+        each rank's shard is its local batch for every full global batch plus
+        its part of the last, partial one, whatever the number of workers.
+        """
+        dataset = copy.copy(self)
+        dataset._one_pass, dataset._training_blocks = True, {}
+        return dataset
+
+    def shard_bounds(self, num_workers: int) -> List[int]:
+        """The record offsets of the ``num_workers`` training shards' edges (of the layout :meth:`training_blocks`
+        makes when it moves records)."""
+        total = self.num_records
+        if self._one_pass:
+            return pass_bounds(total, self._batch_size, num_workers)
+        return balanced_bounds(total, num_workers)
 
     @property
     def record_format(self) -> RecordFormat:
@@ -320,10 +346,13 @@ class BlockDataset:
                 f"the training dataset has {total} records, fewer than the {num_workers} training "
                 "workers; use more data or fewer workers"
             )
-        if len(counts) == num_workers and max(counts) - min(counts) <= 1:
+        bounds = self.shard_bounds(num_workers)
+        if self._one_pass and counts == np.diff(bounds).tolist():
+            return self._blocks
+        if not self._one_pass and len(counts) == num_workers and max(counts) - min(counts) <= 1:
             return self._blocks
         if num_workers not in self._training_blocks:
-            self._training_blocks[num_workers] = self._blocks.balanced(counts, num_workers)
+            self._training_blocks[num_workers] = self._blocks.balanced(counts, num_workers, bounds)
         return self._training_blocks[num_workers]
 
     @contextlib.contextmanager

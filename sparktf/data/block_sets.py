@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from operator import itemgetter
-from typing import Any, Callable, Iterable, Iterator, List
+from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 from pyspark import RDD
 
@@ -86,7 +86,7 @@ class BlockSet(ABC):
         """Compute every partition (filling the cache of persisted Blocks): a Spark job of this thread."""
 
     @abstractmethod
-    def balanced(self, counts: List[int], num_workers: int) -> "BlockSet":
+    def balanced(self, counts: List[int], num_workers: int, bounds: Optional[List[int]] = None) -> "BlockSet":
         """The records in ``num_workers`` contiguous, balanced partitions, as keyed Blocks (see :class:`BlockRouter`).
 
         Parameters
@@ -94,6 +94,8 @@ class BlockSet(ABC):
         counts : list of int
             Records per partition of these Blocks.
         num_workers : int
+        bounds : list of int, optional
+            The record offsets of the partitions' edges (default: balanced).
         """
 
     @abstractmethod
@@ -165,8 +167,9 @@ class RddBlockSet(BlockSet):
     def compute(self) -> None:
         self._rdd._jrdd.count()
 
-    def balanced(self, counts: List[int], num_workers: int) -> "RddBlockSet":
-        routed = (self._rdd.mapPartitionsWithIndex(reporting_failures(self.kind, BlockRouter(counts, num_workers)))
+    def balanced(self, counts: List[int], num_workers: int, bounds: Optional[List[int]] = None) -> "RddBlockSet":
+        router = BlockRouter(counts, num_workers, bounds)
+        routed = (self._rdd.mapPartitionsWithIndex(reporting_failures(self.kind, router))
                   .partitionBy(num_workers, itemgetter(0))
                   .map(keyed_block, preservesPartitioning=True))
         return RddBlockSet(self.kind, block_rdd(routed), keyed=True)

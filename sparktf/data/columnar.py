@@ -10,7 +10,7 @@ and never imports TensorFlow.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Sequence, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,6 +24,7 @@ __all__ = [
     "block_size",
     "concat_blocks",
     "slice_block",
+    "pass_bounds",
     "to_leaf_array",
     "to_leaf_column",
     "records_per_block",
@@ -65,6 +66,16 @@ def records_per_block(leaves: Sequence[specs.LeafSpec]) -> int:
 def balanced_bounds(total: int, parts: int) -> List[int]:
     """Record offsets splitting ``total`` records into ``parts`` contiguous ranges whose sizes differ by at most 1."""
     return [i * total // parts for i in range(parts + 1)]
+
+
+def pass_bounds(total: int, batch: int, parts: int) -> List[int]:
+    """Record offsets splitting ``total`` records into ``parts`` contiguous shards that one pass in global batches
+    of ``batch`` uses up together: every shard holds a local batch (:func:`balanced_bounds` of ``batch``) for each
+    full global batch, and its part of the last, partial one."""
+    full, rest = divmod(total, batch)
+    local, last = balanced_bounds(batch, parts), balanced_bounds(rest, parts)
+    sizes = [full * (local[i + 1] - local[i]) + last[i + 1] - last[i] for i in range(parts)]
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
 
 
 def count_records(blocks: Iterable[Block]) -> List[int]:
@@ -289,17 +300,18 @@ class BlockRouter:
     """Splits a partition's blocks among ``num_workers`` contiguous, balanced ranges.
 
     Worker ``w`` gets the records ``[w * n // W, (w + 1) * n // W)`` of the
-    dataset in its global order (partition by partition). Called with
+    dataset in its global order (partition by partition), or those of
+    ``bounds`` (the record offsets of the ``W + 1`` shard edges). Called with
     ``mapPartitionsWithIndex``, it yields ``((worker, partition, piece),
     block)`` pairs of at most :data:`ROUTED_PIECE_BYTES` to
     ``partitionBy(W, itemgetter(0))``; :func:`keyed_block` then keeps each
     piece's key with it, and the worker puts the pieces in key order.
     """
 
-    def __init__(self, partition_counts: Sequence[int], num_workers: int):
+    def __init__(self, partition_counts: Sequence[int], num_workers: int, bounds: Optional[Sequence[int]] = None):
         self.offsets = np.concatenate([[0], np.cumsum(partition_counts)]).tolist()
         total = self.offsets[-1]
-        self.bounds = balanced_bounds(total, num_workers)
+        self.bounds = list(bounds) if bounds is not None else balanced_bounds(total, num_workers)
 
     def __call__(self, partition: int, blocks: Iterable[Block]) -> Iterator[Tuple[tuple, Block]]:
         position = self.offsets[partition]

@@ -112,9 +112,9 @@ class _PartitionTask:
 class _RouteTask:
     """``mapInArrow`` function: a partition's Blocks cut for the balanced layout, keyed for the repartition."""
 
-    def __init__(self, reader: BlockReader, counts: Sequence[int], num_workers: int, keys: Sequence[int]):
+    def __init__(self, reader: BlockReader, router: BlockRouter, keys: Sequence[int]):
         self.reader = reader
-        self.router = BlockRouter(counts, num_workers)
+        self.router = router
         self.keys = list(keys)
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -221,9 +221,9 @@ class FrameBlockSet(BlockSet):
         self._num_partitions = len(counts)
         return counts
 
-    def balanced(self, counts: List[int], num_workers: int) -> "FrameBlockSet":
+    def balanced(self, counts: List[int], num_workers: int, bounds: Optional[List[int]] = None) -> "FrameBlockSet":
         keys = partition_keys(self.kind.session, num_workers)
-        route = reporting_failures(self.kind, _RouteTask(self.reader, counts, num_workers, keys))
+        route = reporting_failures(self.kind, _RouteTask(self.reader, BlockRouter(counts, num_workers, bounds), keys))
         routed = self.frame.mapInArrow(route, BLOCK_SCHEMA)
         return FrameBlockSet(self.kind, routed.repartition(num_workers, "key"), EncodedBlocks(), keyed=True,
                              num_partitions=num_workers)

@@ -129,24 +129,27 @@ def one_or_list(column_specs: list):
 
 
 def dataframe_blocks(session: Any, df: DataFrame, columns: List[str], record_format: RecordFormat,
-                     name: str) -> BlockSet:
+                     name: str, cache: bool = True) -> BlockSet:
     """Blocks of ``columns`` of ``df``: Arrow record batches cached in the JVM, decoded when read.
 
     The batches stay in the JVM's cache (no round trip through Python); each
     read decodes them without per-row work (zero-copy for columns that are
     already of their leaf's dtype). A classic session caches the batches of
     ``toArrowBatchRdd``; Spark Connect persists the reduced DataFrame, and
-    each ``mapInArrow`` task decodes its batches.
+    each ``mapInArrow`` task decodes its batches. Without ``cache`` (a stream's
+    micro-batch, read a few times and then gone) every job reads ``df`` again.
     """
     ready = arrow_io.arrow_ready(df, columns, record_format.leaves)
     decoder = arrow_io.ArrowBlockDecoder(arrow_io.arrow_schema(ready), record_format.leaves, columns)
     weights = f"weight column {columns[-1]!r}"  # the last column, when the format has weights
     if session.has_rdds:
-        batches = cached(arrow_io.arrow_batch_rdd(ready), f"{name} Arrow")
+        batches = arrow_io.arrow_batch_rdd(ready)
+        batches = cached(batches, f"{name} Arrow") if cache else batches
         return RddBlockSet(session, block_rdd(batches.mapPartitionsWithIndex(
             reporting_failures(session, checked_maker(decoder, record_format.has_weights, weights)))))
     blocks = FrameBlockSet(session, ready, checked_maker(decoder.blocks, record_format.has_weights, weights))
-    blocks.persist(name)
+    if cache:
+        blocks.persist(name)
     return blocks
 
 

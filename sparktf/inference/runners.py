@@ -20,6 +20,7 @@ from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed
 from sparktf.models.batch_errors import rejected_batch
 from sparktf.models.cache import batch_mapper, cached
 from sparktf.models.payload import ModelPayload
+from sparktf.models.published import load_version, newest_version
 from sparktf.models.saved_model_archive import SavedModelArchive
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.worker_gc import frozen_after
@@ -113,7 +114,7 @@ class ModelHandle:
     """What executors need to get the runner: the model's shipped bytes (``broadcast``: a broadcast variable or a
     session artifact, see ``SessionKind.share``), how to load them, and the stage's GPU plan."""
 
-    kind: str  # "keras" or "saved_model"
+    kind: str  # "keras", "saved_model" or "published" (key: the model_dir whose newest version each task loads)
     key: str
     broadcast: Any
     signature: str = ""
@@ -134,14 +135,25 @@ class ModelHandle:
         :mod:`sparktf.spark.worker_gc`).
         """
         prepare_tensorflow_task(self.gpus)
-        if self.kind == "keras":
-            build = lambda: ModelPayload.from_bytes(self.broadcast.value).build()  # noqa: E731
+        if self.kind in ("keras", "published"):
+            key, build = self._keras_model()
             if self.method == "generate":
-                return GenerateRunner(cached("keras-generate:" + self.key, frozen_after(build)), dict(self.options))
-            return cached("keras-predict:" + self.key, frozen_after(lambda: KerasRunner(build())))
+                return GenerateRunner(cached("keras-generate:" + key, frozen_after(build)), dict(self.options))
+            return cached("keras-predict:" + key, frozen_after(lambda: KerasRunner(build())))
         loaded = cached("saved-model:" + self.key,
                         frozen_after(lambda: SavedModelArchive(self.broadcast.value, self.key).load()))
         return SignatureRunner(loaded, self.signature, self.outputs, self.output_kind)
+
+
+    def _keras_model(self) -> Tuple[str, Callable[[], Any]]:
+        """The cache key of the Keras model and how to build it: the shipped payload's, or the newest published
+        version's (looked up when the task starts)."""
+        if self.kind == "keras":
+            return self.key, lambda: ModelPayload.from_bytes(self.broadcast.value).build()
+        version = newest_version(self.key)
+        if version is None:
+            raise DataError(f"no published version is left in {self.key!r}: it was deleted while scoring")
+        return f"{self.key}#{version.version}", lambda: load_version(version)
 
 
 def run_batches(

@@ -14,7 +14,8 @@ from sparktf.data.sources import check_weight_column
 from sparktf.dataset import TFDataset
 from sparktf.errors import DataError
 from sparktf.inference.feeds import keras_inputs
-from sparktf.ml.columns import check_label_column, feature_leaves, model_output
+from sparktf.inference.columns import feature_leaves
+from sparktf.ml.columns import check_label_column, model_output
 from sparktf.ml.model import KerasModel, load_keras_file
 from sparktf.ml.outputs import CLASSIFICATION, loss_name, task_of
 from sparktf.ml.params import EstimatorParams, init_params

@@ -11,8 +11,8 @@ from pyspark.ml import Model
 from pyspark.sql import DataFrame
 
 from sparktf.errors import DataError
-from sparktf.inference.feeds import SINGLE, TensorInfo, keras_inputs
-from sparktf.ml.columns import feature_leaves
+from sparktf.inference.feeds import SINGLE, TensorInfo
+from sparktf.inference.columns import feature_leaves
 from sparktf.ml.outputs import CLASSIFICATION, REGRESSION, task_of, with_prediction_columns
 from sparktf.ml.params import TASKS, ModelParams, init_params
 from sparktf.ml.persistence import SavedStage
@@ -190,20 +190,13 @@ class KerasModel(Model, ModelParams, SavedStage):
             check_new_column(dataset, probability, "probabilityCol")
         columns = self.feature_columns()
         source = self._source()
-        leaves = feature_leaves(dataset, columns, self._declared_inputs(source), self.feature_columns_param())
-        leaves = leaves or column_leaves(dataset, columns)  # inputs of any length: read from the data
+        leaves = feature_leaves(dataset, columns, source.declared_inputs(), self.feature_columns_param())
+        leaves = leaves or column_leaves(dataset, columns, source)  # inputs of any length: read from the data
         scored = dataframe_with_predictions(source, dataset, columns, leaves, _RAW_OUTPUT, self.getBatchSize())
         return with_prediction_columns(
             scored, _RAW_OUTPUT, dataset.columns, self._single_output(source, leaves, columns),
             task, self.getFromLogits(), prediction, probability,
         )
-
-    @staticmethod
-    def _declared_inputs(source: ModelSource) -> Optional[List[TensorInfo]]:
-        if isinstance(source, SavedModelSource):
-            return list(source.inputs)
-        declared = keras_inputs(source.model)
-        return None if declared is None else declared[0]
 
     @staticmethod
     def _single_output(source: ModelSource, leaves: Sequence[Any], columns: List[str]) -> Optional[TensorInfo]:

@@ -53,6 +53,9 @@ class ModelState:
         leaves out; None: they start fresh (or nothing is sharded).
     slot_tables : tuple of str
         The ``Embedding`` layers whose slots are in ``slots``, not here.
+    stream : tuple, optional
+        ``(query id, batch id)``: the last micro-batch of a stream the state
+        has trained on (``optimize_stream``), committed with it.
     """
 
     weights: List[np.ndarray]
@@ -60,6 +63,7 @@ class ModelState:
     iteration: int = 0
     slots: Optional[str] = None
     slot_tables: Tuple[str, ...] = ()
+    stream: Optional[Tuple[str, int]] = None
 
     @classmethod
     def capture(cls, model, iteration: int = 0, include_optimizer: bool = True) -> "ModelState":
@@ -213,6 +217,8 @@ def write_checkpoint(state: ModelState, model_dir: str) -> str:
                 counts=np.array([len(state.weights), len(state.optimizer_variables)]),
                 slots=np.array(_relative(state.slots, model_dir) if state.slots else ""),
                 slot_tables=np.array(list(state.slot_tables), dtype=str),
+                stream_query=np.array(state.stream[0] if state.stream else ""),
+                stream_batch=np.int64(state.stream[1] if state.stream else -1),
                 **arrays,
             )
     return path
@@ -243,7 +249,15 @@ def load_checkpoint(path: str) -> ModelState:
             int(data["iteration"]),
             (slots if scheme_of(slots) or os.path.isabs(slots) else join(split(path)[0], slots)) if slots else None,
             tuple(str(name) for name in data["slot_tables"]) if "slot_tables" in data.files else (),
+            _stream_of(data),
         )
+
+
+def _stream_of(data: Any) -> Optional[Tuple[str, int]]:
+    """A checkpoint's ``(query id, batch id)``, or None (none recorded, or written before streams)."""
+    if "stream_query" not in data.files or not str(data["stream_query"]):
+        return None
+    return str(data["stream_query"]), int(data["stream_batch"])
 
 
 def _relative(folder: str, model_dir: str) -> str:

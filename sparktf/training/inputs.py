@@ -68,6 +68,11 @@ class WorkerInputs:
         """Records each of ``workers`` ranks takes per iteration (they add up to the global batch)."""
         return [self._dataset.local_batch_size(workers, rank) for rank in range(workers)]
 
+    def shard_records(self, workers: int) -> List[int]:
+        """Records of each of ``workers`` ranks' shards."""
+        bounds = self._dataset.shard_bounds(workers)
+        return [end - start for start, end in zip(bounds, bounds[1:])]
+
     def prepare(self, workers: int) -> None:
         """Start laying out the data for ``workers`` in the background (nothing when it is laid out already)."""
         if workers in self._builds:

@@ -40,6 +40,7 @@ from sparktf.training.sharding.plan import ShardPlan
 from sparktf.training.sharding.tables import (HeldTables, RankShards, apply_start_state, state_rows, working_features,
                                               working_model)
 from sparktf.training.gradient_exchange import GradientExchange, Traffic
+from sparktf.training.single_pass import SinglePass
 from sparktf.training.step import GradientClipping, TrainStep
 from sparktf.training.class_weights import ClassWeights, batch_parts
 from sparktf.triggers import TrainingProgress, Trigger
@@ -105,6 +106,9 @@ class SegmentSpec:
         :mod:`sparktf.training.sharding`), planned on the driver.
     slots : str, optional
         Where the ranks write the sharded tables' slots at the end (``slot_store``).
+    single_pass : SinglePass, optional
+        The segment reads each record of its shards once, its last batch
+        partial (a stream's micro-batch); None: the shards are read endlessly.
     """
 
     payload: Any
@@ -125,6 +129,7 @@ class SegmentSpec:
     maps: Optional[MappedElements] = None
     sharding: ShardPlan = ShardPlan((), 1)
     slots: Optional[str] = None
+    single_pass: Optional[SinglePass] = None
 
 
 @dataclass
@@ -295,6 +300,9 @@ def _train(
         heartbeat.iteration = iteration
         if (iteration - 1) % per_epoch == 0:  # an epoch's first iteration
             step.set_metric_state(None)
+        if spec.single_pass is not None:  # the pass's last batch is partial: its fill weighs nothing
+            weight, mask = spec.single_pass.step(shard, iteration, spec.local_batches)
+            sample_weight = spec.single_pass.masked(mask, sample_weight, spec.local_batches[shard])
         if shards is not None:
             features = shards.fetch_rows(features)
         with classified_failures(rank, shard, iteration, warm_up=False):
@@ -443,7 +451,8 @@ def _open_input(spec: SegmentSpec, rank: int, blocks: Iterable[tuple], connectin
     workers. Only then does opening wait for the ranks to connect.
     """
     shard = shards_for_claims(connecting.result().claims)[rank] if spec.feed.moves_shards else rank
-    stream = spec.feed.open(shard, blocks, spec.local_batches[shard], spec.start.iteration)
+    start = spec.start.iteration if spec.single_pass is None else spec.single_pass.start_batch(spec.start.iteration)
+    stream = spec.feed.open(shard, blocks, spec.local_batches[shard], start)
     try:
         return stream, next(stream), shard
     except BaseException:

@@ -35,6 +35,7 @@ from sparktf.training.loop import SegmentResult, SegmentSpec
 from sparktf.training.membership import Membership
 from sparktf.training.segment_job import SegmentRunner
 from sparktf.training.segment_records import record_segment, record_validation
+from sparktf.training.single_pass import SinglePass
 from sparktf.training.step import GradientClipping
 from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr
 
@@ -76,6 +77,8 @@ class RunState:
         The last segment's gradient bytes on rank 0.
     slots : str or None
         The folder of the sharded tables' optimizer slots at ``iteration`` (None: fresh, or none sharded).
+    stream : tuple or None
+        ``(query id, batch id)`` of the last micro-batch of a stream trained into the state (None: none).
     """
 
     iteration: int = 0
@@ -85,11 +88,13 @@ class RunState:
     last_timings: Dict[str, float] = field(default_factory=dict)
     last_traffic: Any = None
     slots: Optional[str] = None
+    stream: Optional[Tuple[str, int]] = None
 
 
 @dataclass(frozen=True)
 class RunRequest:
-    """One ``optimize`` call's arguments, checked (see ``TFOptimizer.optimize``)."""
+    """One ``optimize`` call's arguments, checked (see ``TFOptimizer.optimize``); ``single_pass`` trains one pass
+    over the dataset's records, its last batch partial (a stream's micro-batch)."""
 
     end_trigger: Trigger
     checkpoint_trigger: Trigger
@@ -98,6 +103,7 @@ class RunRequest:
     verbose: int
     class_weight: Any
     checkpoint_failures: int
+    single_pass: Optional[SinglePass] = None
 
 
 class TrainingRun:
@@ -166,7 +172,7 @@ class TrainingRun:
             while not request.end_trigger(progress):
                 driver.segment_begins(progress)
                 first = progress.iteration + 1
-                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request.class_weight, sharding)
+                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request, sharding)
                 progress = self._finish_segment(result, history)
                 checkpoints.after_segment(progress, self._capture)
                 settings.tables.prune(self._state.slots, settings.model_dir)
@@ -202,7 +208,9 @@ class TrainingRun:
                                elastic, current_label())
 
     def _capture(self) -> ModelState:
-        return self._settings.tables.capture(self._model, self._state.iteration, self._state.slots)
+        state = self._settings.tables.capture(self._model, self._state.iteration, self._state.slots)
+        state.stream = self._state.stream
+        return state
 
     def _per_epoch(self) -> int:
         return self._dataset.iterations_per_epoch(self._settings.num_workers)
@@ -212,7 +220,7 @@ class TrainingRun:
         return TrainingProgress(state.iteration, self._per_epoch(), state.last_loss, state.last_score)
 
     def _run_segment(self, runner: SegmentRunner, progress: TrainingProgress, stop: Trigger, driver: DriverCallbacks,
-                     class_weight: Any, sharding: ShardPlan) -> SegmentResult:
+                     request: RunRequest, sharding: ShardPlan) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers), its
         ``sharding`` planned for ``num_workers`` (the launch plans it again for its own)."""
         settings = self._settings
@@ -221,8 +229,8 @@ class TrainingRun:
         spec = SegmentSpec(self._payload(), structure, progress, stop, self._clipping, settings.collective_timeout,
                            maps=elements, gradient_compression=settings.gradient_compression,
                            gpus=gpu_plan(settings.session.conf, settings.resource_profile),
-                           metric_state=self._state.metric_state, class_weight=class_weight,
-                           sharding=sharding, slots=settings.tables.root)
+                           metric_state=self._state.metric_state, class_weight=request.class_weight,
+                           sharding=sharding, slots=settings.tables.root, single_pass=request.single_pass)
         return runner.run(spec, self._capture, driver.report,
                           lambda workers: driver.launching(workers, progress.iteration))
 

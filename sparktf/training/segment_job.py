@@ -153,9 +153,12 @@ class SegmentRunner:
         return held
 
     def _spec_for(self, spec: SegmentSpec, workers: int, feed: Any) -> SegmentSpec:
-        stop = spec.stop if workers >= self.membership.num_workers else TriggerOr(spec.stop, EveryEpoch())
+        # fewer workers end segments at epoch ends (to grow back there); a single pass ends only at its end
+        grows_back = workers < self.membership.num_workers and spec.single_pass is None
+        stop = TriggerOr(spec.stop, EveryEpoch()) if grows_back else spec.stop
+        single_pass = None if spec.single_pass is None else spec.single_pass.on(self.inputs.shard_records(workers))
         return dataclasses.replace(spec, local_batches=self.inputs.local_batches(workers), feed=feed, stop=stop,
-                                   sharding=spec.sharding.on(workers))
+                                   sharding=spec.sharding.on(workers), single_pass=single_pass)
 
     def _relaunch(self, spec: SegmentSpec, workers: int, error: Exception) -> int:
         """The worker count of the relaunch after ``error``; raises when training cannot go on."""

@@ -1,0 +1,139 @@
+"""One ``foreachBatch`` call of ``optimize_stream``: skip, test, train one pass, commit, publish, report.
+
+Exactly once rests on one order of writes. Spark writes a micro-batch's
+offsets before it runs ``foreachBatch`` and its commit after. The model's
+checkpoint, written at the end of the micro-batch's training, records the
+query's id and the ``batchId`` with the weights and optimizer state, in one
+file that is complete or not at all. A restarted query resumes the model
+from the newest checkpoint and Spark replays the micro-batch it had not
+committed: when the checkpoint already holds that ``batchId``, the call
+skips it; otherwise the model is from before it and trains it now.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from sparktf.errors import ConfigurationError
+from sparktf.models.published import prune_versions, publish
+from sparktf.training.run import RunRequest, evaluate_model
+from sparktf.training.single_pass import SinglePass
+from sparktf.triggers import MaxIteration, TrainingProgress
+
+__all__ = ["MicroBatchTrainer"]
+
+_LOG = logging.getLogger("sparktf.optimizer")
+#: Seconds a micro-batch waits for ``start()`` to hand over the query's id.
+_QUERY_ID_WAIT = 120.0
+
+
+class MicroBatchTrainer:
+    """The ``foreachBatch`` function of ``optimize_stream``: trains each micro-batch once.
+
+    Parameters
+    ----------
+    optimizer : TFOptimizer
+        With a streaming dataset and ``model_dir``.
+    publish_every : int or None
+        Publish a version every this many micro-batches trained.
+    callbacks : list of keras.callbacks.Callback
+        Told of every micro-batch (``on_epoch_begin`` / ``on_epoch_end``).
+    """
+
+    def __init__(self, optimizer: Any, publish_every: Optional[int], callbacks: Sequence[Any]):
+        self._optimizer = optimizer
+        self._publish_every = publish_every
+        self._callbacks = list(callbacks)
+        self._elements = optimizer._elements_of(optimizer.dataset)  # one trace for every micro-batch
+        self._query_id: Optional[str] = None
+        self._started = threading.Event()
+        self._since_publish = 0
+        self.progress: List[Dict[str, Any]] = []
+
+    def started(self, query_id: str) -> None:
+        """The query started: its id marks what the checkpoints record."""
+        self._query_id = query_id
+        self._started.set()
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        if not self._started.wait(_QUERY_ID_WAIT):
+            raise ConfigurationError(f"micro-batch {batch_id} did not learn its query's id within "
+                                     f"{_QUERY_ID_WAIT:.0f} s of its start; restart the query")
+        optimizer, batch_id = self._optimizer, int(batch_id)
+        done = optimizer._state.stream
+        if done is not None and done[0] == self._query_id and batch_id <= done[1]:
+            _LOG.info("micro-batch %d of query %s is in the model's checkpoint already (trained before the query "
+                      "committed it): skipped", batch_id, self._query_id)
+            return
+        dataset = optimizer.dataset.micro_batch(batch)
+        records = dataset.num_records
+        if records == 0:
+            return
+        began = time.time()
+        for callback in self._callbacks:
+            callback.on_epoch_begin(batch_id)
+        workers = min(optimizer.num_workers, records)
+        tested = self._test(dataset, workers)
+        losses = self._train(dataset, workers, batch_id)
+        logs: Dict[str, Any] = {"loss": float(sum(losses) / len(losses)) if losses else float("nan"),
+                                **{f"test_{name}": float(value) for name, value in tested.items()},
+                                "records": records}
+        entry = {"batchId": batch_id, "iteration": optimizer.iteration, "seconds": time.time() - began, **logs}
+        version = self._publish(batch_id, logs)
+        if version is not None:
+            entry["version"] = version
+        self.progress.append(entry)
+        self._summarize(tested)
+        for callback in self._callbacks:
+            callback.on_epoch_end(batch_id, dict(logs))
+
+    def _test(self, dataset: Any, workers: int) -> Dict[str, float]:
+        """The compiled loss and metrics over the micro-batch with the model before it trains on it."""
+        optimizer = self._optimizer
+        return evaluate_model(optimizer.model, dataset, self._elements, dataset.inference_batch_size(workers),
+                              optimizer._payload_broadcast(), optimizer.iteration, optimizer.collective_timeout,
+                              optimizer.resource_profile)
+
+    def _train(self, dataset: Any, workers: int, batch_id: int) -> List[float]:
+        """One pass over the micro-batch; its checkpoint records ``batch_id``. The per-iteration losses."""
+        optimizer = self._optimizer
+        state = optimizer._state
+        first = state.iteration
+        end = MaxIteration(first + math.ceil(dataset.num_records / dataset.batch_size))
+        request = RunRequest(end, end, end, [], 0, None, 1, SinglePass(first))
+        before = state.stream
+        state.stream, state.metric_state = (self._query_id, batch_id), None
+        try:
+            history, _ = optimizer._training_run(dataset, workers, lambda _: self._elements).run(request)
+        except BaseException:
+            state.stream = before  # the checkpoint on storage still says where the model stands
+            raise
+        return list(history["loss"])
+
+    def _publish(self, batch_id: int, logs: Dict[str, Any]) -> Optional[int]:
+        """Publish the model when ``publish_every`` micro-batches were trained since the last version."""
+        self._since_publish += 1
+        if not self._publish_every or self._since_publish < self._publish_every:
+            return None
+        optimizer = self._optimizer
+        manifest = {"batchId": batch_id, "queryId": self._query_id, "iteration": optimizer.iteration,
+                    "time": time.time(), "metrics": {k: v for k, v in logs.items() if k != "records"}}
+        version = publish(optimizer.model, optimizer.model_dir, manifest)
+        prune_versions(optimizer.model_dir, optimizer.keep_checkpoints)
+        self._since_publish = 0
+        _LOG.info("published version %d (micro-batch %d) to %s", version.version, batch_id, version.path)
+        return version.version
+
+    def _summarize(self, tested: Dict[str, float]) -> None:
+        """The test-then-train metrics to the train summary, at the iteration the micro-batch ended."""
+        summary = self._optimizer.train_summary
+        if summary is None:
+            return
+        progress = TrainingProgress(self._optimizer.iteration, 1, None, None)
+        for name, value in tested.items():
+            summary.add_scalar(f"Test{name[:1].upper()}{name[1:]}", float(value), progress)
+        summary.flush()

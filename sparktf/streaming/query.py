@@ -1,0 +1,108 @@
+"""``optimize_stream``'s query: its settings checked before any job, the model resumed, ``foreachBatch`` started."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Dict, List, Optional, Sequence
+
+from pyspark.sql.streaming import StreamingQuery
+
+from sparktf.errors import ConfigurationError
+from sparktf.storage import join
+from sparktf.streaming.micro_batches import MicroBatchTrainer
+from sparktf.training.checkpoint import latest_checkpoint
+
+__all__ = ["TrainingQuery", "start_training_query", "check_trigger"]
+
+#: ``DataStreamWriter.trigger``'s keywords that ``foreachBatch`` runs with (continuous processing has no batches).
+_TRIGGERS = ("processingTime", "once", "availableNow")
+
+
+class TrainingQuery(StreamingQuery):
+    """The running query of ``optimize_stream``: a ``StreamingQuery`` that also tells what each micro-batch trained.
+
+    Attributes
+    ----------
+    training_progress : list of dict
+        One entry per micro-batch trained by this query run: ``batchId``,
+        ``iteration``, ``records``, ``loss`` (the mean over its iterations),
+        ``test_loss`` and ``test_<metric>`` (before training on it),
+        ``seconds`` and, when one was published, ``version``.
+    """
+
+    def __init__(self, query: StreamingQuery, trainer: MicroBatchTrainer):
+        super().__init__(query._jsq)
+        self._trainer = trainer
+
+    @property
+    def training_progress(self) -> List[Dict[str, Any]]:
+        return list(self._trainer.progress)
+
+    @property
+    def last_training_progress(self) -> Optional[Dict[str, Any]]:
+        """The last entry of :attr:`training_progress` (None before any)."""
+        progress = self._trainer.progress
+        return dict(progress[-1]) if progress else None
+
+
+def check_trigger(trigger: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """``trigger`` as ``DataStreamWriter.trigger`` keywords; a ``ConfigurationError`` naming what Spark would not run."""
+    if trigger is None:
+        return {}
+    if not isinstance(trigger, dict) or len(trigger) != 1:
+        raise ConfigurationError(
+            f"trigger must be a dict of one DataStreamWriter.trigger keyword, e.g. {{'processingTime': '2 seconds'}} "
+            f"or {{'availableNow': True}}; got {trigger!r}")
+    (key, value), = trigger.items()
+    if key == "continuous":
+        raise ConfigurationError("trigger {'continuous': ...} runs no micro-batches, and optimize_stream trains "
+                                 f"micro-batches: use one of {list(_TRIGGERS)}")
+    if key not in _TRIGGERS:
+        raise ConfigurationError(f"trigger keyword {key!r} is not one Spark knows; use one of {list(_TRIGGERS)}")
+    if key == "processingTime" and not (isinstance(value, str) and value.strip()):
+        raise ConfigurationError(f"trigger processingTime takes an interval string such as '2 seconds', got {value!r}")
+    if key != "processingTime" and value is not True:
+        raise ConfigurationError(f"trigger {key!r} takes True, got {value!r}")
+    return {key: value}
+
+
+def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publish_every: Optional[int],
+                         checkpoint_location: Optional[str], callbacks: Sequence[Any]) -> TrainingQuery:
+    """Check ``optimize_stream``'s settings, resume the model from ``model_dir`` and start the query.
+
+    Raises
+    ------
+    ConfigurationError
+        A dataset that is not streaming, no ``model_dir``, a trigger Spark does
+        not know, a bad ``publish_every``, or a Spark Connect session.
+    """
+    dataset = optimizer.dataset
+    if not dataset.is_streaming:
+        raise ConfigurationError("optimize_stream trains on a stream, but this TFOptimizer's dataset is a batch one: "
+                                 "make it with TFDataset.from_dataframe(spark.readStream...) or call optimize()")
+    if not optimizer.model_dir:
+        raise ConfigurationError("optimize_stream needs model_dir: its checkpoints record which micro-batches the "
+                                 "model has trained (exactly once across restarts). Pass model_dir=... to the "
+                                 "TFOptimizer")
+    keywords = check_trigger(trigger)
+    if publish_every is not None and not (isinstance(publish_every, numbers.Integral) and publish_every >= 1
+                                          and not isinstance(publish_every, bool)):
+        raise ConfigurationError(f"publish_every must be an integer >= 1 (or None), got {publish_every!r}")
+    if not optimizer.session.has_rdds:
+        raise ConfigurationError("optimize_stream needs a classic Spark session: a Spark Connect session runs "
+                                 "foreachBatch on the server, away from this model. Score streams from Connect with "
+                                 "TFPredictor.predict_dataframe; train where the driver runs the query")
+    dataset.local_batch_size(1)  # batch_size is set
+    if latest_checkpoint(optimizer.model_dir) is not None:  # where the model stands, committed micro-batches included
+        optimizer.load_checkpoint()
+    trainer = MicroBatchTrainer(optimizer, publish_every, callbacks)
+    for callback in callbacks:
+        callback.set_model(optimizer.model)
+        callback.on_train_begin()
+    location = checkpoint_location or join(optimizer.model_dir, "stream")
+    writer = dataset.blocks.frame.writeStream.foreachBatch(trainer).option("checkpointLocation", location)
+    if keywords:
+        writer = writer.trigger(**keywords)
+    query = writer.start()
+    trainer.started(query.id)
+    return TrainingQuery(query, trainer)
