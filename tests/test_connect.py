@@ -116,6 +116,12 @@ def case_of(results, case):
     return results[case]
 
 
+def test_a_stream_is_scored_from_the_client_and_optimize_stream_is_refused_by_name(results):
+    stream = case_of(results, "stream")
+    assert stream["rows"] == 40 and stream["error"] < 1e-5
+    assert stream["refused"][0] == "ConfigurationError" and "classic Spark session" in stream["refused"][1]
+
+
 def test_a_worker_failure_is_relaunched_and_ends_like_an_uninterrupted_run(results):
     recover = case_of(results, "recover")  # on the server: executors of their own relaunch
     assert recover["marker"] and recover["difference"] < 1e-5

@@ -22,6 +22,7 @@ import make_synthetic_imagenet  # noqa: E402
 import ml_pipeline  # noqa: E402
 import recommendation  # noqa: E402
 import resnet_cifar  # noqa: E402
+import streaming_ctr  # noqa: E402
 import text_classifier  # noqa: E402
 import tf_distribute_program  # noqa: E402
 
@@ -57,7 +58,7 @@ def test_cifar10_writer_round_trips_and_a_missing_file_is_named(tmp_path):
 
 @pytest.mark.parametrize("module", [resnet_cifar, imagenet_resnet, batch_inference, make_synthetic_imagenet,
                                     ml_pipeline, recommendation, tf_distribute_program, text_classifier,
-                                    batch_generate])
+                                    batch_generate, streaming_ctr])
 def test_example_help_lists_its_flags(module, capsys):
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
@@ -148,6 +149,15 @@ def test_ml_pipeline_smoke_tunes_saves_and_reloads_the_pipeline(spark, tmp_path,
     stages = os.path.join(results["model_dir"], "stages")
     (keras_stage,) = [name for name in os.listdir(stages) if name.startswith("2_KerasModel")]
     assert os.path.isfile(os.path.join(stages, keras_stage, "model.keras"))
+
+
+def test_streaming_ctr_smoke_trains_each_period_once_publishes_and_scores_the_stream(spark, capsys):
+    results = streaming_ctr.main(["--smoke"])
+    out = capsys.readouterr().out
+    assert [entry["batchId"] for entry in results["progress"]] == [0, 1, 2, 3, 4]
+    assert results["progress"][-1]["version"] == 5 and results["scored"] == 5 * 600
+    assert "test-then-train AUC" in out
+    assert results["online_auc"] > 0.6, results  # a model that learned nothing scores 0.5
 
 
 def test_recommendation_smoke_learns_clicks_and_ranks_each_users_top_10(spark, capsys):

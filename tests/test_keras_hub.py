@@ -84,7 +84,7 @@ def _causal_lm(seed=5):
     return lm
 
 
-def test_a_causal_lm_fine_tunes_as_fit_and_generates_as_generate(spark):
+def test_a_causal_lm_fine_tunes_as_fit_and_generates_as_generate_on_a_dataframe_and_a_stream(spark, tmp_path):
     prompts = ["a b", "ab c", "c a b", "b", "a a", "c c b", "ab ab", "b c"]
     frame = spark.createDataFrame([(p,) for p in prompts], "prompt string").repartition(2).cache()
     ordered = [row["prompt"] for row in frame.collect()]
@@ -103,6 +103,14 @@ def test_a_causal_lm_fine_tunes_as_fit_and_generates_as_generate(spark):
     assert generating.predict().collect() == expected  # predict_dataframe's string column: the example's test
     assert dict(generating.predict_dataframe(frame, "prompt", output_col="completion").dtypes)["completion"] == \
         "string"
+    frame.write.parquet(str(tmp_path / "prompts"))  # the same prompts as a file stream
+    stream = spark.readStream.schema("prompt string").parquet(str(tmp_path / "prompts"))
+    query = (generating.predict_dataframe(stream, "prompt", output_col="completion").writeStream.format("memory")
+             .queryName("generated_stream").trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    streamed = {row["prompt"]: row["completion"] for row in spark.sql("select * from generated_stream").collect()}
+    assert streamed == dict(zip(ordered, expected))
 
 
 def test_generation_and_maps_are_refused_clearly_and_a_rejected_record_names_its_partition(spark):

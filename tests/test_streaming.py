@@ -1,6 +1,8 @@
 """Structured Streaming: scoring a stream, training from one exactly once, published versions."""
 
 import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from sparktf import TFDataset, TFOptimizer, TFPredictor
 from sparktf.data.columnar import balanced_bounds, pass_bounds
 from sparktf.errors import ConfigurationError
+from sparktf.training.checkpoint import latest_checkpoint, load_checkpoint
 from sparktf.ml import KerasModel
 
 WIDTH = 4
@@ -139,6 +142,29 @@ def test_optimize_stream_trains_each_micro_batch_once_across_a_restart_and_publi
     assert [entry["batchId"] for entry in query.training_progress] == [2]  # 1 was skipped: in the checkpoint
     expected = reference_weights(classifier(), micro_batches, 16, 2)
     for got, want in zip(restarted.model.get_weights(), expected):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_driver_killed_between_its_checkpoint_and_sparks_commit_resumes_without_training_twice(spark, tmp_path):
+    rng = np.random.default_rng(4)
+    events, model_dir = tmp_path / "events", str(tmp_path / "model")
+    micro_batches = [write_events(spark, events, index, rng, 37) for index in range(3)]
+    program = os.path.join(os.path.dirname(__file__), "programs", "stream_driver.py")
+    killed = subprocess.run([sys.executable, program, str(events), model_dir, "1"], capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == -9, killed.stdout + killed.stderr[-3000:]
+    committed = sorted(name for name in os.listdir(os.path.join(model_dir, "stream", "commits"))
+                       if not name.startswith("."))
+    assert committed == ["0"] and load_checkpoint(latest_checkpoint(model_dir)).stream[1] == 1
+
+    dataset = TFDataset.from_dataframe(event_stream(spark, events), "features", "label", batch_size=64, shuffle=False)
+    resumed = TFOptimizer.from_keras(classifier(), dataset, model_dir=model_dir, num_workers=2)  # a fresh model
+    query = resumed.optimize_stream(trigger={"availableNow": True})
+    query.awaitTermination(600)
+    assert query.exception() is None, query.exception()
+    assert [entry["batchId"] for entry in query.training_progress] == [2]  # 1 replayed by Spark, skipped
+    assert resumed.iteration == 3
+    for got, want in zip(resumed.model.get_weights(), reference_weights(classifier(), micro_batches, 64, 2)):
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 

@@ -82,7 +82,9 @@ class MicroBatchTrainer:
         logs: Dict[str, Any] = {"loss": float(sum(losses) / len(losses)) if losses else float("nan"),
                                 **{f"test_{name}": float(value) for name, value in tested.items()},
                                 "records": records}
-        entry = {"batchId": batch_id, "iteration": optimizer.iteration, "seconds": time.time() - began, **logs}
+        ended = time.time()
+        entry = {"batchId": batch_id, "iteration": optimizer.iteration, "started": began, "ended": ended,
+                 "seconds": ended - began, **logs}
         version = self._publish(batch_id, logs)
         if version is not None:
             entry["version"] = version

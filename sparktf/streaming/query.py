@@ -27,7 +27,8 @@ class TrainingQuery(StreamingQuery):
         One entry per micro-batch trained by this query run: ``batchId``,
         ``iteration``, ``records``, ``loss`` (the mean over its iterations),
         ``test_loss`` and ``test_<metric>`` (before training on it),
-        ``seconds`` and, when one was published, ``version``.
+        ``started`` and ``ended`` (epoch seconds), ``seconds`` and, when one
+        was published, ``version``.
     """
 
     def __init__(self, query: StreamingQuery, trainer: MicroBatchTrainer):

@@ -8,7 +8,8 @@ progress, checkpoints, a TrainSummary, evaluate, predict_dataframe), ``pipeline`
 only), ``recover`` (from_ndarrays, a worker failure relaunched, against an
 uninterrupted run; server only), ``cluster`` (server only:
 ``resource_profile`` and ``min_workers``), ``tfrecord`` (from_tfrecord_file
-in both cache modes; local only), ``interrupt`` (Ctrl-C while training
+in both cache modes; local only), ``stream`` (a streaming DataFrame scored,
+``optimize_stream`` refused; local only), ``interrupt`` (Ctrl-C while training
 cancels its job; local only), ``concurrent`` (two optimize calls from threads, one on a
 ``SparseVector`` column; local only), ``run`` (sparktf.run's result and its
 children's lines), then, local only (what the client checks whatever the
@@ -157,6 +158,27 @@ def train_case(spark, tmp):
            summary_rows=len(summary.read_scalar("Loss")),
            prediction_error=float(np.max(np.abs(predicted - model.predict(x_val, verbose=0).reshape(-1)))),
            predict_rdd=error_of(lambda: TFPredictor.from_keras(model, dataset).predict())[:2])
+
+
+def stream_case(spark, tmp):
+    """A streaming DataFrame scored from the client; optimize_stream refused by name."""
+    x, y = regression_data(40, 2)
+    folder = os.path.join(tmp, "stream")
+    frame(spark, x, y).write.parquet(folder)
+    stream = spark.readStream.schema("features array<float>, label float").parquet(folder)
+    model = linear_model()
+    predictor = TFPredictor.from_keras(model, TFDataset.from_dataframe(stream, "features", batch_per_thread=8))
+    query = (predictor.predict_dataframe(stream, "features").writeStream.format("memory").queryName("connect_scored")
+             .trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    rows = spark.sql("select * from connect_scored").collect()
+    scored = {tuple(np.float32(v) for v in row["features"]): row["prediction"] for row in rows}
+    expected = model.predict(x, verbose=0).reshape(-1)
+    error = max(abs(scored[tuple(row)] - want) for row, want in zip(x, expected))
+    training = TFDataset.from_dataframe(stream, "features", "label", batch_size=8)
+    refused = error_of(lambda: TFOptimizer.from_keras(linear_model(), training, model_dir=os.path.join(tmp, "m"))
+                       .optimize_stream())
+    result("stream", rows=len(rows), error=float(error), refused=refused[:2])
 
 
 def recover_case(tmp):
@@ -326,6 +348,7 @@ def main():
         concurrent_case(spark)
         tfrecord_case(tmp)
         interrupt_case(tmp)
+        stream_case(spark, tmp)
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

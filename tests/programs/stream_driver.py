@@ -1,0 +1,38 @@
+"""A driver of its own for ``optimize_stream``, killed with SIGKILL at the worst moment.
+
+``python stream_driver.py EVENTS MODEL_DIR KILL_AFTER`` trains the stream of
+EVENTS' files (one a micro-batch, ``availableNow``) as ``tests/test_streaming.py``
+does, and SIGKILLs itself in ``on_epoch_end`` of micro-batch KILL_AFTER:
+after its checkpoint was written, before Spark commits the micro-batch.
+"""
+
+import os
+import signal
+import sys
+
+import keras
+
+import sparktf
+from spark_conf import CONF  # beside this program
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_streaming import classifier, event_stream  # noqa: E402 - the test's model and stream
+
+events, model_dir, kill_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+spark = sparktf.init_spark("local[2]", conf=CONF)
+spark.sparkContext.setLogLevel("ERROR")
+
+
+def die(batch_id, logs):
+    if batch_id == kill_after:
+        print(f"killing the driver after micro-batch {batch_id}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+dataset = sparktf.TFDataset.from_dataframe(event_stream(spark, events), "features", "label", batch_size=64,
+                                           shuffle=False)
+optimizer = sparktf.TFOptimizer.from_keras(classifier(), dataset, model_dir=model_dir, num_workers=2)
+query = optimizer.optimize_stream(trigger={"availableNow": True},
+                                  callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=die)])
+query.awaitTermination(600)
+print("the query ended without being killed", flush=True)
