@@ -42,6 +42,7 @@ from sparktf.models.published import load_version, newest_version
 from sparktf.models.saved_model_archive import SavedModelArchive, load_saved_model
 from sparktf.spark.raising_rdd import raising_sparktf_errors
 from sparktf.spark.remote_errors import reporting_failures
+from sparktf.spark.session_kind import InlineBytes
 from sparktf.spark.resources import ResourceProfileLike, map_in_arrow, stage_profile, with_profile
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.storage import local_copy, store_for
@@ -52,6 +53,10 @@ __all__ = ["TFPredictor", "TensorInfo"]
 _PREDICT_ALTERNATIVE = (
     "Use TFPredictor.predict_dataframe(df, feature_cols), which returns a DataFrame, on a DataFrame of the records."
 )
+
+#: What to do instead of shipping a large model inside a Connect stream's plan.
+_PUBLISH_INSTEAD = ("train or save it to a model_dir the executors can read and score the stream with "
+                    "TFPredictor.from_published(model_dir, ...), whose tasks read it themselves")
 
 # Hidden DataFrame columns holding float-array copies of Vector feature columns.
 _FEATURE_PREFIX = "__sparktf_feature_"
@@ -74,6 +79,11 @@ class KerasModelSource:
         payload = ModelPayload.from_model(model, include_optimizer=False)
         self.handle = ModelHandle("keras", payload.key, current_session().share(payload.to_bytes(), "model"),
                                   method=method, options=tuple(sorted((options or {}).items())))
+
+    def inline_bytes(self) -> Any:
+        """The model's bytes to travel inside a task's function (see :func:`dataframe_with_predictions`)."""
+        payload = ModelPayload.from_model(self.model, include_optimizer=False).to_bytes()
+        return InlineBytes.of(payload, "the model", _PUBLISH_INSTEAD)
 
     def elements(self, maps: BatchMaps, stored: tuple) -> MappedElements:
         """Batches of ``stored`` features as the model gets them: after ``maps`` and the model's preprocessing
@@ -121,6 +131,10 @@ class PublishedModelSource(KerasModelSource):
         self.handle = ModelHandle("published", store.executor_uri(model_dir), None, method=method,
                                   options=tuple(sorted((options or {}).items())))
 
+    def inline_bytes(self) -> Any:
+        """Nothing: the tasks read the versions from ``model_dir``."""
+        return None
+
 
 def _checked_method(model: Any, method: str, options: Optional[Dict[str, Any]]) -> str:
     """``method`` when ``model`` can run it with ``options``; a ``DataError`` saying what fits otherwise."""
@@ -139,6 +153,7 @@ class SavedModelSource:
     """A SavedModel signature on the driver: its inputs, chosen outputs and the handle of its bytes on the executors."""
 
     def __init__(self, path: str, signature: str, outputs: Union[str, Sequence[str], None]):
+        self.path = path
         with local_copy(path, "SavedModel") as local:
             archive = SavedModelArchive.from_directory(local)
             function = _signature(load_saved_model(local), signature, path)
@@ -150,6 +165,11 @@ class SavedModelSource:
         self.output_infos = [TensorInfo.from_tensor(name, available[name]) for name in names]
         shared = current_session().share(archive.data, "saved-model")
         self.handle = ModelHandle("saved_model", archive.key, shared, signature, tuple(names), self.kind)
+
+    def inline_bytes(self) -> Any:
+        """The SavedModel's tar to travel inside a task's function (see :func:`dataframe_with_predictions`)."""
+        with local_copy(self.path, "SavedModel") as local:
+            return InlineBytes.of(SavedModelArchive.from_directory(local).data, "the SavedModel", _PUBLISH_INSTEAD)
 
     def elements(self, maps: BatchMaps, stored: tuple) -> MappedElements:
         """Batches of ``stored`` features after ``maps``."""
@@ -481,6 +501,9 @@ def dataframe_with_predictions(
     session = current_session(df.sparkSession)
     gpus = gpu_plan(session.conf, profile)
     handle = dataclasses.replace(source.handle, gpus=gpus, elements=elements)
+    if df.isStreaming and not session.has_rdds and handle.broadcast is not None:
+        # a Connect server's streaming tasks do not see the session's artifacts: the model travels with the function
+        handle = dataclasses.replace(handle, broadcast=source.inline_bytes())
     function = reporting_failures(session, DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch,
                                                             output_col, output_type))
     schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])

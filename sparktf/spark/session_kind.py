@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional
 from sparktf.errors import ConfigurationError
 from sparktf.spark.jobs import jvm_gone
 
-__all__ = ["SessionKind", "TaskFunction", "Shared", "DRIVER_HOST_CONF", "RENDEZVOUS_CONF"]
+__all__ = ["SessionKind", "TaskFunction", "Shared", "InlineBytes", "DRIVER_HOST_CONF", "RENDEZVOUS_CONF"]
 
 #: A task of :meth:`SessionKind.run_tasks`: its partition's numbers in, byte strings (or None) out.
 TaskFunction = Callable[[Iterable[int]], Iterator[Optional[bytes]]]
@@ -31,6 +31,32 @@ class Shared(ABC):
 
     def destroy(self) -> None:
         """Free them on the executors, where the kind can."""
+
+
+class InlineBytes(Shared):
+    """Bytes that travel inside the task's own pickled function: where a session's shared files do not reach the
+    tasks (a Spark Connect server's streaming queries do not see its session artifacts). Bounded by
+    :data:`INLINE_LIMIT`: they pass through the plan, the server's JVM heap included."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytes(data)
+
+    @property
+    def value(self) -> bytes:
+        return self.data
+
+    @classmethod
+    def of(cls, data: bytes, what: str, instead: str) -> "InlineBytes":
+        """``data`` inline, or a ``ConfigurationError`` naming ``what``, its size and ``instead`` when too large."""
+        if len(data) > INLINE_LIMIT:
+            raise ConfigurationError(
+                f"{what} of {len(data) >> 20} MB would travel inside the query's plan (more than "
+                f"{INLINE_LIMIT >> 20} MB): {instead}")
+        return cls(data)
+
+
+#: Most bytes :class:`InlineBytes` carries.
+INLINE_LIMIT = 64 << 20
 
 
 class SessionKind(ABC):

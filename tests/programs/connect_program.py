@@ -172,7 +172,8 @@ def stream_case(spark, tmp):
              .trigger(availableNow=True).start())
     query.awaitTermination(300)
     rows = spark.sql("select * from connect_scored").collect()
-    scored = {tuple(np.float32(v) for v in row["features"]): row["prediction"] for row in rows}
+    scored = {tuple(np.float32(v) for v in row["features"]): float(np.reshape(row["prediction"], -1)[0])
+              for row in rows}
     expected = model.predict(x, verbose=0).reshape(-1)
     error = max(abs(scored[tuple(row)] - want) for row, want in zip(x, expected))
     training = TFDataset.from_dataframe(stream, "features", "label", batch_size=8)
