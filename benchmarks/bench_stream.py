@@ -33,21 +33,14 @@ import argparse
 import os
 import shutil
 import tempfile
-import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import numpy as np
 
+from bench_train import SESSION_CONF  # beside this script
+
 WIDTH = 32
-SESSION_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.python.worker.reuse": "true",
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.sql.shuffle.partitions": "2",
-}
 SCHEMA = "features array<float>, label int"
 
 
@@ -71,8 +64,9 @@ def build_model(seed: int = 0) -> Any:
     import keras
 
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(64, activation="relu"),
-                              keras.layers.Dense(1, activation="sigmoid")])
+    # named: every model built here has the same architecture key, so the warm-up warms the measured runs' workers
+    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(64, activation="relu", name="hidden"),
+                              keras.layers.Dense(1, activation="sigmoid", name="click")], name="bench_stream_mlp")
     model.compile(keras.optimizers.Adam(1e-3), "binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
     return model
 
@@ -114,13 +108,19 @@ def train_rates(spark: Any, work: str, files: int, records: int, batch: int) -> 
     stream_seconds = time.perf_counter() - started
     assert query.exception() is None, query.exception()
     total = files * records
-    per_batch = np.median([entry["seconds"] for entry in query.training_progress])
+    per_batch = [entry["seconds"] for entry in query.training_progress]
     return {"batch_records_per_s": total / batch_seconds, "stream_records_per_s": total / stream_seconds,
-            "micro_batch_median_s": float(per_batch), "stream_train_ratio": batch_seconds / stream_seconds}
+            "micro_batch_median_s": float(np.median(per_batch)), "micro_batch_first_s": per_batch[0],
+            "between_micro_batches_s": (stream_seconds - sum(per_batch)) / files,
+            "stream_train_ratio": batch_seconds / stream_seconds}
 
 
 def freshness(spark: Any, work: str, files: int, records: int, batch: int) -> Dict[str, float]:
-    """p95 seconds from a file's arrival to its micro-batch's end, and from there to a scorer using its version."""
+    """p95 seconds from a file's arrival to its micro-batch's end, and from there to a scorer using its version.
+
+    Both queries run all along, on one slot each; what is measured starts once both have warmed up (the first
+    version published, the scorer's first rows written).
+    """
     from pyspark.sql import functions as F
 
     from sparktf import TFDataset, TFOptimizer, TFPredictor
@@ -128,55 +128,55 @@ def freshness(spark: Any, work: str, files: int, records: int, batch: int) -> Di
 
     folder, model_dir = os.path.join(work, "live"), os.path.join(work, "live-model")
     os.makedirs(folder)
-    arrivals = [write_file(folder, "live-000", records, 1000)]
+    write_file(folder, "live-000", records, 1000)
     dataset = TFDataset.from_dataframe(stream_of(spark, folder), "features", "label", batch_size=batch)
-    optimizer = TFOptimizer.from_keras(build_model(), dataset, model_dir=model_dir, keep_checkpoints=None)
+    # one training slot and one scoring slot: the two queries share local[2]'s cores without waiting for each other
+    optimizer = TFOptimizer.from_keras(build_model(), dataset, model_dir=model_dir, keep_checkpoints=None,
+                                       num_workers=1)
     training = optimizer.optimize_stream(trigger={"processingTime": "2 seconds"}, publish_every=1)
-    deadline = time.time() + 120
-    while newest_version(model_dir) is None:  # the scorer needs a first version
-        if time.time() > deadline or training.exception() is not None:
-            raise RuntimeError(f"no version published: {training.exception()}")
-        time.sleep(0.1)
+    wait_until(lambda: newest_version(model_dir) is not None, training, "the first version")
     probe = [0.1 * (i % 7) - 0.3 for i in range(WIDTH)]
-    rate = (spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+    rate = (spark.readStream.format("rate").option("rowsPerSecond", 5).option("numPartitions", 1).load()
             .select(F.array(*[F.lit(v).cast("float") for v in probe]).alias("features")))
     scorer = TFPredictor.from_published(model_dir, TFDataset.from_dataframe(rate, "features", batch_per_thread=64))
-    seen: List[tuple] = []
-
-    def record(frame: Any, batch_id: int) -> None:
-        row = frame.select("prediction").limit(1).collect()
-        if row:
-            seen.append((time.time(), float(row[0].prediction[0])))
-
-    scoring = (scorer.predict_dataframe(rate, "features").writeStream.foreachBatch(record)
-               .trigger(processingTime="0.5 seconds").option("checkpointLocation", os.path.join(work, "scorer"))
-               .start())
-    for index in range(1, files):
-        time.sleep(max(0.0, arrivals[-1] + 2.0 - time.time()))
-        arrivals.append(write_file(folder, f"live-{index:03d}", records, 1000 + index))
-    deadline = time.time() + 120
-    while len(training.training_progress) < files and time.time() < deadline and training.exception() is None:
-        time.sleep(0.2)
+    clock = F.udf(lambda _: time.time(), "double")  # when the task scored the row: right after the model ran
+    scored = scorer.predict_dataframe(rate, "features").select(clock(F.col("prediction")).alias("scored_at"),
+                                                               F.col("prediction")[0].alias("p"))
+    scoring = (scored.writeStream.format("memory").queryName("bench_scores").trigger(processingTime="0.5 seconds")
+               .option("checkpointLocation", os.path.join(work, "scorer")).start())
+    wait_until(lambda: spark.sql("select count(*) from bench_scores").first()[0] > 0, scoring, "the scorer's rows")
+    arrivals = {}
+    first = len(training.training_progress)  # the micro-batch of the next file
+    for index in range(files):
+        time.sleep(max(0.0, max(arrivals.values(), default=0.0) + 2.0 - time.time()))
+        arrivals[first + index] = write_file(folder, f"live-{index + 1:03d}", records, 1001 + index)
+    wait_until(lambda: len(training.training_progress) >= first + files, training, "the last micro-batch")
     time.sleep(3)  # the scorer's next micro-batches take the last version
     training.stop()
     scoring.stop()
-    progress = training.training_progress
-    to_trained = [entry["ended"] - arrivals[entry["batchId"]] for entry in progress if entry["batchId"] < files]
-    probes = {}  # each version's own prediction of the probe
-    for number in versions(model_dir):
-        version = PublishedVersion(number, os.path.join(published_root(model_dir), str(number)), {})
-        probes[number] = float(load_version(version).predict(np.array([probe], np.float32), verbose=0)[0, 0])
-    ended = {entry.get("version"): entry["ended"] for entry in progress if entry.get("version")}
+    seen = sorted((row.scored_at, row.p) for row in spark.sql("select * from bench_scores").collect())
+    trained = [entry for entry in training.training_progress if entry["batchId"] in arrivals]
+    to_trained = [entry["ended"] - arrivals[entry["batchId"]] for entry in trained]
     to_visible = []
-    for number, prediction in probes.items():
-        if number not in ended:
-            continue
-        used = [t for t, p in seen if abs(p - prediction) < 1e-6 and t >= ended[number] - 1.0]
+    for entry in trained:  # each version's own prediction of the probe tells which rows it scored
+        version = PublishedVersion(entry["version"], os.path.join(published_root(model_dir), str(entry["version"])), {})
+        prediction = float(load_version(version).predict(np.array([probe], np.float32), verbose=0)[0, 0])
+        used = [t for t, p in seen if abs(p - prediction) < 1e-6]
         if used:
-            to_visible.append(max(0.0, used[0] - ended[number]))
+            to_visible.append(max(0.0, used[0] - entry["ended"]))
     return {"event_to_trained_p95_s": float(np.percentile(to_trained, 95)),
+            "event_to_trained_median_s": float(np.median(to_trained)),
             "trained_to_visible_p95_s": float(np.percentile(to_visible, 95)) if to_visible else float("nan"),
-            "versions_seen_by_scorer": float(len(to_visible))}
+            "versions_seen_by_scorer": float(len(to_visible)), "versions_published": float(len(versions(model_dir)))}
+
+
+def wait_until(condition: Any, query: Any, what: str, timeout: float = 180.0) -> None:
+    """Poll ``condition`` (the benchmark watches two running queries) until it holds; fail on the query's error."""
+    deadline = time.time() + timeout
+    while not condition():
+        if query.exception() is not None or time.time() > deadline:
+            raise RuntimeError(f"no {what} within {timeout:.0f} s: {query.exception()}")
+        time.sleep(0.1)
 
 
 def score_rates(spark: Any, work: str, batch: int) -> Dict[str, float]:
@@ -214,7 +214,8 @@ def main() -> None:
     import sparktf
 
     files, records, batch = (4, 4000, 256) if args.quick else (8, 40000, 512)
-    spark = sparktf.init_spark("local[2]", app_name="bench_stream", conf=SESSION_CONF)
+    spark = sparktf.init_spark("local[2]", app_name="bench_stream",
+                               conf={**SESSION_CONF, "spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")
     work = tempfile.mkdtemp(prefix="sparktf-bench-stream-")
     try:

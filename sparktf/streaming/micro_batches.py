@@ -27,6 +27,8 @@ from sparktf.triggers import MaxIteration, TrainingProgress
 __all__ = ["MicroBatchTrainer"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
+#: The test pass's batches hold this many local training batches (a forward pass keeps no gradients).
+TEST_BATCH_FACTOR = 4
 #: Seconds a micro-batch waits for ``start()`` to hand over the query's id.
 _QUERY_ID_WAIT = 120.0
 
@@ -77,8 +79,16 @@ class MicroBatchTrainer:
         for callback in self._callbacks:
             callback.on_epoch_begin(batch_id)
         workers = min(optimizer.num_workers, records)
-        tested = self._test(dataset, workers)
-        losses = self._train(dataset, workers, batch_id)
+        layout = dataset.training_blocks(workers)  # laid out once: the test job computes it, training reads it
+        cached_here = not layout.is_cached
+        if cached_here:
+            layout.persist("micro-batch")
+        try:
+            tested = self._test(dataset, layout, workers)
+            losses = self._train(dataset, workers, batch_id)
+        finally:
+            if cached_here:
+                layout.unpersist()
         logs: Dict[str, Any] = {"loss": float(sum(losses) / len(losses)) if losses else float("nan"),
                                 **{f"test_{name}": float(value) for name, value in tested.items()},
                                 "records": records}
@@ -93,12 +103,14 @@ class MicroBatchTrainer:
         for callback in self._callbacks:
             callback.on_epoch_end(batch_id, dict(logs))
 
-    def _test(self, dataset: Any, workers: int) -> Dict[str, float]:
-        """The compiled loss and metrics over the micro-batch with the model before it trains on it."""
+    def _test(self, dataset: Any, layout: Any, workers: int) -> Dict[str, float]:
+        """The compiled loss and metrics over the micro-batch (its training ``layout``: one task a worker) with the
+        model before it trains on it."""
         optimizer = self._optimizer
-        return evaluate_model(optimizer.model, dataset, self._elements, dataset.inference_batch_size(workers),
+        batch = TEST_BATCH_FACTOR * dataset.local_batch_size(workers)  # forward only: no gradients to hold
+        return evaluate_model(optimizer.model, dataset, self._elements, batch,
                               optimizer._payload_broadcast(), optimizer.iteration, optimizer.collective_timeout,
-                              optimizer.resource_profile)
+                              optimizer.resource_profile, layout)
 
     def _train(self, dataset: Any, workers: int, batch_id: int) -> List[float]:
         """One pass over the micro-batch; its checkpoint records ``batch_id``. The per-iteration losses."""

@@ -93,7 +93,7 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
         raise ConfigurationError("optimize_stream needs a classic Spark session: a Spark Connect session runs "
                                  "foreachBatch on the server, away from this model. Score streams from Connect with "
                                  "TFPredictor.predict_dataframe; train where the driver runs the query")
-    dataset.local_batch_size(1)  # batch_size is set
+    dataset.local_batch_size(optimizer.num_workers)  # batch_size is set, and fits the workers
     if latest_checkpoint(optimizer.model_dir) is not None:  # where the model stands, committed micro-batches included
         optimizer.load_checkpoint()
     trainer = MicroBatchTrainer(optimizer, publish_every, callbacks)

@@ -54,7 +54,8 @@ def evaluate_blocks(
     model : keras.Model
         The driver's compiled model (its metric objects compute the result).
     blocks : BlockSet
-        The Blocks (see ``docs/internals.md``).
+        The Blocks (see ``docs/internals.md``); keyed ones (a training
+        layout) too, their keys dropped.
     elements : MappedElements
         The blocks' element structure, the maps their batches go through (the
         dataset's, the model's preprocessing) and the structure after them.
@@ -101,6 +102,8 @@ def evaluate_blocks(
         source = StateSource(channel and channel.address, secret, partitions, timeout, broadcast)
         task = partial(_evaluate_partition, payload, source if state is not None else None, elements,
                        element_structure, batch_size, gpu_plan(session.conf, profile))
+        if blocks.keyed:
+            task = partial(_unkeyed, task)
         collect = lambda: blocks.collect(task, profile=profile)  # noqa: E731
         try:
             if channel is None:
@@ -172,6 +175,11 @@ def _evaluate_partition(
     heartbeat.stop(DONE)
     if totals is not None:
         yield totals
+
+
+def _unkeyed(task: Any, blocks: Iterable[tuple]) -> Any:
+    """``task`` over keyed Blocks without their keys (the order of records does not change metrics)."""
+    return task(block[1:] for block in blocks)
 
 
 def _build_metrics(model: Any, element_structure: tuple) -> None:

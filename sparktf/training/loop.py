@@ -383,6 +383,8 @@ def _prepared_step(
         heartbeat.phase = "warm_up"
         with classified_failures(rank, shard, spec.start.iteration + 1, warm_up=True):
             features, labels, weights = _features_labels(spec, batch_mapper(spec.maps, step.model), batch)
+            if spec.single_pass is not None:  # a pass's batches all carry weights: traced once, here
+                weights = spec.single_pass.masked(None, weights, spec.local_batches[shard])
             step.sharded = frozenset()
             step.warm_up(working_features(plan, step.model, features)[0] if plan.tables else features, labels, weights)
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task

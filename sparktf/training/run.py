@@ -261,7 +261,7 @@ class TrainingRun:
 
 
 def evaluate_model(model: Any, dataset: Any, elements: MappedElements, batch: int, payload: Any, iteration: int,
-                   collective_timeout: float, profile: Any) -> Dict[str, float]:
+                   collective_timeout: float, profile: Any, blocks: Any = None) -> Dict[str, float]:
     """The driver model's compiled loss and metrics over every record of ``dataset``, with its current weights.
 
     Parameters
@@ -282,6 +282,9 @@ def evaluate_model(model: Any, dataset: Any, elements: MappedElements, batch: in
         Seconds before a task that makes no progress is cancelled (plus the watchdog's slack).
     profile : ResourceProfile or None
         What each task needs.
+    blocks : BlockSet, optional
+        The dataset's records as other Blocks (e.g. its training layout); default ``dataset.blocks``.
     """
     state = ModelState.capture(model, iteration, include_optimizer=False)
-    return evaluate_blocks(model, dataset.blocks, elements, batch, payload, state, collective_timeout, profile)
+    return evaluate_blocks(model, dataset.blocks if blocks is None else blocks, elements, batch, payload, state,
+                           collective_timeout, profile)
