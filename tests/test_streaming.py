@@ -11,6 +11,7 @@ import pytest
 from sparktf import TFDataset, TFOptimizer, TFPredictor
 from sparktf.data.columnar import balanced_bounds, pass_bounds
 from sparktf.errors import ConfigurationError
+from sparktf.models.published import publish
 from sparktf.training.checkpoint import latest_checkpoint, load_checkpoint
 from sparktf.ml import KerasModel
 
@@ -166,6 +167,29 @@ def test_a_driver_killed_between_its_checkpoint_and_sparks_commit_resumes_withou
     assert resumed.iteration == 3
     for got, want in zip(resumed.model.get_weights(), reference_weights(classifier(), micro_batches, 64, 2)):
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_running_scoring_query_picks_up_a_new_version_without_a_restart(spark, tmp_path):
+    rng = np.random.default_rng(5)
+    events, model_dir = tmp_path / "events", str(tmp_path / "model")
+    x0, _ = write_events(spark, events, 0, rng, 6)
+    first, second = classifier(0), classifier(1)
+    publish(first, model_dir, {"batchId": 0})
+    stream = event_stream(spark, events)
+    scorer = TFPredictor.from_published(model_dir, TFDataset.from_dataframe(stream, "features", batch_per_thread=8))
+    query = (scorer.predict_dataframe(stream, "features").writeStream.format("memory").queryName("versions")
+             .trigger(processingTime="100 milliseconds").start())
+    try:
+        query.processAllAvailable()
+        publish(second, model_dir, {"batchId": 1})
+        x1, _ = write_events(spark, events, 1, rng, 6)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    got = {tuple(r.features): r.prediction[0] for r in spark.sql("select * from versions").collect()}
+    for x, model in ((x0, first), (x1, second)):  # each file scored by the version newest when it arrived
+        want = model.predict(x, verbose=0).reshape(-1)
+        np.testing.assert_allclose([got[tuple(row)] for row in x.tolist()], want, atol=1e-6)
 
 
 def test_streaming_configuration_is_refused_before_any_job(spark, tmp_path):
