@@ -169,6 +169,26 @@ def test_a_driver_killed_between_its_checkpoint_and_sparks_commit_resumes_withou
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_a_micro_batch_of_two_files_and_one_of_one_record_train_exactly(spark, tmp_path):
+    rng = np.random.default_rng(6)
+    events = tmp_path / "events"
+    files = [write_events(spark, events, index, rng, 1) for index in range(3)]  # picked by modification time
+    micro_batches = [(np.concatenate([files[0][0], files[1][0]]), np.concatenate([files[0][1], files[1][1]])),
+                     files[2]]  # two partitions laid out for two workers; then one record, trained on one
+    stream = (spark.readStream.schema("features array<float>, label int").option("maxFilesPerTrigger", 2)
+              .parquet(str(events / "part-*")))
+    optimizer = TFOptimizer.from_keras(
+        classifier(), TFDataset.from_dataframe(stream, "features", "label", batch_size=32, shuffle=False),
+        model_dir=str(tmp_path / "model"), num_workers=2)
+    query = optimizer.optimize_stream(trigger={"availableNow": True})
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    assert [(entry["batchId"], entry["records"]) for entry in query.training_progress] == [(0, 2), (1, 1)]
+    # full batches: the order of records within a micro-batch does not matter
+    for got, want in zip(optimizer.model.get_weights(), reference_weights(classifier(), micro_batches, 32, 1)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 def test_a_running_scoring_query_picks_up_a_new_version_without_a_restart(spark, tmp_path):
     rng = np.random.default_rng(5)
     events, model_dir = tmp_path / "events", str(tmp_path / "model")
