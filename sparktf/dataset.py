@@ -23,7 +23,6 @@ from sparktf.data.block_dataset import UNSET as _UNSET
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.block_sets import BlockSet
 from sparktf.data.columnar import RecordFormat
-from sparktf.data.stream_frames import StreamFrames, stream_layouts
 from sparktf.data.tfrecord_stream import TFRecordStream
 from sparktf.context import current_session, reject_connect
 from sparktf.data.sources import (
@@ -39,9 +38,8 @@ from sparktf.data.sources import (
     tf_dtype_of,
 )
 from sparktf.errors import DataError
-from sparktf.inference.columns import feature_leaves
-from sparktf.inference.feeds import keras_inputs
 from sparktf.spark.task_devices import gpu_plan
+from sparktf.streaming.stream_dataset import stream_dataset
 
 __all__ = ["TFDataset"]
 
@@ -337,8 +335,8 @@ class TFDataset(BlockDataset):
             label_names = label_names + [weight_col]
         columns = feature_names + label_names
         if df.isStreaming:
-            return cls._stream(session, df, (feature_names, label_count, columns), weight_spec, validation_df,
-                               batch_size=batch_size, batch_per_thread=batch_per_thread, shuffle=shuffle, seed=seed)
+            return stream_dataset(cls, session, df, (feature_names, label_count, columns), weight_spec, validation_df,
+                                  batch_size=batch_size, batch_per_thread=batch_per_thread, shuffle=shuffle, seed=seed)
         layouts = arrow_io.column_layouts(df, columns)
         column_specs = [specs.parse_spec(layout, repr(name)) for name, layout in zip(columns, layouts)]
         feature_spec = one_or_list(column_specs[: len(feature_names)])
@@ -363,23 +361,6 @@ class TFDataset(BlockDataset):
             seed=seed,
         )
 
-    @classmethod
-    def _stream(cls, session: Any, df: DataFrame, names: tuple, weight_spec: Any, validation_df: Any,
-                layouts: Optional[list] = None, **options: Any) -> "TFDataset":
-        """The streaming dataset of ``df``'s columns ``names`` ``(feature names, label count, all columns)``, of
-        ``layouts`` ``(dtype, shape)`` (default: from the schema)."""
-        import tensorflow as tf
-
-        if validation_df is not None:
-            raise DataError("validation_df does not go with a streaming DataFrame: optimize_stream evaluates each "
-                            "micro-batch before it trains on it (test-then-train). Drop validation_df")
-        feature_names, label_count, columns = names
-        layouts = stream_layouts(df, columns) if layouts is None else layouts
-        column_specs = [tf.TensorSpec(shape, tf.as_dtype(dtype)) for dtype, shape in layouts]
-        feature_spec = one_or_list(column_specs[: len(feature_names)])
-        label_spec = one_or_list(column_specs[len(feature_names):][:label_count]) if label_count else None
-        return cls(StreamFrames(session, df, columns), feature_spec, label_spec, weight_spec=weight_spec, **options)
-
     def micro_batch(self, batch: DataFrame) -> "TFDataset":
         """One micro-batch (``foreachBatch``'s DataFrame) of this streaming dataset as a dataset laid out for one
         pass in global batches of ``batch_size``, records in order without ``shuffle``."""
@@ -388,43 +369,6 @@ class TFDataset(BlockDataset):
         dataset._partition_counts, dataset._training_blocks = None, {}
         dataset._sequential_order = True
         return dataset.one_pass()
-
-    def resolved_for(self, model: Any) -> "TFDataset":
-        """This streaming dataset with the lengths its schema did not tell taken from ``model``'s inputs
-        (features) and output (labels).
-
-        Raises
-        ------
-        DataError
-            When the model does not tell a length either, naming the columns.
-        """
-        leaves = specs.leaf_specs(self.stored_structure, "records")
-        if not any(None in leaf.shape for leaf in leaves):
-            return self
-        frame, columns = self.blocks.frame, self.blocks.columns
-        count = len(specs.flatten(self._feature_spec))
-        declared = keras_inputs(model)
-        known = feature_leaves(frame, columns[:count], None if declared is None else declared[0], "feature_cols")
-        shapes = [leaf.shape for leaf in known] if known else [leaf.shape for leaf in leaves[:count]]
-        outputs = getattr(model, "outputs", None) or []
-        for leaf, output in zip(leaves[count:], outputs):
-            shapes.append(tuple(output.shape[1:]) if None in leaf.shape else leaf.shape)
-        shapes += [leaf.shape for leaf in leaves[len(shapes):]]
-        unknown = [column for column, shape in zip(columns, shapes) if None in shape]
-        if unknown:
-            raise DataError(
-                f"the lengths of the array columns {unknown} of the streaming DataFrame are not known: a stream "
-                "cannot be read before its query runs, and neither the schema nor the model tells them. Give the "
-                "model inputs (and output) of fixed shapes, e.g. keras.Input((n,)), or assemble the columns with "
-                "VectorAssembler")
-        labels = len(columns) - count - (self._weight_spec is not None)
-        layouts = [("string" if leaf.is_string else leaf.dtype.name, shape) for leaf, shape in zip(leaves, shapes)]
-        resolved = TFDataset._stream(self.blocks.kind, frame, (columns[:count], labels, columns), self._weight_spec,
-                                     None, layouts, batch_size=self.batch_size, batch_per_thread=self.batch_per_thread,
-                                     shuffle=self.shuffle, seed=self.seed)
-        for function in self.batch_maps.functions:  # the maps again, on the resolved specs
-            resolved = resolved.mapped(function)
-        return resolved
 
     @classmethod
     def from_tfrecord_file(

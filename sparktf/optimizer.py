@@ -15,6 +15,7 @@ from sparktf.data.specs import leaf_specs
 from sparktf.inference.feeds import feature_leaves, keras_feed
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
 from sparktf.spark.calls import call_scope
+from sparktf.streaming.stream_dataset import resolved_for
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.training.callbacks import default_verbose
 from sparktf.training.checkpoint import find_checkpoint, load_checkpoint
@@ -91,7 +92,7 @@ class TFOptimizer:
         check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression,
                        keep_checkpoints)
         if dataset.is_streaming:  # the lengths its schema does not tell come from the model
-            dataset = dataset.resolved_for(model)
+            dataset = resolved_for(dataset, model)
         self._elements = _check_data_fits(model, dataset)  # by dataset: its batches as the model gets them
         self.session = dataset.blocks.kind
         self.model = model

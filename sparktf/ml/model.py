@@ -17,14 +17,8 @@ from sparktf.ml.outputs import CLASSIFICATION, REGRESSION, task_of, with_predict
 from sparktf.ml.params import TASKS, ModelParams, init_params
 from sparktf.ml.persistence import SavedStage
 from sparktf.models.saved_model_archive import SavedModelArchive
-from sparktf.predictor import (
-    KerasModelSource,
-    ModelSource,
-    SavedModelSource,
-    check_new_column,
-    column_leaves,
-    dataframe_with_predictions,
-)
+from sparktf.inference.model_sources import KerasModelSource, ModelSource, SavedModelSource
+from sparktf.predictor import check_new_column, column_leaves, dataframe_with_predictions
 from sparktf.storage import kept_local_copy
 
 __all__ = ["KerasModel"]
