@@ -66,8 +66,6 @@ class StreamFrames:
         The columns of the records, features first (then labels, then the weight).
     """
 
-    keyed = False
-
     def __init__(self, kind: Any, frame: DataFrame, columns: Sequence[str]):
         self.kind = kind
         self.frame = frame
@@ -91,6 +89,3 @@ class StreamFrames:
 
     def count_records(self) -> List[int]:
         return self._refuse("counting records")
-
-    def balanced(self, *args: Any) -> Any:
-        return self._refuse("optimize")
