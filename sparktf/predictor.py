@@ -101,13 +101,24 @@ class TFPredictor:
             ``CausalLM``) on batches of prompts: :meth:`predict` gives one
             ``str`` per prompt, :meth:`predict_dataframe` a string column.
         **method_kwargs
-            Keywords of ``generate``, e.g. ``max_length=64``.
+            For ``"generate"``: ``max_new_tokens=N`` (each row gets at most N
+            new tokens, whatever its prompt's length), ``prefix="..."`` (a
+            prompt prefix shared by every row, prefilled once per worker and
+            not part of the completions), ``on_error="raise" | "null"`` (a row
+            that cannot be completed, e.g. too long for the model, fails the
+            job with a ``DataError`` naming it, or gets a null completion),
+            and ``generate``'s ``max_length``, ``stop_token_ids`` and
+            ``strip_prompt``. Prompts are grouped by length within each
+            partition (see ``docs/guides/pretrained-models.md``).
 
         Raises
         ------
         DataError
             When the dataset's features do not fit the model's inputs, or no
             batch size is set.
+        ConfigurationError
+            For a keyword neither sparktf nor ``generate`` takes, or a value
+            out of range, before any job.
         """
         return cls(KerasModelSource(keras_model, method, method_kwargs), dataset)
 
@@ -212,6 +223,7 @@ class TFPredictor:
         num_features = len(specs.flatten(self._elements.stored[0]))
         profile = stage_profile(session, resource_profile)
         handle = dataclasses.replace(self._model.handle, gpus=gpu_plan(session.conf, profile), elements=self._elements)
+        handle, batch = handle.for_batch(batch)
 
         def predict_partition(partition: int, blocks: Iterator[tuple]) -> Iterator[Any]:
             features = (block[:num_features] for block in blocks)
@@ -363,13 +375,13 @@ def dataframe_with_predictions(
     selected, feature_names = _arrow_features(df, columns, leaves)
     session = current_session(df.sparkSession)
     gpus = gpu_plan(session.conf, profile)
-    handle = dataclasses.replace(source.handle, gpus=gpus, elements=elements)
+    handle, batch = dataclasses.replace(source.handle, gpus=gpus, elements=elements).for_batch(batch)
     if df.isStreaming and not session.has_rdds and handle.broadcast is not None:
         # a Connect server's streaming tasks do not see the session's artifacts: the model travels with the function
         handle = dataclasses.replace(handle, broadcast=source.inline_bytes())
     function = reporting_failures(session, DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch,
                                                             output_col, output_type))
-    schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, False)])
+    schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, handle.nullable_output)])
     return map_in_arrow(selected, function, schema, profile=profile)
 
 

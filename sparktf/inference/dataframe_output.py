@@ -11,7 +11,7 @@ from pyspark.sql import types as T
 from sparktf.data import arrow_io, batching
 from sparktf.errors import DataError
 from sparktf.inference.feeds import DICT, SINGLE, TensorInfo
-from sparktf.inference.runners import flat_outputs, partition_id, run_batches
+from sparktf.inference.runners import flat_outputs, partition_id, run_batches, text_values
 
 __all__ = ["DataFramePredict", "spark_output_type", "arrow_column", "spark_type"]
 
@@ -34,8 +34,9 @@ def arrow_column(array: np.ndarray) -> pa.Array:
     """An ``(n, d1, d2, ...)`` array as Arrow nested lists (``list<list<...>>``)."""
     array = np.ascontiguousarray(array.astype(_WIDENED.get(array.dtype.name, array.dtype), copy=False))
     flat = array.reshape(-1)
-    if array.dtype.kind == "U":  # generated text
-        values = pa.array(flat.tolist(), type=pa.string())
+    texts = text_values(flat)
+    if texts is not None:  # generated text
+        values = pa.array(texts, type=pa.string())
     else:
         values = pa.array(flat, type=pa.binary() if array.dtype == object else None)
     for depth in range(array.ndim - 1, 0, -1):  # innermost level first

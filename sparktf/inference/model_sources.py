@@ -18,6 +18,7 @@ from sparktf.data import specs
 from sparktf.data.batch_maps import BatchMaps, MappedElements
 from sparktf.errors import DataError
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, keras_feed, keras_inputs, plan_feed
+from sparktf.inference.generation import generation_options
 from sparktf.inference.runners import ModelHandle
 from sparktf.models.payload import ModelPayload
 from sparktf.models.published import load_version, newest_version
@@ -42,9 +43,10 @@ class KerasModelSource:
 
     def __init__(self, model: Any, method: str = "call", options: Optional[Dict[str, Any]] = None):
         self.model, self.method = model, _checked_method(model, method, options)
+        generation = generation_options(model, options or {}) if method == "generate" else None
         payload = ModelPayload.from_model(model, include_optimizer=False)
         self.handle = ModelHandle("keras", payload.key, current_session().share(payload.to_bytes(), "model"),
-                                  method=method, options=tuple(sorted((options or {}).items())))
+                                  method=method, generation=generation)
 
     def inline_bytes(self) -> Any:
         """The model's bytes to travel inside a task's function (a Connect stream's, see
@@ -95,8 +97,9 @@ class PublishedModelSource(KerasModelSource):
         model = load_version(version)
         self.model, self.method = model, _checked_method(model, method, options)
         store = store_for(model_dir, "model_dir")
+        generation = generation_options(model, options or {}) if method == "generate" else None
         self.handle = ModelHandle("published", store.executor_uri(model_dir), None, method=method,
-                                  options=tuple(sorted((options or {}).items())))
+                                  generation=generation)
 
     def inline_bytes(self) -> Any:
         """Nothing: the tasks read the versions from ``model_dir``."""

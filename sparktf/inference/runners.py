@@ -8,6 +8,7 @@ rejects; :func:`records` splits a batch's output into one element per record.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -17,6 +18,7 @@ from pyspark import TaskContext
 from sparktf.data.batch_maps import MappedElements
 from sparktf.errors import DataError
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed
+from sparktf.inference.generation import WINDOW_BATCHES, GenerationEngine, GenerationOptions, RejectedRow, timed_window
 from sparktf.models.batch_errors import rejected_batch
 from sparktf.models.cache import batch_mapper, cached
 from sparktf.models.payload import ModelPayload
@@ -25,7 +27,8 @@ from sparktf.models.saved_model_archive import SavedModelArchive
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.worker_gc import frozen_after
 
-__all__ = ["KerasRunner", "GenerateRunner", "SignatureRunner", "ModelHandle", "run_batches", "records", "flat_outputs", "partition_id"]
+__all__ = ["KerasRunner", "GenerateRunner", "SignatureRunner", "ModelHandle", "run_batches", "records", "flat_outputs", "partition_id",
+           "text_values"]
 
 
 class KerasRunner:
@@ -72,24 +75,32 @@ def _any_batch_spec(array: np.ndarray) -> Any:
 
 
 class GenerateRunner:
-    """Calls ``model.generate`` (a Keras Hub ``CausalLM``) on a batch of prompts; returns its texts as ``str``.
+    """Completes a window of prompts with a Keras Hub ``CausalLM`` (see :mod:`sparktf.inference.generation`).
 
-    ``generate`` runs the model's own preprocessing and sampler (its compiled
-    generation function is kept by the model between batches).
+    Returns the texts as ``str`` (an object array holding None for the rows
+    ``on_error="null"`` skipped).
     """
 
-    def __init__(self, model: Any, options: Dict[str, Any]):
-        self.model = model
-        self._options = dict(options)
+    def __init__(self, engine: GenerationEngine, batch_size: int):
+        self.engine, self.model, self.batch_size = engine, engine.lm, batch_size
 
     def __call__(self, prompts: Any) -> np.ndarray:
-        texts = self.model.generate(list(_texts(prompts)), **self._options)
-        return np.array(list(_texts(texts)), dtype=str)
+        texts = [value.decode("utf-8") if isinstance(value, bytes) else str(value)
+                 for value in np.asarray(prompts, dtype=object).reshape(-1)]
+        completions = timed_window(self.engine, texts, self.batch_size)
+        if any(text is None for text in completions):
+            return np.array(completions, dtype=object)
+        return np.array(completions, dtype=str)
 
 
-def _texts(values: Any) -> Iterator[str]:
-    for value in np.asarray(values, dtype=object).reshape(-1):
-        yield value.decode("utf-8") if isinstance(value, bytes) else str(value)
+def text_values(array: np.ndarray) -> Optional[List[Optional[str]]]:
+    """The texts of a 1-D array of generated text (``str``, or objects ``str`` and None), else None."""
+    if array.dtype.kind == "U":
+        return array.tolist()
+    if array.dtype == np.dtype(object) and array.ndim == 1 and len(array) and \
+            all(value is None or isinstance(value, str) for value in array):
+        return array.tolist()
+    return None
 
 
 class SignatureRunner:
@@ -122,8 +133,21 @@ class ModelHandle:
     output_kind: str = SINGLE
     gpus: GpuPlan = GpuPlan()
     method: str = "call"
-    options: Tuple[Tuple[str, Any], ...] = ()
+    generation: Optional[GenerationOptions] = None  # method="generate"'s keywords
     elements: Optional[MappedElements] = None
+    batch_size: int = 0  # method="generate": prompts per model call (set per job by for_batch)
+
+    @property
+    def nullable_output(self) -> bool:
+        """Whether a record's output may be null (generation with ``on_error="null"``)."""
+        return self.generation is not None and self.generation.on_error == "null"
+
+    def for_batch(self, batch: int) -> Tuple["ModelHandle", int]:
+        """This handle for batches of ``batch`` records, and the records each runner call gets: a window of
+        :data:`~sparktf.inference.generation.WINDOW_BATCHES` batches for generation, sorted by length inside it."""
+        if self.method != "generate":
+            return self, batch
+        return dataclasses.replace(self, batch_size=batch), batch * WINDOW_BATCHES
 
     def runner(self) -> Callable[[Any], Any]:
         """The cached runner of this process (loads the model on the first call).
@@ -138,7 +162,10 @@ class ModelHandle:
         if self.kind in ("keras", "published"):
             key, build = self._keras_model()
             if self.method == "generate":
-                return GenerateRunner(cached("keras-generate:" + key, frozen_after(build)), dict(self.options))
+                model = cached("keras-generate:" + key, frozen_after(build))
+                engine = cached(f"generation-engine:{key}:{self.generation!r}",
+                                lambda: GenerationEngine(model, self.generation))
+                return GenerateRunner(engine, self.batch_size)
             return cached("keras-predict:" + key, frozen_after(lambda: KerasRunner(build())))
         loaded = cached("saved-model:" + self.key,
                         frozen_after(lambda: SavedModelArchive(self.broadcast.value, self.key).load()))
@@ -171,6 +198,8 @@ def run_batches(
         size = len(leaves[0])
         try:
             output = runner(feed.pack(mapped(leaves)))
+        except RejectedRow as exc:
+            raise DataError(f"partition {partition}, record {start + exc.offset}: {exc.reason}") from None
         except (ValueError, TypeError) + _tf_input_errors() as exc:
             raise rejected_batch(partition, start, leaves, exc, "model", feed.expected()) from exc
         yield size, output
@@ -212,8 +241,9 @@ def records(output: Any, size: int) -> Iterator[Any]:
 
 def _rows(array: np.ndarray) -> Iterator[Any]:
     """The per-record ndarrays of a batch (0-d arrays, not NumPy scalars, for a 1-D batch); texts as ``str``."""
-    if array.dtype.kind == "U":
-        return iter(array.tolist())
+    texts = text_values(array)
+    if texts is not None:
+        return iter(texts)
     return (np.asarray(value) for value in array) if array.ndim == 1 else iter(array)
 
 

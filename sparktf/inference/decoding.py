@@ -1,0 +1,180 @@
+"""Token-level decoding of a Keras Hub ``CausalLM``: prefill and chunks of decode steps on its key/value cache.
+
+:class:`Decoder` drives the model's own ``call_with_cache`` (the forward pass
+``generate`` uses) and its compiled sampler's per-token choice
+(``compute_probabilities``, ``get_next_token``), so it needs no per-model code:
+
+* :meth:`Decoder.prefill` fills a batch's cache from its padded prompts, after
+  a shared prefix whose cache was computed once (:meth:`Decoder.prefix_cache`)
+  and is tiled into the batch;
+* :meth:`Decoder.decode` runs up to ``steps`` decode steps, one position for
+  every row, exactly as the sampler's loop does (a row still inside its
+  prompt keeps its own token);
+* :meth:`Decoder.keep` drops finished rows from the batch (tokens and cache).
+
+Both functions are traced once per worker with any batch size and length
+(:attr:`Decoder.traces` counts them). A model whose cache is not one tensor
+with the batch on its first axis and one axis along the sequence, or whose
+sampler replaces the token loop (beam, contrastive), is not decodable here:
+:func:`unsupported_reason` says why.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["CacheLayout", "Decoder", "cache_layout", "unsupported_reason"]
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """A model's key/value cache: one tensor ``shape`` with the batch on axis 0 and the sequence on ``sequence_axis``
+    (``None`` in ``shape`` on both)."""
+
+    shape: Tuple[Optional[int], ...]
+    sequence_axis: int
+    dtype: str
+
+
+def cache_layout(lm: Any) -> Optional[CacheLayout]:
+    """The layout of ``lm``'s cache, read from two tiny prefills (None: not one tensor, or no single sequence axis)."""
+    import tensorflow as tf
+
+    build = getattr(lm, "_build_cache", None)
+    if build is None or list(inspect.signature(build).parameters) != ["token_ids"]:
+        return None
+    shapes = []
+    for length in (2, 3):
+        _, cache = build(tf.zeros((1, length), "int32"))
+        if not isinstance(cache, tf.Tensor):
+            return None
+        shapes.append(tuple(cache.shape.as_list()))
+    changed = [axis for axis, (one, two) in enumerate(zip(*shapes)) if one != two]
+    if len(changed) != 1 or changed[0] == 0 or shapes[0][0] != 1:
+        return None
+    shape = tuple(None if axis in (0, changed[0]) else size for axis, size in enumerate(shapes[0]))
+    return CacheLayout(shape, changed[0], cache.dtype.name)
+
+
+def unsupported_reason(lm: Any) -> Optional[str]:
+    """Why ``lm`` cannot be decoded chunk by chunk (None: it can)."""
+    from keras_hub.samplers import Sampler
+
+    if not callable(getattr(lm, "call_with_cache", None)):
+        return f"{type(lm).__name__} has no call_with_cache(token_ids, cache, cache_update_index)"
+    sampler = getattr(lm, "sampler", None)
+    if sampler is None or type(sampler).__call__ is not Sampler.__call__:
+        return (f"its sampler {type(sampler).__name__} runs a loop of its own (beam or contrastive search); "
+                "compile(sampler='greedy' | 'top_k' | 'top_p' | 'random') decodes token by token")
+    if cache_layout(lm) is None:
+        return (f"the cache of {type(lm).__name__}._build_cache is not one tensor with the batch first and one "
+                "sequence axis")
+    return None
+
+
+class Decoder:
+    """Prefill and chunked decoding of ``lm`` (see the module docstring).
+
+    Parameters
+    ----------
+    lm : keras_hub.models.CausalLM
+        A model :func:`unsupported_reason` accepts, compiled with its sampler.
+    layout : CacheLayout
+        Its cache's layout.
+    """
+
+    def __init__(self, lm: Any, layout: CacheLayout):
+        import tensorflow as tf
+
+        self.lm, self.layout = lm, layout
+        self.traces = 0
+        tokens = tf.TensorSpec((None, None), tf.int32)
+        cache = tf.TensorSpec(layout.shape, layout.dtype)
+        scalar = tf.TensorSpec((), tf.int32)
+        self._prefill = tf.function(self._prefill_graph, jit_compile=False,
+                                    input_signature=[tokens, cache, scalar])
+        self._decode = tf.function(self._decode_graph, jit_compile=False,
+                                   input_signature=[tokens, cache, scalar, tf.TensorSpec((None, None), tf.bool), scalar])
+
+    # ------------------------------------------------------------------ prefill
+
+    def empty_cache(self, batch: int, length: int) -> Any:
+        """A zero cache of ``batch`` rows and ``length`` positions."""
+        import tensorflow as tf
+
+        shape = [batch if axis == 0 else length if axis == self.layout.sequence_axis else size
+                 for axis, size in enumerate(self.layout.shape)]
+        return tf.zeros(shape, self.layout.dtype)
+
+    def prefix_cache(self, prefix_ids: np.ndarray) -> Any:
+        """The cache of one row holding ``prefix_ids`` (computed once per worker and prefix)."""
+        return self._prefill(prefix_ids[None, :].astype(np.int32), self.empty_cache(1, len(prefix_ids)), 0)
+
+    def prefill(self, token_ids: np.ndarray, prefix: Any = None) -> Any:
+        """The cache of a batch of padded ``token_ids`` (rows start after ``prefix``'s tokens when given).
+
+        Returns the cache of every position of ``token_ids``; positions past a
+        row's prompt hold values no later step attends to.
+        """
+        import tensorflow as tf
+
+        batch, length = token_ids.shape
+        cache = self.empty_cache(batch, length)
+        start = 0
+        if prefix is not None:
+            start = int(prefix.shape[self.layout.sequence_axis])
+            tiled = tf.repeat(prefix, batch, axis=0)
+            padding = [[0, 0]] * len(self.layout.shape)
+            padding[self.layout.sequence_axis] = [0, length - start]
+            cache = tf.pad(tiled, padding)
+        return self._prefill(token_ids[:, start:].astype(np.int32), cache, start)
+
+    def _prefill_graph(self, token_ids: Any, cache: Any, start: Any) -> Any:
+        self.traces += 1
+        _, _, cache = self.lm.call_with_cache(token_ids, cache, start)
+        return cache
+
+    # ------------------------------------------------------------------ decode
+
+    def decode(self, token_ids: Any, cache: Any, index: int, prompt_mask: Any, steps: int) -> Tuple[Any, Any]:
+        """``steps`` decode steps from position ``index``: the new ``(token_ids, cache)``.
+
+        Position ``p`` of a row whose ``prompt_mask[p]`` is set keeps its
+        prompt token; every other position gets the sampler's next token.
+        """
+        return self._decode(token_ids, cache, index, prompt_mask, steps)
+
+    def _decode_graph(self, token_ids: Any, cache: Any, index: Any, prompt_mask: Any, steps: Any) -> Tuple[Any, Any]:
+        import tensorflow as tf
+
+        self.traces += 1
+        lm, sampler = self.lm, self.lm.sampler
+        batch = tf.shape(token_ids)[0]
+
+        def body(step: Any, token_ids: Any, cache: Any) -> Tuple[Any, Any, Any]:
+            position = index + step
+            last = tf.slice(token_ids, [0, position - 1], [batch, 1])
+            logits, _, cache = lm.call_with_cache(last, cache, position - 1)
+            probabilities = sampler.compute_probabilities(tf.squeeze(logits, axis=1))
+            chosen = tf.cast(sampler.get_next_token(probabilities), token_ids.dtype)
+            chosen = tf.where(prompt_mask[:, position], token_ids[:, position], chosen)
+            token_ids = tf.tensor_scatter_nd_update(
+                token_ids, tf.stack([tf.range(batch), tf.fill([batch], position)], axis=1), chosen)
+            return step + 1, token_ids, cache
+
+        _, token_ids, cache = tf.while_loop(lambda step, *_: step < steps, body, (tf.constant(0), token_ids, cache))
+        return token_ids, cache
+
+    # ------------------------------------------------------------------ rows
+
+    @staticmethod
+    def keep(rows: Sequence[int], *tensors: Any) -> List[Any]:
+        """``tensors`` with only the batch ``rows`` (on their first axis)."""
+        import tensorflow as tf
+
+        indices = tf.constant(list(rows), tf.int32)
+        return [tf.gather(tensor, indices, axis=0) for tensor in tensors]

@@ -1,0 +1,311 @@
+"""Batch generation with a Keras Hub ``CausalLM``: prompts grouped by length, finished rows dropped, a shared prefix.
+
+:func:`generation_options` checks ``method="generate"``'s keywords on the
+driver. On the executors, :class:`GenerationEngine` (one per Python worker,
+model and options) completes a *window* of prompts (several batches of one
+partition) at a time:
+
+1. it tokenizes them once, and names a row it cannot complete (a prompt that
+   with its new tokens is longer than the model's sequence length);
+2. it sorts the rows by length and cuts batches of ``batch_size`` rows, each
+   padded to the smallest of a fixed set of lengths (:func:`length_buckets`)
+   that holds its longest prompt plus its new tokens;
+3. it prefills each batch (after the shared prefix, whose cache was computed
+   once) and decodes ``chunk_steps`` tokens at a time, dropping the rows that
+   have produced a stop token or their ``max_new_tokens`` between chunks;
+4. it gives the completions back in the window's order.
+
+With a greedy sampler each completion is the one ``lm.generate`` gives for
+the prompt alone. A model the decoder cannot drive (see
+:func:`~sparktf.inference.decoding.unsupported_reason`) runs ``lm.generate``
+on the same sorted batches, with each batch's ``max_length``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sparktf.errors import ConfigurationError, DataError
+from sparktf.inference.decoding import Decoder, cache_layout, unsupported_reason
+
+__all__ = ["GenerationOptions", "GenerationEngine", "RejectedRow", "generation_options", "length_buckets",
+           "WINDOW_BATCHES"]
+
+_LOG = logging.getLogger("sparktf.generate")
+
+#: Batches of prompts one window holds: the rows sorted by length together.
+WINDOW_BATCHES = 8
+#: Lengths a worker pads its batches to, at most.
+MAX_BUCKETS = 8
+#: Decode steps between two looks for finished rows.
+CHUNK_STEPS = 8
+_OWN_KEYWORDS = ("max_new_tokens", "prefix", "on_error")
+
+
+class RejectedRow(DataError):
+    """A prompt that cannot be completed: ``offset`` is its index in the call's prompts."""
+
+    def __init__(self, offset: int, reason: str):
+        super().__init__(reason)
+        self.offset, self.reason = offset, reason
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """``method="generate"``'s keywords, checked (see :func:`generation_options`)."""
+
+    max_new_tokens: Optional[int] = None
+    max_length: Optional[int] = None
+    stop_token_ids: Any = "auto"
+    strip_prompt: bool = False
+    prefix: str = ""
+    on_error: str = "raise"
+
+
+def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions:
+    """``options`` of ``method="generate"`` for ``model``, checked before any job.
+
+    Raises
+    ------
+    ConfigurationError
+        For a keyword neither sparktf nor ``model.generate`` takes, a value
+        out of range, or ``max_new_tokens`` / ``prefix`` with a model that
+        cannot decode token by token.
+    """
+    accepted = [name for name in inspect.signature(model.generate).parameters if name != "inputs"]
+    unknown = sorted(set(options) - set(accepted) - set(_OWN_KEYWORDS))
+    if unknown:
+        raise ConfigurationError(
+            f"method='generate' takes no keyword(s) {unknown}: sparktf takes {list(_OWN_KEYWORDS)} and "
+            f"{type(model).__name__}.generate takes {accepted}")
+    for name in set(options) - set(_OWN_KEYWORDS) - {"max_length", "stop_token_ids", "strip_prompt"}:
+        raise ConfigurationError(f"method='generate' cannot pass {name}={options[name]!r} to generate: sparktf "
+                                 "feeds each batch of prompts itself")
+    checked = GenerationOptions(**options)
+    for name in ("max_new_tokens", "max_length"):
+        value = getattr(checked, name)
+        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
+            raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+    if checked.on_error not in ("raise", "null"):
+        raise ConfigurationError(f"on_error must be 'raise' or 'null', got {checked.on_error!r}")
+    if not isinstance(checked.prefix, str):
+        raise ConfigurationError(f"prefix must be a str, got {type(checked.prefix).__name__}")
+    if getattr(model, "preprocessor", None) is None:
+        raise ConfigurationError(f"method='generate' needs a {type(model).__name__} with its preprocessor: it "
+                                 "tokenizes the prompts")
+    reason = unsupported_reason(model)
+    if reason is not None and (checked.max_new_tokens is not None or checked.prefix):
+        raise ConfigurationError(f"max_new_tokens and prefix need a model sparktf can decode token by token; "
+                                 f"this one cannot: {reason}")
+    return checked
+
+
+def length_buckets(limit: int) -> List[int]:
+    """The fixed lengths batches are padded to: ``limit`` and up to 7 shorter ones, each about 1.41x the next."""
+    lengths = {int(math.ceil(limit / 2 ** (k / 2) / 8) * 8) for k in range(MAX_BUCKETS)}
+    return sorted(min(length, limit) for length in lengths)
+
+
+def _sequence_limit(lm: Any) -> int:
+    """The longest token sequence ``lm`` takes: its position embedding's, else its preprocessor's length."""
+    limit = getattr(lm.backbone, "max_sequence_length", None)
+    return int(limit) if limit else int(lm.preprocessor.sequence_length)
+
+
+@dataclass
+class _Row:
+    """One prompt being completed: its tokens (the prefix's first), where its prompt ends and where it must stop."""
+
+    offset: int
+    token_ids: np.ndarray  # the prompt's; once finished, the prompt's and the new ones
+    length: int  # the prompt's tokens
+    shown_from: int  # the first token of the completion's text: after the prefix, or after the prompt
+    end: int
+
+
+class GenerationEngine:
+    """Completes windows of prompts with ``lm`` (one per Python worker, model and options; see the module docstring)."""
+
+    def __init__(self, lm: Any, options: GenerationOptions):
+        self.lm, self.options = lm, options
+        self.limit = _sequence_limit(lm)
+        self.buckets = length_buckets(self.limit)
+        preprocessor = lm.preprocessor
+        stop = options.stop_token_ids
+        if stop == "auto":
+            tokenizer = preprocessor.tokenizer
+            stop = [tokenizer.end_token_id] + ([tokenizer.end_token2_id] if hasattr(tokenizer, "end_token2_id") else [])
+        self.stop_token_ids = np.array([] if stop is None else list(stop), dtype=np.int64)
+        self._start_token = bool(getattr(preprocessor, "add_start_token", False))
+        reason = unsupported_reason(lm)
+        self.decoder = None if reason else Decoder(lm, cache_layout(lm))
+        if reason:
+            _LOG.warning("generating with %s.generate on sorted batches: %s", type(lm).__name__, reason)
+        self.prefix_ids = self._tokens([options.prefix])[0] if options.prefix else None
+        self._prefix_cache = None
+        if self.prefix_ids is not None and self.decoder is not None:
+            self._prefix_cache = self.decoder.prefix_cache(self.prefix_ids)
+
+    @property
+    def compiles(self) -> int:
+        """The functions this worker traced for generation (prefill and decode: 2, 3 with a prefix)."""
+        return self.decoder.traces if self.decoder is not None else 0
+
+    # ------------------------------------------------------------------ the window
+
+    def complete(self, prompts: Sequence[str], batch_size: int) -> Tuple[List[Optional[str]], int]:
+        """The completions of ``prompts`` in order (None for a row ``on_error="null"`` skips) and the new tokens made.
+
+        Batches of ``batch_size`` rows of similar length go through the model.
+
+        Raises
+        ------
+        RejectedRow
+            With ``on_error="raise"``, for the first prompt that cannot be completed.
+        """
+        rows, rejected = self._rows(prompts)
+        if rejected and self.options.on_error == "raise":
+            offset, reason = rejected[0]
+            raise RejectedRow(offset, reason)
+        completions: List[Optional[str]] = [None] * len(prompts)
+        new_tokens = 0
+        rows.sort(key=lambda row: len(row.token_ids))
+        size = max(1, int(batch_size))
+        for start in range(0, len(rows), size):
+            batch = rows[start:start + size]
+            if self.decoder is not None:
+                self._decode(batch)
+            else:
+                self._generate(batch)
+            texts = self._texts([row.token_ids[row.shown_from:] for row in batch])
+            for row, text in zip(batch, texts):
+                completions[row.offset] = text
+            new_tokens += sum(len(row.token_ids) - row.length for row in batch)
+        if rejected:
+            _LOG.warning("generate: %d of %d prompts got a null completion (on_error='null'), the first: %s",
+                         len(rejected), len(prompts), rejected[0][1])
+        return completions, new_tokens
+
+    def _rows(self, prompts: Sequence[str]) -> Tuple[List["_Row"], List[Tuple[int, str]]]:
+        """The rows to complete and, for the others, ``(offset, reason)``."""
+        options, rows, rejected = self.options, [], []
+        prefix = self.prefix_ids if self.prefix_ids is not None else np.zeros(0, np.int64)
+        for offset, tokens in enumerate(self._tokens(prompts)):
+            if len(prefix):
+                tokens = tokens[1:] if self._start_token else tokens
+            length = len(prefix) + len(tokens)
+            if options.max_length is not None and length > options.max_length:
+                length = options.max_length  # as generate: the prompt cut to max_length, nothing new
+            end = length + options.max_new_tokens if options.max_new_tokens is not None else \
+                (options.max_length or int(self.lm.preprocessor.sequence_length))
+            if options.max_length is not None:
+                end = min(end, options.max_length)
+            end = max(end, length)
+            if end > self.limit or len(tokens) > self.limit:
+                counted = f"more than {self.limit}" if len(tokens) > self.limit else str(length)
+                rejected.append((offset, f"the prompt has {counted} tokens (the start token and prefix included) and "
+                                 f"{max(end - length, 0)} new tokens are wanted: longer than the model's sequence "
+                                 f"length {self.limit}. Shorten it, lower max_new_tokens, or pass on_error='null' to "
+                                 "give such rows a null completion"))
+                continue
+            token_ids = np.concatenate([prefix, tokens]).astype(np.int64)[:length]
+            shown = length if options.strip_prompt else len(prefix)
+            rows.append(_Row(offset, token_ids, length, shown, end))
+        return rows, rejected
+
+    def _tokens(self, texts: Sequence[str]) -> List[np.ndarray]:
+        """Each text's token ids as ``generate`` starts them (the start token first), up to ``limit + 1`` of them."""
+        packed = self.lm.preprocessor.generate_preprocess(list(texts), sequence_length=self.limit + 1)
+        token_ids = np.asarray(packed["token_ids"])
+        lengths = np.asarray(packed["padding_mask"]).sum(axis=1)
+        return [token_ids[i, :lengths[i]] for i in range(len(texts))]
+
+    def _padded(self, batch: Sequence["_Row"]) -> Tuple[np.ndarray, np.ndarray, int]:
+        """The batch's tokens and prompt mask padded to its length bucket, and that length."""
+        need = max(row.end for row in batch)
+        length = next(bucket for bucket in self.buckets if bucket >= need)
+        token_ids = np.zeros((len(batch), length), np.int32)
+        mask = np.zeros((len(batch), length), bool)
+        for i, row in enumerate(batch):
+            token_ids[i, :len(row.token_ids)] = row.token_ids
+            mask[i, :len(row.token_ids)] = True
+        return token_ids, mask, length
+
+    # ------------------------------------------------------------------ decoding
+
+    def _decode(self, batch: List["_Row"]) -> None:
+        """Decode ``batch`` chunk by chunk, dropping its finished rows; sets each row's tokens."""
+        import tensorflow as tf
+
+        token_ids, mask, _ = self._padded(batch)
+        prompt_lengths = mask.sum(axis=1)
+        cache = self.decoder.prefill(token_ids, self._prefix_cache)
+        tokens, mask_t = tf.constant(token_ids), tf.constant(mask)
+        active = list(range(len(batch)))
+        index = int(prompt_lengths.min())
+        while active:
+            furthest = max(batch[i].end for i in active)
+            steps = min(CHUNK_STEPS, furthest - index)
+            if steps > 0:
+                tokens, cache = self.decoder.decode(tokens, cache, index, mask_t, steps)
+                index += steps
+            values = tokens.numpy()
+            still = []
+            for position, i in enumerate(active):
+                if not self._finish(batch[i], values[position], index):
+                    still.append(position)
+            if len(still) < len(active):
+                tokens, cache, mask_t = Decoder.keep(still, tokens, cache, mask_t)
+                active = [active[position] for position in still]
+
+    def _finish(self, row: "_Row", values: np.ndarray, index: int) -> bool:
+        """Whether ``row`` is done at ``index`` (its ``end`` reached or a stop token made); if so, keep its tokens."""
+        made = values[row.length:min(index, row.end)]
+        stops = np.flatnonzero(np.isin(made, self.stop_token_ids)) if len(self.stop_token_ids) else ()
+        if len(stops):
+            row.token_ids = values[:row.length + stops[0] + 1].astype(np.int64)
+            return True
+        if index >= row.end:
+            row.token_ids = values[:row.end].astype(np.int64)
+            return True
+        return False
+
+    def _generate(self, batch: List["_Row"]) -> None:
+        """``lm.generate``'s function on the padded batch (a model the decoder cannot drive); sets each row's tokens."""
+        token_ids, mask, _ = self._padded(batch)
+        stop = list(self.stop_token_ids) if len(self.stop_token_ids) else None
+        output = self.lm.make_generate_function()({"token_ids": token_ids, "padding_mask": mask}, stop_token_ids=stop)
+        values = np.asarray(output["token_ids"])
+        for row, row_values in zip(batch, values):
+            self._finish(row, row_values, row.end)
+
+    def _texts(self, token_lists: Sequence[np.ndarray]) -> List[str]:
+        """The text of each token list, as ``generate``'s postprocessing makes it (special tokens dropped)."""
+        width = max(len(tokens) for tokens in token_lists)
+        token_ids = np.zeros((len(token_lists), max(width, 1)), np.int32)
+        mask = np.zeros(token_ids.shape, bool)
+        for i, tokens in enumerate(token_lists):
+            token_ids[i, :len(tokens)] = tokens
+            mask[i, :len(tokens)] = True
+        texts = self.lm.preprocessor.generate_postprocess({"token_ids": token_ids, "padding_mask": mask})
+        return [value.decode("utf-8") if isinstance(value, bytes) else str(value)
+                for value in np.asarray(texts, dtype=object).reshape(-1)]
+
+
+def timed_window(engine: GenerationEngine, prompts: Sequence[str], batch_size: int) -> List[Optional[str]]:
+    """``engine.complete(prompts, batch_size)``, logging the window's prompts/s, new tokens/s and this worker's
+    compiles."""
+    started = time.perf_counter()
+    completions, new_tokens = engine.complete(prompts, batch_size)
+    seconds = max(time.perf_counter() - started, 1e-9)
+    _LOG.info("generated %d prompts, %d new tokens in %.2f s (%.1f prompts/s, %.1f new tokens/s); %d compiles on "
+              "this worker", len(prompts), new_tokens, seconds, len(prompts) / seconds, new_tokens / seconds,
+              engine.compiles)
+    return completions
