@@ -10,12 +10,24 @@ Side by side in one run, on ``local[2]``:
   preprocessor. Both are timed warm: sparktf's second ``optimize`` call (the
   launch included), ``fit``'s epochs after a first one. ``RESULT
   text_finetune_ratio`` is sparktf's records/s over ``fit``'s (goal >= 0.9).
-* **Generation** with a GPT-2-shaped ``GPT2CausalLM`` (4 layers, hidden 256),
-  32 new tokens per prompt, greedy: ``TFPredictor.from_keras(lm, ...,
-  method="generate")`` on 2 partitions against one process's
-  ``lm.generate`` over the same prompts in the same batches, on both cores.
-  The completions must be equal. ``RESULT generate_ratio`` is prompts/s over
-  prompts/s (goal >= 0.9).
+* **Generation** with a GPT-2-shaped ``GPT2CausalLM`` (4 layers, hidden 256,
+  320 positions), greedy, 32 new tokens per prompt, prompts of log-normal
+  length (8-256 tokens), batches of 16:
+
+  - ``RESULT generate_engine_ratio``: useful new tokens/s of
+    ``TFPredictor.from_keras(lm, ..., method="generate", max_new_tokens=32)``
+    (prompts grouped by length, chunked decoding) against today's path, a
+    task calling ``lm.generate`` on each batch in input order with one
+    ``max_length`` (the longest prompt plus 32), on the same 2 workers and
+    prompts (goal >= 3). The completions must be equal (today's cut to 32
+    new tokens), and each side's peak worker memory is printed;
+  - ``RESULT generate_prefix_ratio``: the same path when every prompt starts
+    with one 128-token template, given as ``prefix=`` against written into
+    each prompt (goal >= 1.5);
+  - ``RESULT generate_ratio``: the new path on 2 partitions against one
+    process's best, ``lm.generate`` on batches sorted by length with each
+    batch's ``max_length``, on both cores (prompts/s over prompts/s, goal
+    >= 0.9).
 * **LoRA**: the bytes a worker sends per step, full fine-tuning against
   ``backbone.enable_lora(4)`` (``RESULT lora_bytes_ratio``, full / LoRA).
 
@@ -36,13 +48,17 @@ import sys
 import time
 from typing import Any, Dict, List
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # worker_memory, beside this file
+
 WORDS = [f"w{i}" for i in range(2000)]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 SEQUENCE = 128
 BATCH = 32
 NEW_TOKENS = 32
-PROMPT_WORDS = 16
+GENERATE_BATCH = 16
+LM_POSITIONS = 320  # the longest prompt (256 tokens) and its new tokens fit
+PREFIX_WORDS = 127  # with the start token: a 128-token template
 
 
 def texts_and_labels(records: int, seed: int = 0):
@@ -57,11 +73,20 @@ def texts_and_labels(records: int, seed: int = 0):
     return texts, labels
 
 
-def prompts(count: int, seed: int = 1) -> List[str]:
+def prompts(count: int, seed: int = 1, longest: int = 255) -> List[str]:
+    """``count`` prompts of 7 to ``longest`` one-token words (log-normal, median 40): 8 to ``longest + 1`` tokens."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(list(LETTERS), PROMPT_WORDS)) for _ in range(count)]
+    lengths = np.clip(np.exp(rng.normal(np.log(40), 0.8, count)), 7, longest).astype(int)
+    return [" ".join(rng.choice(list(LETTERS), length)) for length in lengths]
+
+
+def template() -> str:
+    """A 128-token instruction template (the start token and 127 words) every prompt of the prefix case shares."""
+    import numpy as np
+
+    return " ".join(np.random.default_rng(7).choice(list(LETTERS), PREFIX_WORDS))
 
 
 def classifier(lora: int = 0) -> Any:
@@ -91,26 +116,30 @@ def causal_lm() -> Any:
         vocabulary["\u0120" + letter] = len(vocabulary)
     merges = [f"\u0120 {letter}" for letter in LETTERS]
     tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
-    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=PROMPT_WORDS + NEW_TOKENS)
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=64)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=4, num_heads=4,
-                                             hidden_dim=256, intermediate_dim=1024,
-                                             max_sequence_length=PROMPT_WORDS + NEW_TOKENS + 8)
+                                             hidden_dim=256, intermediate_dim=1024, max_sequence_length=LM_POSITIONS)
     lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor)
     lm.compile(sampler="greedy")
     return lm
 
 
-def generate_options() -> Dict[str, Any]:
-    return {"max_length": PROMPT_WORDS + NEW_TOKENS + 1, "stop_token_ids": None}
+def token_count(lm: Any, text: str) -> int:
+    """The tokens ``generate`` starts ``text`` with (the start token included)."""
+    import numpy as np
+
+    packed = lm.preprocessor.generate_preprocess([text], sequence_length=LM_POSITIONS)
+    return int(np.asarray(packed["padding_mask"]).sum())
 
 
 # ------------------------------------------------------------------ one process (a subprocess)
 
 
-def single(kind: str, batches: int) -> Dict[str, Any]:
+def single(kind: str, count: int) -> Dict[str, Any]:
     import numpy as np
 
     if kind == "finetune":
+        batches = count
         texts, labels = texts_and_labels(BATCH * batches)
         model = classifier()
         x, y = np.array(texts), np.array(labels)
@@ -118,16 +147,28 @@ def single(kind: str, batches: int) -> Dict[str, Any]:
         started = time.perf_counter()
         model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         return {"seconds": time.perf_counter() - started, "records": len(texts)}
-    lm, items = causal_lm(), prompts(BATCH * batches)
-    lm.generate(items[:BATCH], **generate_options())  # trace, warm
+    lm, items = causal_lm(), prompts(count)
+    lengths = [token_count(lm, item) for item in items]
+    order = sorted(range(len(items)), key=lengths.__getitem__)
+
+    def sorted_batches() -> List[str]:
+        outputs = [""] * len(items)
+        for start in range(0, len(items), GENERATE_BATCH):
+            rows = order[start:start + GENERATE_BATCH]
+            texts = lm.generate([items[i] for i in rows], stop_token_ids=None,
+                                max_length=max(lengths[i] for i in rows) + NEW_TOKENS)
+            for i, text in zip(rows, texts):
+                outputs[i] = str(text)
+        return outputs
+
+    sorted_batches()  # trace, warm
     started = time.perf_counter()
-    outputs = [str(text) for start in range(0, len(items), BATCH)
-               for text in lm.generate(items[start:start + BATCH], **generate_options())]
+    outputs = sorted_batches()
     return {"seconds": time.perf_counter() - started, "records": len(items), "outputs": outputs}
 
 
-def one_process(kind: str, batches: int) -> Dict[str, Any]:
-    output = subprocess.run([sys.executable, __file__, "--single", kind, str(batches)], check=True,
+def one_process(kind: str, count: int) -> Dict[str, Any]:
+    output = subprocess.run([sys.executable, __file__, "--single", kind, str(count)], check=True,
                             capture_output=True, text=True, timeout=3600).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -152,21 +193,86 @@ def sparktf_finetune(spark: Any, batches: int, lora: int = 0) -> Dict[str, Any]:
     return {"seconds": seconds, "records": BATCH * batches, "bytes_per_step": traffic.sent / max(traffic.steps, 1)}
 
 
-def sparktf_generate(spark: Any, batches: int) -> Dict[str, Any]:
-    from sparktf import TFDataset, TFPredictor
+def prompt_frame(spark: Any, items: List[str]) -> Any:
+    frame = spark.createDataFrame(list(enumerate(items)), "id long, prompt string").coalesce(1).repartition(2)
+    return frame.cache()
 
-    items = prompts(BATCH * batches)
-    frame = spark.createDataFrame([(p,) for p in items], "prompt string").coalesce(1).repartition(2)
-    frame = frame.cache()
-    ordered = [row["prompt"] for row in frame.collect()]
-    dataset = TFDataset.from_dataframe(frame, "prompt", batch_per_thread=BATCH)
-    predictor = TFPredictor.from_keras(causal_lm(), dataset, method="generate", **generate_options())
-    predictor.predict().collect()  # warm: each worker loads the model and compiles its generate function
-    started = time.perf_counter()
-    outputs = predictor.predict().collect()
-    seconds = time.perf_counter() - started
+
+def sparktf_generate(frame: Any, **options: Any) -> Dict[str, Any]:
+    """The new path over ``frame``'s prompts: ``{id: completion}``, seconds of the second run, peak worker memory."""
+    from sparktf import TFDataset, TFPredictor
+    from worker_memory import PeakSampler
+
+    dataset = TFDataset.from_dataframe(frame, "prompt", batch_per_thread=GENERATE_BATCH)
+    predictor = TFPredictor.from_keras(causal_lm(), dataset, method="generate", stop_token_ids=None,
+                                       max_new_tokens=NEW_TOKENS, **options)
+    predictor.predict_dataframe(frame.limit(GENERATE_BATCH), "prompt").collect()  # warm: load, trace
+    with PeakSampler() as memory:
+        started = time.perf_counter()
+        rows = predictor.predict_dataframe(frame, "prompt").collect()
+        seconds = time.perf_counter() - started
+    return {"seconds": seconds, "outputs": {row["id"]: row["prediction"] for row in rows}, "peak": memory.peak}
+
+
+def todays_generate(frame: Any, max_length: int) -> Dict[str, Any]:
+    """Today's path: a task calling ``lm.generate`` on each batch of its partition, in input order, with one
+    ``max_length``, the model shipped and cached per worker as sparktf does."""
+    from sparktf.models.cache import cached
+    from sparktf.models.payload import ModelPayload
+    from worker_memory import PeakSampler
+
+    payload = ModelPayload.from_model(causal_lm(), include_optimizer=False)
+    shared = frame.sparkSession.sparkContext.broadcast(payload.to_bytes())
+    key = payload.key
+
+    def generate_partition(rows: Any) -> Any:
+        lm = cached("bench-today:" + key, lambda: ModelPayload.from_bytes(shared.value).build())
+        rows = list(rows)
+        for start in range(0, len(rows), GENERATE_BATCH):
+            batch = rows[start:start + GENERATE_BATCH]
+            texts = lm.generate([row["prompt"] for row in batch], max_length=max_length, stop_token_ids=None)
+            yield from ((row["id"], str(text)) for row, text in zip(batch, texts))
+
+    frame.limit(GENERATE_BATCH).rdd.mapPartitions(generate_partition).collect()  # warm: load, trace
+    with PeakSampler() as memory:
+        started = time.perf_counter()
+        outputs = dict(frame.rdd.mapPartitions(generate_partition).collect())
+        seconds = time.perf_counter() - started
+    return {"seconds": seconds, "outputs": outputs, "peak": memory.peak}
+
+
+def generation(spark: Any, count: int) -> Dict[str, float]:
+    """The three generation ratios (see the module docstring)."""
+    lm, items = causal_lm(), prompts(count)
+    lengths = [token_count(lm, item) for item in items]
+    frame = prompt_frame(spark, items)
+    engine = sparktf_generate(frame)
+    today = todays_generate(frame, max(lengths) + NEW_TOKENS)
+    same = sum(today["outputs"][i].startswith(engine["outputs"][i]) for i in range(len(items)))
+    tokens = NEW_TOKENS * len(items)
+    print(f"generation, {len(items)} prompts of {min(lengths)}-{max(lengths)} tokens, {NEW_TOKENS} new each: "
+          f"today's path {tokens / today['seconds']:.0f} new tokens/s, sparktf {tokens / engine['seconds']:.0f} "
+          f"new tokens/s ({len(items) / engine['seconds']:.1f} prompts/s); completions the start of today's: "
+          f"{same}/{len(items)}; "
+          f"peak worker RssAnon: today's {today['peak'] / 2**20:.0f} MB, sparktf {engine['peak'] / 2**20:.0f} MB")
+
+    prefix, short = template(), prompts(count, seed=2, longest=127)
     frame.unpersist()
-    return {"seconds": seconds, "records": len(items), "outputs": dict(zip(ordered, outputs))}
+    frame = prompt_frame(spark, [" " + item for item in short])
+    shared = sparktf_generate(frame, prefix=prefix)
+    frame.unpersist()
+    frame = prompt_frame(spark, [prefix + " " + item for item in short])
+    written = sparktf_generate(frame)
+    frame.unpersist()
+    same_prefix = sum(prefix + shared["outputs"][i] == written["outputs"][i] for i in range(len(short)))
+    print(f"a shared 128-token prefix: given as prefix= {len(short) / shared['seconds']:.1f} prompts/s, written into "
+          f"each prompt {len(short) / written['seconds']:.1f} prompts/s; completions equal: {same_prefix}/{len(short)}")
+
+    best = one_process("generate", count)
+    print(f"one process, sorted batches, generate on both cores: {best['records'] / best['seconds']:.1f} prompts/s")
+    return {"generate_engine_ratio": today["seconds"] / engine["seconds"],
+            "generate_prefix_ratio": written["seconds"] / shared["seconds"],
+            "generate_ratio": best["seconds"] / engine["seconds"]}
 
 
 def main() -> None:
@@ -180,7 +286,7 @@ def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     import sparktf
 
-    train_batches, generate_batches = (6, 6) if args.quick else (30, 24)
+    train_batches, generate_prompts = (6, 48) if args.quick else (30, 128)
     spark = sparktf.init_spark(master="local[2]", app_name="bench_text")
 
     fit = one_process("finetune", train_batches)
@@ -191,17 +297,11 @@ def main() -> None:
     print(f"bytes per step: full {spark_fit['bytes_per_step'] / 1e6:.2f} MB, LoRA rank 4 "
           f"{lora['bytes_per_step'] / 1e6:.3f} MB")
 
-    generated = one_process("generate", generate_batches)
-    spark_generated = sparktf_generate(spark, generate_batches)
-    expected = dict(zip(prompts(BATCH * generate_batches), generated["outputs"]))
-    same = all(spark_generated["outputs"][p] == text for p, text in expected.items())
-    one_rate = generated["records"] / generated["seconds"]
-    spark_gen_rate = spark_generated["records"] / spark_generated["seconds"]
-    print(f"generation ({NEW_TOKENS} new tokens): one process {one_rate:.1f} prompts/s, sparktf 2 workers "
-          f"{spark_gen_rate:.1f} prompts/s; completions equal: {same}")
+    ratios = generation(spark, generate_prompts)
     print(f"RESULT lora_bytes_ratio={spark_fit['bytes_per_step'] / lora['bytes_per_step']:.1f}")
     print(f"RESULT text_finetune_ratio={spark_rate / fit_rate:.3f}")
-    print(f"RESULT generate_ratio={spark_gen_rate / one_rate:.3f}")
+    for name, value in ratios.items():
+        print(f"RESULT {name}={value:.3f}")
 
 
 if __name__ == "__main__":

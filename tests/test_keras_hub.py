@@ -71,17 +71,9 @@ def test_a_text_classifier_fine_tunes_evaluates_and_scores_a_text_column_as_task
 
 
 def _causal_lm(seed=5):
-    keras.utils.set_random_seed(seed)
-    vocabulary = {"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3, "\u0120": 4, "\u0120a": 5, "\u0120b": 6, "\u0120c": 7,
-                  "ab": 8}
-    merges = ["a b", "\u0120 a", "\u0120 b", "\u0120 c"]
-    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
-    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=8)
-    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2, hidden_dim=16,
-                                             intermediate_dim=32, max_sequence_length=16, dropout=0.0)
-    lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor)
-    lm.compile(optimizer=keras.optimizers.SGD(0.5), sampler="greedy", jit_compile=False)
-    return lm
+    from tiny_lms import gpt2_lm
+
+    return gpt2_lm(seed)
 
 
 def test_a_causal_lm_fine_tunes_as_fit_and_generates_as_generate_on_a_dataframe_and_a_stream(spark, tmp_path):

@@ -227,10 +227,11 @@ class GenerationEngine:
         lengths = np.asarray(packed["padding_mask"]).sum(axis=1)
         return [token_ids[i, :lengths[i]] for i in range(len(texts))]
 
-    def _padded(self, batch: Sequence["_Row"]) -> Tuple[np.ndarray, np.ndarray, int]:
-        """The batch's tokens and prompt mask padded to its length bucket, and that length."""
+    def _padded(self, batch: Sequence["_Row"], bucketed: bool = True) -> Tuple[np.ndarray, np.ndarray, int]:
+        """The batch's tokens and prompt mask padded to its length bucket (or to its longest row's end), and that
+        length."""
         need = max(row.end for row in batch)
-        length = next(bucket for bucket in self.buckets if bucket >= need)
+        length = next(bucket for bucket in self.buckets if bucket >= need) if bucketed else need
         token_ids = np.zeros((len(batch), length), np.int32)
         mask = np.zeros((len(batch), length), bool)
         for i, row in enumerate(batch):
@@ -278,8 +279,11 @@ class GenerationEngine:
         return False
 
     def _generate(self, batch: List["_Row"]) -> None:
-        """``lm.generate``'s function on the padded batch (a model the decoder cannot drive); sets each row's tokens."""
-        token_ids, mask, _ = self._padded(batch)
+        """``lm.generate``'s function on the batch (a model the decoder cannot drive); sets each row's tokens.
+
+        The batch is padded to its longest row's end, not to a bucket: a beam search ranks whole sequences, so
+        what it picks depends on their length."""
+        token_ids, mask, _ = self._padded(batch, bucketed=False)
         stop = list(self.stop_token_ids) if len(self.stop_token_ids) else None
         output = self.lm.make_generate_function()({"token_ids": token_ids, "padding_mask": mask}, stop_token_ids=stop)
         values = np.asarray(output["token_ids"])

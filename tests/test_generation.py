@@ -1,0 +1,94 @@
+"""Batch generation at engine speed: prompts grouped by length, ``max_new_tokens``, finished rows dropped, a shared
+prefix prefilled once, one bad row not failing the job. Every completion is checked against ``lm.generate`` on its
+prompt alone, for a GPT-2 and a Llama 3 built tiny from config."""
+
+import numpy as np
+import pytest
+
+from sparktf import TFDataset, TFPredictor
+from sparktf.errors import ConfigurationError, DataError
+
+keras_hub = pytest.importorskip("keras_hub")
+
+from sparktf.inference.generation import GenerationEngine, generation_options, length_buckets  # noqa: E402
+from tiny_lms import gpt2_lm, llama3_lm  # noqa: E402
+
+PROMPTS = ["a b", "ab c", "c a b", "b", "a a c b a", "c c b", "ab ab", "b c", "a", "c b a c a b c", "b b", "ab"]
+
+
+def _alone(lm, prompt, new_tokens, stop_token_ids):
+    """``lm.generate`` on ``prompt`` alone, with the ``max_length`` that gives it ``new_tokens`` new tokens."""
+    tokens = int(np.asarray(lm.preprocessor.generate_preprocess([prompt], sequence_length=32)["padding_mask"]).sum())
+    return str(lm.generate([prompt], max_length=tokens + new_tokens, stop_token_ids=stop_token_ids)[0])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama3"])
+def test_each_completion_is_generate_on_its_prompt_alone_with_stop_tokens_a_prefix_and_few_compiles(family):
+    lm = gpt2_lm() if family == "gpt2" else llama3_lm()
+    stop = [lm.preprocessor.tokenizer.token_to_id("c")]  # a token the model makes, not its padding
+    for stop_token_ids in (None, stop):
+        engine = GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 5, "stop_token_ids": stop_token_ids}))
+        completions, new_tokens = engine.complete(PROMPTS, batch_size=3)
+        assert completions == [_alone(lm, prompt, 5, stop_token_ids) for prompt in PROMPTS]
+        if stop_token_ids is None:
+            assert new_tokens == 5 * len(PROMPTS)
+        else:
+            assert new_tokens < 5 * len(PROMPTS)  # rows that stopped early left their batch
+        assert engine.compiles == 2  # one prefill and one decode function, whatever the batch and length
+
+    prefixed = GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 4, "prefix": "a b c",
+                                                            "stop_token_ids": None}))
+    completions, _ = prefixed.complete([" " + prompt for prompt in PROMPTS], batch_size=4)
+    assert ["a b c" + text for text in completions] == \
+        [_alone(lm, "a b c " + prompt, 4, None) for prompt in PROMPTS]
+    assert prefixed.compiles == 2  # the prefix's prefill is the same function
+
+    stripped = GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 3, "stop_token_ids": None,
+                                                            "strip_prompt": True}))
+    completions, _ = stripped.complete(PROMPTS[:4], batch_size=2)
+    assert [prompt + text for prompt, text in zip(PROMPTS, completions)] == \
+        [_alone(lm, prompt, 3, None) for prompt in PROMPTS[:4]]
+
+
+def test_length_buckets_are_few_and_fixed_and_a_beam_sampler_keeps_generate():
+    assert length_buckets(16) == [8, 16]
+    assert length_buckets(1024) == [96, 128, 184, 256, 368, 512, 728, 1024]
+
+    beam = gpt2_lm(sampler="beam")
+    with pytest.raises(ConfigurationError, match=r"max_new_tokens and prefix need.*BeamSampler"):
+        generation_options(beam, {"max_new_tokens": 4})
+    engine = GenerationEngine(beam, generation_options(beam, {"max_length": 9, "stop_token_ids": None}))
+    completions, _ = engine.complete(PROMPTS[:5], batch_size=1)  # a beam's rows are not independent of their batch
+    assert engine.compiles == 0  # the model's own generate function on each sorted batch
+    assert completions == [str(beam.generate([prompt], max_length=9, stop_token_ids=None)[0]) for prompt in PROMPTS[:5]]
+
+
+def test_a_dataframe_of_prompts_keeps_its_order_and_one_bad_row_is_named_or_null(spark):
+    lm = gpt2_lm()
+    too_long = " ".join(["a"] * 14)  # 15 tokens with the start token: no room for 4 new ones in 16 positions
+    rows = [(i, prompt) for i, prompt in enumerate(PROMPTS[:6] + [too_long] + PROMPTS[6:])]
+    frame = spark.createDataFrame(rows, "id long, prompt string").repartition(2).cache()
+    ordered = frame.collect()
+    dataset = TFDataset.from_dataframe(frame, "prompt", batch_per_thread=2)
+
+    with pytest.raises(ConfigurationError, match=r"takes no keyword\(s\) \['max_tokens'\].*max_new_tokens"):
+        TFPredictor.from_keras(lm, dataset, method="generate", max_tokens=4)
+    with pytest.raises(ConfigurationError, match="max_new_tokens must be a positive int"):
+        TFPredictor.from_keras(lm, dataset, method="generate", max_new_tokens=0)
+
+    nulls = TFPredictor.from_keras(lm, dataset, method="generate", max_new_tokens=4, stop_token_ids=None,
+                                   on_error="null")
+    completed = nulls.predict_dataframe(frame, "prompt", output_col="completion").collect()
+    assert [row["id"] for row in completed] == [row["id"] for row in ordered]
+    expected = [None if row["prompt"] == too_long else _alone(lm, row["prompt"], 4, None) for row in ordered]
+    assert [row["completion"] for row in completed] == expected
+    assert nulls.predict().collect() == expected
+
+    raising = TFPredictor.from_keras(lm, dataset, method="generate", max_new_tokens=4, stop_token_ids=None)
+    placed = frame.rdd.mapPartitionsWithIndex(lambda p, rows: [(p, i) for i, row in enumerate(rows) if row["id"] == 6])
+    partition, record = placed.collect()[0]
+    with pytest.raises(Exception, match=rf"DataError: partition {partition}, record {record}: the prompt has 15 "
+                                        r"tokens .* 4 new tokens are wanted: longer than the model's sequence "
+                                        r"length 16"):
+        raising.predict_dataframe(frame, "prompt", output_col="completion").collect()
+    frame.unpersist()
