@@ -286,7 +286,7 @@ def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     import sparktf
 
-    train_batches, generate_prompts = (6, 48) if args.quick else (30, 128)
+    train_batches, generate_prompts = (6, 64) if args.quick else (30, 192)
     spark = sparktf.init_spark(master="local[2]", app_name="bench_text")
 
     fit = one_process("finetune", train_batches)

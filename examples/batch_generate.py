@@ -13,12 +13,13 @@ Nothing is downloaded:
    preprocessor makes them (the next tokens) and the sample weights (the
    padding mask) on the executors, as ``lm.fit`` does;
 3. completes a DataFrame of prompts (``"m n"``) with
-   ``TFPredictor.from_keras(lm, dataset, method="generate", max_length=...)``
+   ``TFPredictor.from_keras(lm, dataset, method="generate", max_new_tokens=...)``
    and ``predict_dataframe(df, "prompt", output_col="completion")``: each
-   executor runs ``lm.generate`` on its batches of prompts and the completions
-   come back as a string column, in the prompts' order. Every other keyword of
-   ``from_keras`` goes to ``lm.generate`` (here ``stop_token_ids=None``: generate
-   up to ``max_length`` tokens);
+   executor groups its prompts by length, decodes each batch until its rows
+   have their ``max_new_tokens`` (dropping finished rows between chunks of
+   steps), and the completions come back as a string column, in the prompts'
+   order. ``stop_token_ids=None`` goes to ``generate``'s meaning: no row stops
+   early;
 4. prints the completions and the share that continue the alphabet correctly.
 
 With network access, a pretrained model is one line on the driver, and the rest
@@ -81,8 +82,8 @@ def build_lm(letters: str, sequence_length: int, max_length: int, hidden_dim: in
     """A one-layer GPT-2 causal LM built from config, compiled with Adam and the greedy sampler.
 
     ``sequence_length`` is the preprocessor's for training; the backbone has
-    room for ``max_length`` positions too (``generate``'s, which may be longer
-    than the training texts).
+    room for ``max_length`` positions too (a prompt and its new tokens, which
+    may be longer than the training texts).
     """
     preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(letter_tokenizer(letters),
                                                              sequence_length=sequence_length)
@@ -143,14 +144,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     parser.add_argument("--learning_rate", type=float, default=1e-2, help="Adam's learning rate")
     parser.add_argument("--hidden_dim", type=int, default=64, help="GPT-2's hidden size")
     parser.add_argument("--prompts", type=int, default=200, help="prompts to complete")
-    parser.add_argument("--max_length", type=int, default=12,
-                        help="tokens of a completion, the start token and the prompt included")
+    parser.add_argument("--max_new_tokens", type=int, default=9, help="new tokens of each completion")
     parser.add_argument("--batch_per_thread", type=int, default=32, help="prompts per generate call")
     parser.add_argument("--seed", type=int, default=0, help="seeds the data and the initial weights")
     args = parser.parse_args(argv)
     if args.smoke:
         args.letters, args.sequences, args.epochs, args.batch_size = 8, 256, 3, 32
-        args.hidden_dim, args.prompts, args.max_length = 32, 12, 10
+        args.hidden_dim, args.prompts, args.max_new_tokens = 32, 12, 6
     if not 2 <= args.letters <= 26:
         parser.error("--letters must be between 2 and 26")
     if args.max_letters < 6:
@@ -161,7 +161,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     # 1. The model, built from config.
     keras.utils.set_random_seed(args.seed)
     sequence_length = args.max_letters + 2  # a token per letter ("Ġc" is one), the start and end tokens
-    lm = build_lm(letters, sequence_length, args.max_length, args.hidden_dim, args.learning_rate)
+    positions = 4 + args.max_new_tokens  # the start token, a prompt of up to 3 letters, the new tokens
+    lm = build_lm(letters, sequence_length, positions, args.hidden_dim, args.learning_rate)
     print(f"{type(lm).__name__}: {lm.count_params()} parameters, "
           f"{lm.preprocessor.tokenizer.vocabulary_size()} tokens in the vocabulary")
 
@@ -173,10 +174,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     optimizer = TFOptimizer.from_keras(lm, dataset, num_workers=args.num_workers)
     optimizer.optimize(end_trigger=MaxEpoch(args.epochs), verbose=2)
 
-    # 3. Complete the prompts: lm.generate on the executors, a string column back.
+    # 3. Complete the prompts on the executors: grouped by length, max_new_tokens each, a string column back.
     table = prompts(spark, letters, args.prompts, args.seed).cache()
     to_complete = TFDataset.from_dataframe(table, "prompt", batch_per_thread=args.batch_per_thread)
-    generator = TFPredictor.from_keras(lm, to_complete, method="generate", max_length=args.max_length,
+    generator = TFPredictor.from_keras(lm, to_complete, method="generate", max_new_tokens=args.max_new_tokens,
                                        stop_token_ids=None)
     completed = generator.predict_dataframe(table, "prompt", output_col="completion")
     rows: List[Tuple[int, str, str]] = [(row["id"], row["prompt"], row["completion"]) for row in completed.collect()]

@@ -216,5 +216,5 @@ def test_keras_hub_examples_smoke_fine_tune_evaluate_score_and_generate(spark, c
     assert "12 completions" in out
     for _, prompt, completion in completions:
         assert isinstance(completion, str) and completion.startswith(prompt)
-        assert len(prompt.split()) < len(completion.split()) <= 10 - 1  # max_length 10: the start token, 9 letters
+        assert len(completion.split()) <= len(prompt.split()) + 6  # max_new_tokens 6 (one letter is one token)
     assert generated["correct_share"] > 0.5, completions  # the runs are learned: 1.0 after 3 epochs

@@ -114,11 +114,12 @@ class Decoder:
         """The cache of one row holding ``prefix_ids`` (computed once per worker and prefix)."""
         return self._prefill(prefix_ids[None, :].astype(np.int32), self.empty_cache(1, len(prefix_ids)), 0)
 
-    def prefill(self, token_ids: np.ndarray, prefix: Any = None) -> Any:
+    def prefill(self, token_ids: np.ndarray, prompt_end: int, prefix: Any = None) -> Any:
         """The cache of a batch of padded ``token_ids`` (rows start after ``prefix``'s tokens when given).
 
-        Returns the cache of every position of ``token_ids``; positions past a
-        row's prompt hold values no later step attends to.
+        Returns a cache as long as ``token_ids`` holding positions up to
+        ``prompt_end`` (the longest prompt's end); positions past a row's
+        prompt hold values no step attends to before it writes them.
         """
         import tensorflow as tf
 
@@ -131,7 +132,9 @@ class Decoder:
             padding = [[0, 0]] * len(self.layout.shape)
             padding[self.layout.sequence_axis] = [0, length - start]
             cache = tf.pad(tiled, padding)
-        return self._prefill(token_ids[:, start:].astype(np.int32), cache, start)
+        if prompt_end <= start:  # every row is the prefix alone: decoding starts at its last token
+            return cache
+        return self._prefill(token_ids[:, start:prompt_end].astype(np.int32), cache, start)
 
     def _prefill_graph(self, token_ids: Any, cache: Any, start: Any) -> Any:
         self.traces += 1
