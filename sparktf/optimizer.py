@@ -7,7 +7,7 @@ membership, validation, callbacks); see ``docs/design/training.md``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.data.batch_maps import MappedElements
 from sparktf.errors import ConfigurationError
@@ -19,7 +19,7 @@ from sparktf.streaming.stream_dataset import resolved_for
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.training.callbacks import default_verbose
 from sparktf.training.checkpoint import find_checkpoint, load_checkpoint
-from sparktf.training.preflight import (check_labels, check_membership, check_optimize, check_settings,
+from sparktf.training.preflight import (check_labels, check_membership, check_optimize, check_settings, checked_profile_steps,
                                         compile_with_loss, recompile)
 from sparktf.training.run import RunRequest, RunSettings, RunState, TrainingRun, evaluate_model
 from sparktf.training.sharding.driver_tables import DriverTables
@@ -259,6 +259,7 @@ class TFOptimizer:
         verbose: Optional[int] = None,
         class_weight: Optional[Dict[int, float]] = None,
         *, checkpoint_failures: int = 3,
+        profile_steps: Optional[Tuple[int, int]] = None,
     ) -> Dict[str, Any]:
         """Train until ``end_trigger`` fires (or a callback sets ``model.stop_training``).
 
@@ -285,6 +286,12 @@ class TFOptimizer:
             has them). Training only, not validation; single-output models.
         checkpoint_failures : int
             Failed checkpoint writes in a row that stop training (default 3); fewer are logged and retried.
+        profile_steps : tuple of int, optional
+            ``(start, end)``: the iterations (absolute, inclusive) whose phases
+            every rank records; the call then writes a Chrome-trace JSON (one
+            track per rank, open it in Perfetto or ``chrome://tracing``) to
+            ``model_dir`` (a temporary folder for a remote or no
+            ``model_dir``), whose path is :attr:`last_timeline`.
 
         Returns
         -------
@@ -316,7 +323,8 @@ class TFOptimizer:
         end_trigger, checkpoint_trigger, validation_trigger, class_weight = check_optimize(
             self, (end_trigger, checkpoint_trigger, validation_trigger), class_weight)
         request = RunRequest(end_trigger, checkpoint_trigger, validation_trigger, list(callbacks or []),
-                             default_verbose() if verbose is None else verbose, class_weight, checkpoint_failures)
+                             default_verbose() if verbose is None else verbose, class_weight, checkpoint_failures,
+                             profile_steps=checked_profile_steps(profile_steps))
         result, self.history = self._training_run(self.dataset, self.num_workers).run(request)
         return result
 
@@ -401,6 +409,30 @@ class TFOptimizer:
     def last_timings(self) -> Dict[str, float]:
         """The last segment's seconds per phase (launch, model load, data, compute, all-reduce, ...)."""
         return self._state.last_timings
+
+    @property
+    def rank_timings(self) -> Dict[int, Dict[str, float]]:
+        """``{rank: {phase: seconds}}`` of the last call, summed over its segments.
+
+        The step phases are ``data`` (waiting for the batch), ``lookup`` (the
+        sharded tables' all-to-all), ``compute`` (forward and backward),
+        ``exchange_wait`` (waiting in the all-reduce for the last rank),
+        ``transfer`` (the all-reduce itself) and ``apply`` (the update); the
+        set-up phases (``model_load``, ``warm_up``, ``connect``, ...) follow.
+        See ``docs/guides/training.md``, "Why is it slow?".
+        """
+        return self._state.rank_timings
+
+    @property
+    def stragglers(self) -> List[Any]:
+        """The last call's stragglers: records with ``rank``, ``executor``, ``host``, ``phase`` and ``factor`` (its
+        median seconds per step in ``phase`` over the other ranks' median), the slowest first."""
+        return self._state.stragglers
+
+    @property
+    def last_timeline(self) -> Optional[str]:
+        """The Chrome-trace JSON written by the last ``optimize(profile_steps=...)`` (None before one)."""
+        return self._state.last_timeline
 
     @property
     def last_traffic(self) -> Any:

@@ -42,6 +42,7 @@ from sparktf.training.sharding.tables import (HeldTables, RankShards, apply_star
 from sparktf.training.gradient_exchange import GradientExchange, Traffic
 from sparktf.training.single_pass import SinglePass
 from sparktf.training.step import GradientClipping, TrainStep
+from sparktf.training.step_clock import PhaseClock, RankAnatomy
 from sparktf.training.class_weights import ClassWeights, batch_parts
 from sparktf.triggers import TrainingProgress, Trigger
 from sparktf.spark.worker_gc import freeze_alive
@@ -109,6 +110,9 @@ class SegmentSpec:
     single_pass : SinglePass, optional
         The segment reads each record of its shards once, its last batch
         partial (a stream's micro-batch); None: the shards are read endlessly.
+    profile_steps : tuple of int, optional
+        ``(start, end)``: the iterations whose phases' wall-clock spans each
+        rank keeps for the timeline.
     """
 
     payload: Any
@@ -130,6 +134,7 @@ class SegmentSpec:
     sharding: ShardPlan = ShardPlan((), 1)
     slots: Optional[str] = None
     single_pass: Optional[SinglePass] = None
+    profile_steps: Optional[Tuple[int, int]] = None
 
 
 @dataclass
@@ -163,6 +168,8 @@ class SegmentResult:
         The metrics' states summed over the epoch after ``iteration``.
     traffic : Traffic, optional
         The gradient bytes rank 0 sent, and what a dense exchange would have sent.
+    anatomy : list of RankAnatomy
+        What each rank measured (set by the driver from the ranks' records).
     """
 
     iteration: int
@@ -177,25 +184,12 @@ class SegmentResult:
     metrics: Dict[str, np.ndarray] = field(default_factory=dict)
     metric_state: Optional[np.ndarray] = None
     traffic: Optional[Traffic] = None
-
-
-class _Stopwatch:
-    """Accumulates seconds per phase."""
-
-    def __init__(self) -> None:
-        self.seconds: Dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, phase: str) -> float:
-        now = time.perf_counter()
-        elapsed = now - self._last
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
-        self._last = now
-        return now
+    anatomy: List[RankAnatomy] = field(default_factory=list)
 
 
 def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentResult]:
-    """Run one training segment in a barrier task; rank 0 yields its :class:`SegmentResult`.
+    """Run one training segment in a barrier task; rank 0 yields its :class:`SegmentResult`, every rank its
+    :class:`~sparktf.training.step_clock.RankAnatomy`.
 
     Parameters
     ----------
@@ -208,7 +202,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
 
     from sparktf.collective import Communicator
 
-    watch = _Stopwatch()
+    watch = PhaseClock(spec.profile_steps)
     context = BarrierTaskContext.get()
     rank = context.partitionId()
     world_size = len(context.getTaskInfos())
@@ -264,9 +258,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         raise
     finally:
         heartbeat.stop(failure=failure)
+    address = context.getTaskInfos()[rank].address
     if rank == 0:
         result.timings = watch.seconds
         yield result
+    yield watch.anatomy(rank, address, address.rsplit(":", 1)[0])
 
 
 def _train(
@@ -276,7 +272,7 @@ def _train(
     step: TrainStep,
     batches: Iterator[List[np.ndarray]],
     communicator: Any,
-    watch: _Stopwatch,
+    watch: PhaseClock,
     heartbeat: Any,
     shards: Optional[RankShards],
 ) -> SegmentResult:
@@ -293,6 +289,7 @@ def _train(
     if rank == 0:
         heartbeat.set_batch_names(["loss", *step.metric_names])
     while True:
+        watch.step(progress.iteration + 1)
         started = time.perf_counter()
         features, labels, sample_weight = _features_labels(spec, mapped, next(batches))
         watch.lap("batches")
@@ -305,6 +302,7 @@ def _train(
             sample_weight = spec.single_pass.masked(mask, sample_weight, spec.local_batches[shard])
         if shards is not None:
             features = shards.fetch_rows(features)
+            watch.lap("lookup")
         with classified_failures(rank, shard, iteration, warm_up=False):
             outcome = step.run(features, labels, exchange, weight, sample_weight=sample_weight)
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
@@ -345,7 +343,7 @@ class _TimedExchange(GradientExchange):
     """The step's gradient exchange (see ``training.gradient_exchange``), timing ``compute`` before it and itself
     (``allreduce``)."""
 
-    def __init__(self, communicator: Any, compression: Optional[str], watch: _Stopwatch, shards: Any = None):
+    def __init__(self, communicator: Any, compression: Optional[str], watch: PhaseClock, shards: Any = None):
         super().__init__(communicator, compression, shards)
         self._watch = watch
 
@@ -359,7 +357,7 @@ class _TimedExchange(GradientExchange):
 def _prepared_step(
     spec: SegmentSpec,
     opening: Future,
-    watch: _Stopwatch,
+    watch: PhaseClock,
     heartbeat: Any,
     rank: int,
     world_size: int,

@@ -16,12 +16,12 @@ from typing import Any, Optional, Sequence, Tuple
 from sparktf.collective.communicator import WIRE_DTYPES
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.specs import LeafSpec
-from sparktf.errors import DataError
+from sparktf.errors import ConfigurationError, DataError
 from sparktf.storage import is_local, local_path, store_for
 from sparktf.training.class_weights import ClassWeights, class_weights
 from sparktf.triggers import Trigger, check_trigger, uses_score
 
-__all__ = ["check_settings", "check_membership", "check_optimize", "resolve_optimizer", "recompile",
+__all__ = ["check_settings", "check_membership", "check_optimize", "checked_profile_steps", "resolve_optimizer", "recompile",
            "compile_with_loss", "check_labels"]
 
 # Losses whose label shape per record follows from the output shape.
@@ -246,3 +246,22 @@ def check_optimize(optimizer: Any, triggers: Tuple[Any, Any, Any],
         )
     weights = class_weights(class_weight, optimizer.model, dataset.label_spec)
     return end_trigger, checkpoint_trigger, validation_trigger, weights
+
+
+def checked_profile_steps(profile_steps: Any) -> Optional[Tuple[int, int]]:
+    """``optimize``'s ``profile_steps``: None, or ``(start, end)`` iterations with ``1 <= start <= end``.
+
+    Raises
+    ------
+    ConfigurationError
+        For anything else, saying what fits.
+    """
+    if profile_steps is None:
+        return None
+    fits = (isinstance(profile_steps, (tuple, list)) and len(profile_steps) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in profile_steps)
+            and 1 <= profile_steps[0] <= profile_steps[1])
+    if not fits:
+        raise ConfigurationError(f"profile_steps must be (start, end) iterations with 1 <= start <= end, e.g. "
+                                 f"(10, 20); got {profile_steps!r}")
+    return int(profile_steps[0]), int(profile_steps[1])

@@ -15,8 +15,9 @@ executors are gone (:mod:`~sparktf.training.membership`). See
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.data.batch_maps import MappedElements
 from sparktf.data.sparse import model_structure
@@ -24,6 +25,7 @@ from sparktf.errors import DataError
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.calls import call_scope, current_label
 from sparktf.spark.task_devices import gpu_plan
+from sparktf.training.anatomy import CallAnatomy, Straggler
 from sparktf.training.callbacks import DriverCallbacks
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.sharding.driver_tables import DriverTables
@@ -79,6 +81,12 @@ class RunState:
         The folder of the sharded tables' optimizer slots at ``iteration`` (None: fresh, or none sharded).
     stream : tuple or None
         ``(query id, batch id)`` of the last micro-batch of a stream trained into the state (None: none).
+    rank_timings : dict
+        The last call's seconds per phase and rank (see :mod:`sparktf.training.anatomy`).
+    stragglers : list of Straggler
+        The last call's stragglers.
+    last_timeline : str or None
+        The Chrome-trace JSON the last call with ``profile_steps`` wrote.
     """
 
     iteration: int = 0
@@ -89,6 +97,9 @@ class RunState:
     last_traffic: Any = None
     slots: Optional[str] = None
     stream: Optional[Tuple[str, int]] = None
+    rank_timings: Dict[int, Dict[str, float]] = field(default_factory=dict)
+    stragglers: List[Straggler] = field(default_factory=list)
+    last_timeline: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,7 @@ class RunRequest:
     class_weight: Any
     checkpoint_failures: int
     single_pass: Optional[SinglePass] = None
+    profile_steps: Optional[Tuple[int, int]] = None
 
 
 class TrainingRun:
@@ -163,6 +175,7 @@ class TrainingRun:
         keras_history = keras.callbacks.History()
         driver = self._driver_callbacks(request, keras_history)
         history: Dict[str, Any] = {"loss": []}
+        anatomy = CallAnatomy()
         with call_scope(settings.session, "optimize") as call, \
                 WorkerInputs(self._dataset, settings.collective_timeout + watchdog_slack(settings.session)) as inputs:
             runner = self._runner(call, inputs)
@@ -173,6 +186,7 @@ class TrainingRun:
                 driver.segment_begins(progress)
                 first = progress.iteration + 1
                 result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request, sharding)
+                anatomy.add(result.anatomy)
                 progress = self._finish_segment(result, history)
                 checkpoints.after_segment(progress, self._capture)
                 settings.tables.prune(self._state.slots, settings.model_dir)
@@ -184,10 +198,20 @@ class TrainingRun:
                                        result.metrics):
                     break
             checkpoints.finish(self._capture)
+            self._keep_anatomy(anatomy, request)
             driver.train_end()
         history["iterations"] = self._state.iteration
         history["epochs"] = progress.epoch
         return history, keras_history
+
+    def _keep_anatomy(self, anatomy: CallAnatomy, request: RunRequest) -> None:
+        """The call's rank timings and stragglers, and its timeline when ``profile_steps`` asked for one."""
+        state = self._state
+        state.rank_timings, state.stragglers = anatomy.rank_timings(), anatomy.stragglers()
+        if request.profile_steps is not None:
+            folder = self._settings.model_dir if self._settings.model_dir and "://" not in self._settings.model_dir \
+                else tempfile.mkdtemp(prefix="sparktf-timeline-")
+            state.last_timeline = anatomy.write_timeline(folder, request.profile_steps)
 
     def _runner(self, call: Any, inputs: WorkerInputs) -> SegmentRunner:
         """The segments' launcher: the call holds the slots, so concurrent calls wait their turn."""
@@ -230,7 +254,8 @@ class TrainingRun:
                            maps=elements, gradient_compression=settings.gradient_compression,
                            gpus=gpu_plan(settings.session.conf, settings.resource_profile),
                            metric_state=self._state.metric_state, class_weight=request.class_weight,
-                           sharding=sharding, slots=settings.tables.root, single_pass=request.single_pass)
+                           sharding=sharding, slots=settings.tables.root, single_pass=request.single_pass,
+                           profile_steps=request.profile_steps)
         return runner.run(spec, self._capture, driver.report,
                           lambda workers: driver.launching(workers, progress.iteration))
 

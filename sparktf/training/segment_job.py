@@ -37,6 +37,7 @@ from sparktf.training.checkpoint import ModelState
 from sparktf.training.failures import relaunch_helps
 from sparktf.training.inputs import WorkerInputs
 from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment
+from sparktf.training.step_clock import RankAnatomy
 from sparktf.training.membership import Membership
 from sparktf.training.state_source import joined_uploads
 from sparktf.training.watchdog import JobWatchdog
@@ -259,9 +260,13 @@ def _run_with_broadcast(session: Any, blocks: Any, spec: SegmentSpec, state: Mod
 
 
 def _only_result(results: list) -> SegmentResult:
-    if len(results) != 1:
-        raise TrainingError(f"the training job returned {len(results)} results instead of rank 0's one")
-    return results[0]
+    """Rank 0's result, holding every rank's anatomy."""
+    segment = [result for result in results if isinstance(result, SegmentResult)]
+    if len(segment) != 1:
+        raise TrainingError(f"the training job returned {len(segment)} results instead of rank 0's one")
+    segment[0].anatomy = sorted((result for result in results if isinstance(result, RankAnatomy)),
+                                key=lambda record: record.rank)
+    return segment[0]
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@
 ``TFOptimizer`` keeps the counters and the model; these functions add a
 segment's iterations (and the epochs it ended) or a validation's values to
 the history dict ``optimize`` returns and to the train and validation
-summaries, and stop training on a non-finite loss.
+summaries (with each rank's mean seconds per step phase, ``StepTime/rank<r>/<phase>``), and stop training on a
+non-finite loss.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from sparktf.errors import TrainingError
+from sparktf.training.anatomy import ANATOMY_PHASES, step_phases
 from sparktf.training.metric_state import epoch_ends
+from sparktf.triggers import TrainingProgress
 
 __all__ = ["record_segment", "record_validation"]
 
@@ -42,6 +45,10 @@ def record_segment(result: Any, first: int, per_epoch: int, batch_size: int, his
     if summary is not None:
         columns = (result.losses, result.learning_rates, result.wall_times, result.step_seconds)
         summary.add_iterations(first, per_epoch, batch_size, score, columns, result.workers, result.metrics)
+        at = TrainingProgress(result.iteration, per_epoch, None, score)
+        for rank, steps in step_phases(result.anatomy).items():  # mean seconds per step, per rank and phase
+            for phase, seconds in zip(ANATOMY_PHASES, steps.mean(axis=0) if len(steps) else ()):
+                summary.add_scalar(f"StepTime/rank{rank}/{phase}", float(seconds), at)
     if result.non_finite_iteration is not None:
         raise TrainingError(
             f"the training loss or gradient is not finite at iteration {result.non_finite_iteration}: "

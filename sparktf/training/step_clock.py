@@ -1,0 +1,107 @@
+"""A training rank's clock: seconds per phase of the segment, per phase of each step, and the profiled steps' spans.
+
+Each rank of a segment keeps one :class:`PhaseClock`. ``lap(phase)`` ends the
+phase running since the last lap: its seconds add to the segment's totals
+(``timings``) and, for the step phases (:data:`STEP_PHASES`), to the current
+step's row. The rows (a few floats per step) and the wall-clock spans of the
+steps in ``profile_steps`` travel to the driver with the segment's results as
+a :class:`RankAnatomy`, which :mod:`sparktf.training.anatomy` reads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["STEP_PHASES", "PhaseClock", "RankAnatomy"]
+
+#: The phases of a step, as the clock's laps name them: waiting for the batch, the sharded tables' lookup, the
+#: forward and backward pass, the gradient exchange, and the update.
+STEP_PHASES = ("data", "lookup", "compute", "exchange", "apply")
+_STEP_LAPS = {"batches": "data", "lookup": "lookup", "compute": "compute", "allreduce": "exchange", "apply": "apply"}
+
+
+@dataclass
+class RankAnatomy:
+    """What one rank measured in a segment.
+
+    Attributes
+    ----------
+    rank : int
+    executor, host : str
+        Where the rank ran (the executor's address as Spark gives it, and its host).
+    timings : dict
+        Seconds per phase over the segment (the step phases and the set-up ones).
+    steps : numpy.ndarray
+        ``(steps, len(STEP_PHASES))`` seconds, one row per step in order.
+    first_iteration : int
+        The iteration of the first row.
+    spans : list
+        ``(iteration, phase, start, end)`` wall-clock spans (``time.time()``) of the profiled steps.
+    """
+
+    rank: int
+    executor: str
+    host: str
+    timings: Dict[str, float]
+    steps: np.ndarray
+    first_iteration: int
+    spans: List[Tuple[int, str, float, float]] = field(default_factory=list)
+
+
+class PhaseClock:
+    """Times a rank's phases (see the module docstring).
+
+    Parameters
+    ----------
+    profile_steps : tuple of int, optional
+        ``(start, end)``: the iterations whose phases' wall-clock spans are kept.
+    """
+
+    def __init__(self, profile_steps: Optional[Tuple[int, int]] = None):
+        self.seconds: Dict[str, float] = {}
+        self._profile = profile_steps
+        self._last = time.perf_counter()
+        self._wall_offset = time.time() - self._last
+        self._rows: List[np.ndarray] = []
+        self._row: Optional[np.ndarray] = None
+        self._iteration = 0
+        self._first_iteration = 0
+        self._spans: List[Tuple[int, str, float, float]] = []
+
+    def lap(self, phase: str) -> float:
+        """End the phase running since the last lap as ``phase``; returns the time (``perf_counter``)."""
+        now = time.perf_counter()
+        elapsed = now - self._last
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
+        step_phase = _STEP_LAPS.get(phase)
+        if self._row is not None and step_phase is not None:
+            self._row[STEP_PHASES.index(step_phase)] += elapsed
+            if self._profile is not None and self._profile[0] <= self._iteration <= self._profile[1]:
+                self._spans.append((self._iteration, step_phase, self._last + self._wall_offset,
+                                    now + self._wall_offset))
+        self._last = now
+        return now
+
+    def step(self, iteration: int) -> None:
+        """Start timing ``iteration``'s step phases (the previous step's row is kept)."""
+        self.end_step()
+        if not self._rows:
+            self._first_iteration = iteration
+        self._iteration = iteration
+        self._row = np.zeros(len(STEP_PHASES), np.float64)
+
+    def end_step(self) -> None:
+        """Keep the current step's row (a step that ended without its update is not kept)."""
+        if self._row is not None and self._row[STEP_PHASES.index("apply")] > 0:
+            self._rows.append(self._row)
+        self._row = None
+
+    def anatomy(self, rank: int, executor: str, host: str) -> RankAnatomy:
+        """What this clock measured, for the driver."""
+        self.end_step()
+        steps = np.array(self._rows, np.float64).reshape(-1, len(STEP_PHASES))
+        return RankAnatomy(rank, executor, host, dict(self.seconds), steps, self._first_iteration, list(self._spans))
