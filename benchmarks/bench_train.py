@@ -253,8 +253,31 @@ def main() -> None:
     print(f"RESULT train_ratio_2w_cold_cnn={seconds['cnn']['single_process'] / cold:.3f}")
     print(f"RESULT train_ratio_2w_warm_cnn={seconds['cnn']['single_process'] / seconds['cnn']['sparktf_2w']:.3f}")
     print(f"RESULT verbose1_ratio={progress_ratio(cnn_iterations):.3f}")
+    mlp_step = seconds["mlp"]["sparktf_2w"] / (QUICK_ITERATIONS if args.quick else FULL_ITERATIONS)["mlp"]
+    clock = step_clock_seconds()
+    print(f"step anatomy: the ranks' phase clock costs {clock * 1e6:.1f} us a step, against the MLP's "
+          f"{mlp_step * 1e3:.2f} ms step on 2 workers (launch included)")
+    print(f"RESULT anatomy_overhead={clock / mlp_step:.4f}")
     print(f"RESULT train_ratio_1w={rates['sparktf_1w'] / rates['single_process']:.3f}")
     print(f"RESULT train_ratio_2w={rates['sparktf_2w'] / rates['single_process']:.3f}")
+
+
+def step_clock_seconds(steps: int = 20000) -> float:
+    """What the per-step anatomy adds to a step on a rank: a ``PhaseClock`` step with its five laps (the timing
+    itself, which a step does anyway, included), median of 5 rounds, seconds per step."""
+    from sparktf.training.step_clock import PhaseClock
+
+    rounds = []
+    for _ in range(5):
+        clock = PhaseClock()
+        started = time.perf_counter()
+        for iteration in range(1, steps + 1):
+            clock.step(iteration)
+            for phase in ("batches", "lookup", "compute", "allreduce", "apply"):
+                clock.lap(phase)
+        clock.anatomy(0, "", "")
+        rounds.append((time.perf_counter() - started) / steps)
+    return float(np.median(rounds))
 
 
 def session_run(session: str, iterations: int, rounds: int) -> list:

@@ -1,6 +1,7 @@
 """TFOptimizer's checks and failure handling: bad setup, too many workers, non-finite loss, recovery."""
 
 import os
+import re
 import sys
 import time
 
@@ -284,6 +285,11 @@ def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_
     assert history["iterations"] == 3
     assert time.monotonic() - started < 2 + watchdog_slack_8s + 60
     assert "watchdog" in caplog.text and "rank 0 made no progress" in caplog.text
+    # where it hung: the task thread waits in the step's graph, whose tf.py_function sleeps in the hook layer
+    assert re.search(r"its innermost frames: \S+ in \w+.*\(and thread .* in hook: time\.sleep\(600\)\)", caplog.text)
+    dump = re.search(r"every rank's stack is in (\S+\.txt)", caplog.text).group(1)
+    with open(dump) as stacks:
+        assert "rank 0, phase 'train', iteration 1:" in stacks.read()
     assert_process_ends(int(open(marker).read()))
 
 

@@ -75,6 +75,9 @@ class RankReport:
         over once (see :meth:`JobChannel.reports`); empty otherwise.
     failure : FailureRecord, optional
         Why the rank failed, when it knew (sent in its last report).
+    stack : tuple of str
+        The innermost frames of its task thread (outermost first), sent while
+        it stays in one phase and iteration (see ``channel_client.STACK_AFTER_SECONDS``).
     """
 
     phase: str
@@ -84,6 +87,7 @@ class RankReport:
     batch_names: Tuple[str, ...] = ()
     batches: Tuple[BatchValues, ...] = ()
     failure: Optional[FailureRecord] = None
+    stack: Tuple[str, ...] = ()
 
 
 class JobChannel(AuthenticatedServer):
@@ -187,7 +191,8 @@ class JobChannel(AuthenticatedServer):
             failure = header.get("failure")
             self._record_report(rank, str(header["phase"])[:_MAX_PHASE_NAME_CHARS], int(header["iteration"]),
                                 None if loss is None else float(loss),
-                                None if failure is None else FailureRecord.from_wire(failure))
+                                None if failure is None else FailureRecord.from_wire(failure),
+                                tuple(str(line) for line in header.get("stack") or ()))
             if header.get("batches") is not None:
                 self._record_batches(rank, *_batches(header["batches"]))
             if failure is not None:  # the task waits for this before it fails in Spark
@@ -212,12 +217,14 @@ class JobChannel(AuthenticatedServer):
             raise ValueError(f"unknown operation {op!r}")
 
     def _record_report(self, rank: int, phase: str, iteration: int, loss: Optional[float],
-                       failure: Optional[FailureRecord]) -> None:
+                       failure: Optional[FailureRecord], stack: Tuple[str, ...] = ()) -> None:
         with self._lock:
             last = self._reports.get(rank)
             if last is None or (last.phase, last.iteration) != (phase, iteration) or failure is not None:
                 self._reports[rank] = RankReport(phase, iteration, time.monotonic(), loss,
-                                                 failure=failure or (last.failure if last else None))
+                                                 failure=failure or (last.failure if last else None), stack=stack)
+            elif stack:
+                self._reports[rank] = dataclasses.replace(last, stack=stack)
 
     def _record_batches(self, rank: int, names: Tuple[str, ...], batches: List[BatchValues]) -> None:
         with self._lock:

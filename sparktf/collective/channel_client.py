@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
@@ -31,6 +32,10 @@ __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "star
            "GUARD_GRACE_SECONDS", "MAX_REPORTED_BATCHES"]
 
 HEARTBEAT_SECONDS = 1.0
+#: A rank in the same phase and iteration this long sends its task thread's stack with each report.
+STACK_AFTER_SECONDS = 5.0
+_STACK_FRAMES = 30
+_STACK_LINE_CHARS = 300
 MAX_REPORTED_BATCHES = 256  # iterations one report carries at most; a full backlog is sent at once
 _REPORT_BATCH_CHARS = 32 << 10  # their share of a report's header (channel_wire.MAX_HEADER_BYTES: 64 KiB)
 _MAX_QUEUED_BATCHES = 8192  # not sent yet (a stalled connection): the oldest are dropped beyond that
@@ -153,6 +158,8 @@ class Heartbeat:
         self.phase = "start"
         self.iteration = 0
         self.loss: Optional[float] = None
+        self._watched = threading.get_ident()  # the task's thread: its stack goes with the reports of a long phase
+        self._unchanged: Tuple[Any, float] = ((self.phase, self.iteration), time.monotonic())
         self._batch_names: Tuple[str, ...] = ()
         self._batches: Deque[Tuple[int, List[float]]] = deque(maxlen=_MAX_QUEUED_BATCHES)
         self._per_report = MAX_REPORTED_BATCHES
@@ -208,6 +215,11 @@ class Heartbeat:
 
     def _report(self, failure: Optional[FailureRecord] = None) -> None:
         header = {"op": "report", "phase": self.phase, "iteration": int(self.iteration), "loss": self.loss}
+        now, state = time.monotonic(), (self.phase, int(self.iteration))
+        if state != self._unchanged[0]:
+            self._unchanged = (state, now)
+        elif now - self._unchanged[1] >= STACK_AFTER_SECONDS:
+            header["stack"] = thread_stack(self._watched)
         if failure is not None:
             header["failure"] = failure.to_wire()
         rows = [self._batches.popleft() for _ in range(min(self._per_report, len(self._batches)))]
@@ -246,6 +258,32 @@ class Heartbeat:
             "worker so that the executor's task slot is freed\n")
         sys.stderr.flush()
         os._exit(70)
+
+
+def thread_stack(ident: int) -> List[str]:
+    """The innermost frames of thread ``ident`` (outermost first), one ``"file:line in function: code"`` each, then
+    those of the process's other threads running Python (e.g. a ``tf.py_function`` the task thread waits for), each
+    after a ``"# thread <name>"`` line; the calling thread's own are left out."""
+    frames = sys._current_frames()
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    lines = _frames(frames.get(ident), _STACK_FRAMES)
+    for other, frame in frames.items():
+        if other not in (ident, threading.get_ident()):
+            shown = _frames(frame, _STACK_FRAMES // 3)
+            if shown and not any(idle in shown[-1] for idle in _IDLE):
+                lines += [f"# thread {names.get(other, other)}"] + shown
+    return lines
+
+
+#: Where a thread that waits for work is (not worth showing).
+_IDLE = ("threading.py", "selectors.py", "queue.py", "socket.py", "channel_client.py")
+
+
+def _frames(frame: Any, limit: int) -> List[str]:
+    if frame is None:
+        return []
+    return [f"{entry.filename}:{entry.lineno} in {entry.name}: {(entry.line or '').strip()}"[:_STACK_LINE_CHARS]
+            for entry in traceback.extract_stack(frame, limit=limit)]
 
 
 class NoHeartbeat:

@@ -22,6 +22,8 @@ treats like a lost worker (a relaunch). A task stalls when:
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 import time
 import uuid
@@ -130,7 +132,7 @@ class JobWatchdog:
         for task, report in sorted(reports.items()):
             if report.phase != DONE and now - report.changed_at > self._stall_seconds:
                 return (f"{self._task} {task} made no progress for {now - report.changed_at:.0f} s in phase "
-                        f"{report.phase!r} at {self._counter} {report.iteration}")
+                        f"{report.phase!r} at {self._counter} {report.iteration}{self._stacks(task, reports)}")
         if self._barrier:
             for rank in range(self._num_workers):
                 if rank not in reports and now - started > self._stall_seconds:
@@ -143,6 +145,30 @@ class JobWatchdog:
             return (f"no task reported anything new for {now - last_news:.0f} s; partitions not done: "
                     f"{_some(waiting)} (a task hung before it could report, or found no free task slot)")
         return None
+
+
+    def _stacks(self, stuck: int, reports: dict) -> str:
+        """The stuck task's innermost frames, and the file every task's last stack is written to (for a message)."""
+        if not any(report.stack for report in reports.values()):
+            return ""
+        folder = os.path.join(tempfile.gettempdir(), "sparktf-stacks")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{self._tag}.txt")
+        with open(path, "w") as out:
+            for task, report in sorted(reports.items()):
+                out.write(f"{self._task} {task}, phase {report.phase!r}, {self._counter} {report.iteration}:\n")
+                out.write("".join(f"  {line}\n" for line in report.stack) or "  (no stack: it was making progress)\n")
+        stack = list(reports[stuck].stack)
+        threads = [i for i, line in enumerate(stack) if line.startswith("# thread ")]
+        task_thread = stack[:threads[0]] if threads else stack
+        innermost = " <- ".join(reversed(task_thread[-_INNERMOST:])) or "not reported"
+        if threads:  # another thread runs Python for it (a tf.py_function): its innermost frame too
+            innermost += f" (and {stack[threads[0]][2:]} at {stack[threads[1] - 1 if len(threads) > 1 else -1]})"
+        return f"; its innermost frames: {innermost}; every {self._task}'s stack is in {path}"
+
+
+#: Frames of the stuck task a message shows.
+_INNERMOST = 3
 
 
 def _some(numbers: list) -> str:
