@@ -72,6 +72,14 @@ class TFOptimizer:
     keep_checkpoints : int or None
         How many of the newest checkpoints stay in ``model_dir`` (default 5);
         older ones are deleted once a new one is complete. None keeps all.
+    sharded_tables : "session", "auto", list of str or None
+        Which ``Embedding`` tables are sharded across the workers, with their
+        optimizer slots: ``"auto"`` every table whose rows and slots exceed
+        ``spark.sparktf.shardTableBytes`` (default 256m), a list exactly
+        those layers, None none; ``"session"`` (the default) the session's
+        ``spark.sparktf.shardTables`` and ``shardTableBytes``. A name that is
+        not an ``Embedding`` of the model is a ``ConfigurationError``. See
+        ``docs/guides/recommendation.md``.
     """
 
     def __init__(
@@ -88,6 +96,7 @@ class TFOptimizer:
         gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
         keep_checkpoints: Optional[int] = 5,
+        sharded_tables: Any = "session",
     ):
         check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression,
                        keep_checkpoints)
@@ -112,7 +121,8 @@ class TFOptimizer:
         self._state = RunState()  # where training stands: what the next optimize resumes from
         self._payload = None
         self.history: Any = None  # the last optimize call's keras.callbacks.History
-        self._tables = DriverTables.of(model, self.session, self.num_workers, model_dir)  # builds the optimizer
+        self._tables = DriverTables.of(model, self.session, self.num_workers, model_dir,  # builds the optimizer
+                                       sharded_tables)
         log_table_updates(model)
 
     # ------------------------------------------------------------------ factories
@@ -134,6 +144,7 @@ class TFOptimizer:
         gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
         keep_checkpoints: Optional[int] = 5,
+        sharded_tables: Any = "session",
     ) -> "TFOptimizer":
         """Train a compiled Keras model with its own loss, optimizer and metrics.
 
@@ -151,7 +162,7 @@ class TFOptimizer:
         metrics : list, optional
             Replaces the compiled metrics (used by validation and evaluate).
         num_workers, max_failures, collective_timeout, min_workers, replace_wait, gradient_compression,
-        resource_profile, keep_checkpoints
+        resource_profile, keep_checkpoints, sharded_tables
             See the class description.
 
         Returns
@@ -166,7 +177,7 @@ class TFOptimizer:
         recompile(keras_model, optimizer, metrics)
         return cls(keras_model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
                    replace_wait, gradient_compression=gradient_compression, resource_profile=resource_profile,
-                   keep_checkpoints=keep_checkpoints)
+                   keep_checkpoints=keep_checkpoints, sharded_tables=sharded_tables)
 
     @classmethod
     def from_loss(
@@ -186,6 +197,7 @@ class TFOptimizer:
         gradient_compression: Optional[str] = None,
         resource_profile: ResourceProfileLike = None,
         keep_checkpoints: Optional[int] = 5,
+        sharded_tables: Any = "session",
     ) -> "TFOptimizer":
         """Train a Keras model with a loss function and an optimizer.
 
@@ -206,7 +218,7 @@ class TFOptimizer:
         metrics : list, optional
             Metrics for validation and evaluate.
         model_dir, num_workers, max_failures, collective_timeout, min_workers, replace_wait,
-        gradient_compression, resource_profile, keep_checkpoints
+        gradient_compression, resource_profile, keep_checkpoints, sharded_tables
             See the class description.
 
         Returns
@@ -216,7 +228,7 @@ class TFOptimizer:
         compile_with_loss(model, loss_fn, optim_method, metrics)
         return cls(model, dataset, model_dir, num_workers, max_failures, collective_timeout, min_workers,
                    replace_wait, gradient_compression=gradient_compression, resource_profile=resource_profile,
-                   keep_checkpoints=keep_checkpoints)
+                   keep_checkpoints=keep_checkpoints, sharded_tables=sharded_tables)
 
     # ------------------------------------------------------------------ settings
 

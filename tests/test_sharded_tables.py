@@ -230,6 +230,33 @@ def test_sharded_tables_refuse_clipping_by_the_global_norm(sc):
         sc.setLocalProperty("spark.sparktf.shardTables", None)
 
 
+def test_sharded_tables_keyword_chooses_per_optimizer_over_the_session_settings(sc):
+    from sparktf import TFDataset, TFOptimizer
+    from sparktf.errors import ConfigurationError
+
+    dataset = TFDataset.from_ndarrays((tuple(np.zeros((4, width), "int32") for width in (1, 2, 3)), np.zeros((4, 1))),
+                                      batch_size=4)
+
+    def sharded(**keywords):
+        optimizer = TFOptimizer.from_keras(_model("adam"), dataset, num_workers=2, **keywords)
+        return sorted(table.layer for table in optimizer._tables.plan.tables)
+
+    sc.setLocalProperty("spark.sparktf.shardTables", "tag_a")
+    sc.setLocalProperty("spark.sparktf.shardTableBytes", "1k")
+    try:
+        assert sharded() == ["tag_a", "users"]  # no keyword: the session's settings (a choice and a threshold)
+        assert sharded(sharded_tables=None) == []
+        assert sharded(sharded_tables=[SHARDED[-1]]) == [SHARDED[-1]]
+        assert sharded(sharded_tables="auto") == ["users"]  # the one table over the session's 1k
+        with pytest.raises(ConfigurationError, match=r"\['nope'\] are not Embedding layers of the model"):
+            sharded(sharded_tables=["users", "nope"])
+        with pytest.raises(ConfigurationError, match="sharded_tables must be 'auto', a list of Embedding layer"):
+            sharded(sharded_tables=3)
+    finally:
+        sc.setLocalProperty("spark.sparktf.shardTables", None)
+        sc.setLocalProperty("spark.sparktf.shardTableBytes", None)
+
+
 def test_the_driver_joins_the_ranks_rows_and_refuses_what_does_not_join():
     from sparktf.errors import TrainingError
     from sparktf.training.checkpoint import ModelState

@@ -286,8 +286,9 @@ class TrainStep:
         fused, sparse = parts.fused, layout.sparse_gradients(parts)
         update, loss = layout.dense_gradients(fused), layout.loss(fused)
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        # a loss-scaled gradient may overflow (the optimizer skips that step); the loss may not
-        checked = [loss] if self._loss_scaled else [update] + [slices.values for slices in sparse]
+        # a loss-scaled gradient may overflow (the optimizer skips that step); the loss may never be non-finite, even
+        # with finite gradients (a NaN from the first step whose gradients are zero)
+        checked = [loss] if self._loss_scaled else [loss, update] + [slices.values for slices in sparse]
         finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in checked]))
         outcome = tf.stack([loss, learning_rate, tf.cast(finite, tf.float32)])
         if self._metrics:

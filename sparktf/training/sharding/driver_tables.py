@@ -50,8 +50,10 @@ class DriverTables:
             weakref.finalize(self, remove_temporary_root, root)
 
     @classmethod
-    def of(cls, model: Any, session: Any, num_workers: int, model_dir: Optional[str]) -> "DriverTables":
-        """The session's sharding settings applied to ``model`` (see ``ShardingRequest``), its optimizer built.
+    def of(cls, model: Any, session: Any, num_workers: int, model_dir: Optional[str],
+           sharded_tables: Any = "session") -> "DriverTables":
+        """``sharded_tables`` (by default the session's sharding settings) applied to ``model`` (see
+        ``ShardingRequest.of_keyword``), its optimizer built.
 
         Raises
         ------
@@ -59,7 +61,7 @@ class DriverTables:
             A table cannot be sharded as asked; the optimizer has slots and no folder every executor reaches
             can hold them (no ``model_dir`` on a cluster); or the optimizer was built with a sharded table's slots.
         """
-        plan = ShardingRequest.of_settings(session).plan(model, num_workers)
+        plan = ShardingRequest.of_keyword(sharded_tables, session).plan(model, num_workers)
         root, temporary = None, False
         if plan.tables and _has_slots(model.optimizer, plan.tables[0].row_shape):
             root, temporary = slot_root(model_dir, session.master)

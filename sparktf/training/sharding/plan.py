@@ -32,6 +32,8 @@ __all__ = ["ShardedTable", "ShardPlan", "ShardingRequest", "SHARD_TABLE_BYTES_CO
 
 SHARD_TABLE_BYTES_CONF = "spark.sparktf.shardTableBytes"
 SHARD_TABLES_CONF = "spark.sparktf.shardTables"
+#: ``sharded_tables="auto"``'s threshold when ``spark.sparktf.shardTableBytes`` is not set.
+AUTO_SHARD_TABLE_BYTES = "256m"
 
 logger = logging.getLogger("sparktf.training")
 
@@ -202,6 +204,29 @@ class ShardingRequest:
         threshold = size_setting(kind, SHARD_TABLE_BYTES_CONF, "0") if kind.setting(SHARD_TABLE_BYTES_CONF, "") else None
         names = [name.strip() for name in kind.setting(SHARD_TABLES_CONF, "").split(",") if name.strip()]
         return cls(threshold, tuple((name.lstrip("-"), not name.startswith("-")) for name in names))
+
+    @classmethod
+    def of_keyword(cls, sharded_tables: Any, kind: Any) -> "ShardingRequest":
+        """The request of ``TFOptimizer``'s ``sharded_tables``: ``"session"`` (the session's settings),
+        ``"auto"`` (every table over ``spark.sparktf.shardTableBytes``, default 256m), a list of ``Embedding``
+        layer names (exactly those), or None (none).
+
+        Raises
+        ------
+        ConfigurationError
+            For any other value.
+        """
+        if isinstance(sharded_tables, str) and sharded_tables == "session":
+            return cls.of_settings(kind)
+        if isinstance(sharded_tables, str) and sharded_tables == "auto":
+            return cls(size_setting(kind, SHARD_TABLE_BYTES_CONF, AUTO_SHARD_TABLE_BYTES))
+        if sharded_tables is None:
+            return cls()
+        names = [sharded_tables] if isinstance(sharded_tables, str) else sharded_tables
+        if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) and name for name in names):
+            raise ConfigurationError(f"sharded_tables must be 'auto', a list of Embedding layer names or None; got "
+                                     f"{sharded_tables!r}")
+        return cls(None, tuple((name, True) for name in names))
 
     def plan(self, model: Any, world_size: int) -> ShardPlan:
         """The :class:`ShardPlan` of ``model`` on ``world_size`` workers (see :meth:`ShardPlan.of`)."""
