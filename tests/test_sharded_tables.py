@@ -252,6 +252,10 @@ def test_sharded_tables_keyword_chooses_per_optimizer_over_the_session_settings(
             sharded(sharded_tables=["users", "nope"])
         with pytest.raises(ConfigurationError, match="sharded_tables must be 'auto', a list of Embedding layer"):
             sharded(sharded_tables=3)
+        from sparktf.ml import KerasEstimator  # the estimator's Param, passed to from_keras as it is
+
+        assert KerasEstimator().getShardedTables() == "session"
+        assert KerasEstimator(shardedTables=["users"]).getShardedTables() == ["users"]
     finally:
         sc.setLocalProperty("spark.sparktf.shardTables", None)
         sc.setLocalProperty("spark.sparktf.shardTableBytes", None)

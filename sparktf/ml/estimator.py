@@ -84,6 +84,9 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         0 silent, 1 a progress bar per epoch, 2 one line per epoch.
     seed : int
         Seeds the validation split and the shuffling.
+    shardedTables : "session", "auto", list of str or None
+        As ``TFOptimizer``'s ``sharded_tables`` (default ``"session"``: the
+        session's settings decide).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         callbacks: Optional[List[Any]] = None,
         verbose: int = 0,
         seed: int = 0,
+        shardedTables: Any = "session",
     ):
         super().__init__()
         init_params(self, KerasEstimator.__init__, locals())
@@ -206,7 +210,7 @@ class KerasEstimator(Estimator, EstimatorParams, SavedStage):
         )
         optimizer = TFOptimizer.from_keras(
             copy, dataset, optimizer=_with_learning_rate(copy.optimizer, self.getLearningRate()),
-            num_workers=self.getNumWorkers() or self._trial_workers(df),
+            num_workers=self.getNumWorkers() or self._trial_workers(df), sharded_tables=self.getShardedTables(),
         )
         result = optimizer.optimize(MaxEpoch(self.getEpochs()), callbacks=self.getCallbacks(),
                                     verbose=self.getVerbose())

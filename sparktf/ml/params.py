@@ -154,6 +154,12 @@ class EstimatorParams(ColumnParams):
         Params._dummy(), "seed", "the seed of the validation split and of the shuffling",
         typeConverter=TypeConverters.toInt,
     )
+    shardedTables = Param(
+        Params._dummy(), "shardedTables",
+        "the Embedding tables sharded across the workers: 'auto', a list of layer names, None (none), or "
+        "'session' (the session's spark.sparktf.shardTables and shardTableBytes)",
+        typeConverter=_identity,
+    )
 
     def getModel(self) -> Any:
         return self.getOrDefault(self.model)
@@ -226,6 +232,12 @@ class EstimatorParams(ColumnParams):
 
     def setSeed(self, value: Any) -> Any:
         return self._set(seed=value)
+
+    def getShardedTables(self) -> Any:
+        return self.getOrDefault(self.shardedTables)
+
+    def setShardedTables(self, value: Any) -> Any:
+        return self._set(shardedTables=value)
 
 
 class ModelParams(ColumnParams):
