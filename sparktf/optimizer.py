@@ -17,6 +17,7 @@ from sparktf.spark.resources import ResourceProfileLike, stage_profile
 from sparktf.spark.calls import call_scope
 from sparktf.streaming.stream_dataset import resolved_for
 from sparktf.summary import TrainSummary, ValidationSummary
+from sparktf.models.rebuild_check import check_rebuildable
 from sparktf.training.callbacks import default_verbose
 from sparktf.training.checkpoint import find_checkpoint, load_checkpoint
 from sparktf.training.preflight import (check_labels, check_membership, check_optimize, check_settings, checked_profile_steps,
@@ -100,6 +101,7 @@ class TFOptimizer:
     ):
         check_settings(dataset, num_workers, max_failures, collective_timeout, model_dir, gradient_compression,
                        keep_checkpoints)
+        check_rebuildable(model)  # before any job: a model the executors cannot rebuild
         if dataset.is_streaming:  # the lengths its schema does not tell come from the model
             dataset = resolved_for(dataset, model)
         self._elements = _check_data_fits(model, dataset)  # by dataset: its batches as the model gets them

@@ -188,3 +188,19 @@ def test_an_image_classifier_and_a_backbone_for_embeddings_score_as_in_one_proce
     pooled = [row["pooled_output"] for row in TFPredictor.from_keras(bert, dataset).predict().collect()]
     np.testing.assert_allclose(np.stack(pooled), bert.predict(packer(np.array(texts[:10])), verbose=0)
                                ["pooled_output"], atol=1e-5)
+
+
+def test_a_functional_model_calling_a_tokenizer_is_refused_on_the_driver_as_keras_cannot_rebuild_it(spark):
+    from sparktf.errors import ModelError
+
+    texts, labels = _reviews()
+    frame = spark.createDataFrame(list(zip(texts, labels)), "text string, label long")
+    preprocessor = _classifier().preprocessor
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=len(BERT_VOCABULARY), num_layers=1, num_heads=2,
+                                             hidden_dim=16, intermediate_dim=32, max_sequence_length=8)
+    text = keras.Input((), dtype="string")
+    model = keras.Model(text, keras.layers.Dense(1)(backbone(preprocessor(text))["pooled_output"]))
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ModelError, match=r"cannot be rebuilt on the executors: its graph calls "
+                                         r"\['bert_text_classifier_preprocessor.*TFDataset.map"):
+        TFOptimizer.from_keras(model, TFDataset.from_dataframe(frame, "text", "label", batch_size=8))
