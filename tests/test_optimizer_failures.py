@@ -272,12 +272,15 @@ def sleep_once_model(marker, rank):
     return model
 
 
-def test_a_rank_blocked_inside_a_graph_op_is_ended_and_training_completes(sc, tmp_path):
+def test_a_rank_blocked_inside_a_graph_op_is_ended_and_training_completes(sc, tmp_path, caplog):
     marker = str(tmp_path / "slept")
     dataset = TFDataset.from_ndarrays(data(64), batch_size=16)
     optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=1), dataset, collective_timeout=5)
     started = time.monotonic()
     history = optimizer.optimize(MaxIteration(4))
+    # rank 0's collective timeout failed the segment; the message says where rank 1 was: in the hook's sleep
+    assert re.search(r"rank 1 stayed longest in phase '\w+'; its innermost frames: .*in hook: .*every rank's stack",
+                     caplog.text)
     assert history["iterations"] == 4 and len(history["loss"]) == 4
     assert time.monotonic() - started < 5 + 60
     assert_process_ends(int(open(marker).read()))

@@ -32,7 +32,8 @@ __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "star
            "GUARD_GRACE_SECONDS", "MAX_REPORTED_BATCHES"]
 
 HEARTBEAT_SECONDS = 1.0
-#: A rank in the same phase and iteration this long sends its task thread's stack with each report.
+#: A rank in the same phase and iteration this long (at most a fifth of the collective timeout) sends its task thread's
+#: stack with each report.
 STACK_AFTER_SECONDS = 5.0
 _STACK_FRAMES = 30
 _STACK_LINE_CHARS = 300
@@ -160,6 +161,7 @@ class Heartbeat:
         self.loss: Optional[float] = None
         self._watched = threading.get_ident()  # the task's thread: its stack goes with the reports of a long phase
         self._unchanged: Tuple[Any, float] = ((self.phase, self.iteration), time.monotonic())
+        self.stack_after = STACK_AFTER_SECONDS
         self._batch_names: Tuple[str, ...] = ()
         self._batches: Deque[Tuple[int, List[float]]] = deque(maxlen=_MAX_QUEUED_BATCHES)
         self._per_report = MAX_REPORTED_BATCHES
@@ -218,7 +220,7 @@ class Heartbeat:
         now, state = time.monotonic(), (self.phase, int(self.iteration))
         if state != self._unchanged[0]:
             self._unchanged = (state, now)
-        elif now - self._unchanged[1] >= STACK_AFTER_SECONDS:
+        elif now - self._unchanged[1] >= self.stack_after:
             header["stack"] = thread_stack(self._watched)
         if failure is not None:
             header["failure"] = failure.to_wire()
@@ -308,4 +310,6 @@ def start_heartbeat(address: Optional[str], rank: int, world_size: int, secret: 
     """A :class:`Heartbeat` to the job channel at ``address``, or a :class:`NoHeartbeat` without one."""
     if address is None:
         return NoHeartbeat()
-    return Heartbeat(ChannelClient(address, rank, world_size, secret, connect_timeout))
+    heartbeat = Heartbeat(ChannelClient(address, rank, world_size, secret, connect_timeout))
+    heartbeat.stack_after = min(STACK_AFTER_SECONDS, connect_timeout / 5)  # well before a peer gives up on it
+    return heartbeat

@@ -100,12 +100,15 @@ class JobWatchdog:
             try:
                 return run_job(self._session, action, what=what)
             except Exception as error:
-                reported = [report.failure for _, report in sorted(self._channel.reports().items()) if report.failure]
+                reports = self._channel.reports()
+                reported = [report.failure for _, report in sorted(reports.items()) if report.failure]
+                # e.g. a rank's collective timeout: where the task it waited for was stuck, when one sent its stack
+                where = self._where_stuck(reports, besides=reported[0].rank if reported else None)
                 if reported:
-                    raise reported[0].to_error() from error
-                if self.reason is not None:
+                    raise _with_text(reported[0].to_error(), where) from error
+                if self.reason is not None:  # the reason names the stuck task and where it is
                     raise TrainingError(f"{what} was cancelled by sparktf's watchdog: {self.reason}") from error
-                raise
+                raise _with_text(error, where)
             finally:
                 self._done.set()
                 watcher.join()
@@ -147,9 +150,18 @@ class JobWatchdog:
         return None
 
 
-    def _stacks(self, stuck: int, reports: dict) -> str:
-        """The stuck task's innermost frames, and the file every task's last stack is written to (for a message)."""
-        if not any(report.stack for report in reports.values()):
+    def _where_stuck(self, reports: dict, besides: Optional[int]) -> str:
+        """For a failed job's message: the task but ``besides`` longest in one place, with its frames (empty when no
+        task sent its stack)."""
+        stuck = _longest_in_place(reports, besides)
+        if stuck is None:
+            return ""
+        return f"; {self._task} {stuck} stayed longest in phase {reports[stuck].phase!r}{self._stacks(stuck, reports)}"
+
+    def _stacks(self, stuck: Optional[int], reports: dict) -> str:
+        """The stuck task's innermost frames, and the file every task's last stack is written to (for a message;
+        empty when no task sent its stack)."""
+        if stuck is None or not any(report.stack for report in reports.values()):
             return ""
         folder = os.path.join(tempfile.gettempdir(), "sparktf-stacks")
         os.makedirs(folder, exist_ok=True)
@@ -165,6 +177,20 @@ class JobWatchdog:
         if threads:  # another thread runs Python for it (a tf.py_function): its innermost frame too
             innermost += f" (and {stack[threads[0]][2:]} at {stack[threads[1] - 1 if len(threads) > 1 else -1]})"
         return f"; its innermost frames: {innermost}; every {self._task}'s stack is in {path}"
+
+
+def _longest_in_place(reports: dict, besides: Optional[int]) -> Optional[int]:
+    """The task but ``besides`` that sent its stack and has been in its phase and iteration longest (None: none
+    sent one)."""
+    with_stacks = [(report.changed_at, task) for task, report in reports.items() if report.stack and task != besides]
+    return min(with_stacks)[1] if with_stacks else None
+
+
+def _with_text(error: BaseException, text: str) -> BaseException:
+    """``error`` with ``text`` (naming where a task was stuck) appended to its message."""
+    if text and error.args:
+        error.args = (f"{error.args[0]}{text}",) + tuple(error.args[1:])
+    return error
 
 
 #: Frames of the stuck task a message shows.
