@@ -70,7 +70,7 @@ def record(out: str) -> None:
                 from pyspark import TaskContext
 
                 if TaskContext.get().partitionId() == 1:
-                    time.sleep(0.004)
+                    time.sleep(0.01)
                 return values
 
             out = tf.py_function(wait, [inputs], tf.float32)

@@ -125,7 +125,7 @@ def find_stragglers(anatomies: Sequence[RankAnatomy], factor: float = STRAGGLER_
             others = float(np.median([m[i] for r, m in medians.items() if r != rank]))
             if median[i] - others >= excess and median[i] >= factor * others:
                 ratio = median[i] / others if others > 0 else float("inf")
-                found.append(Straggler(rank, *places[rank], phase, round(ratio, 2)))
+                found.append(Straggler(rank, *places[rank], phase, round(float(ratio), 2)))
     return sorted(found, key=lambda straggler: -straggler.factor)
 
 
