@@ -226,7 +226,12 @@ def run_sparktf(kind: str, optimizer: str, iterations: int):
         history = trainer.optimize(end_trigger=end, checkpoint_trigger=end, verbose=0)
         seconds = time.perf_counter() - started
     assert history["iterations"] == iterations, history["iterations"]
-    return batch * (iterations - 5) / seconds, trainer.last_timings, trainer.last_traffic, memory.peak
+    steps = iterations - 5
+    print(f"{kind} {optimizer} per rank and step: " + "; ".join(
+        f"rank {rank} " + " ".join(f"{phase}={1000 * timings.get(phase, 0.0) / steps:.2f}ms" for phase in
+                                   ("data", "lookup", "compute", "exchange_wait", "transfer", "apply"))
+        for rank, timings in sorted(trainer.rank_timings.items())))
+    return batch * steps / seconds, trainer.last_timings, trainer.last_traffic, memory.peak
 
 
 def main() -> None:
