@@ -18,7 +18,7 @@ from sparktf.data import specs
 from sparktf.data.batch_maps import BatchMaps, MappedElements
 from sparktf.errors import DataError
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, keras_feed, keras_inputs, plan_feed
-from sparktf.inference.generation import generation_options
+from sparktf.inference.generation import GenerationOptions, generation_options
 from sparktf.inference.runners import ModelHandle
 from sparktf.models.payload import ModelPayload
 from sparktf.models.published import load_version, newest_version
@@ -42,8 +42,7 @@ class KerasModelSource:
     """
 
     def __init__(self, model: Any, method: str = "call", options: Optional[Dict[str, Any]] = None):
-        self.model, self.method = model, _checked_method(model, method, options)
-        generation = generation_options(model, options or {}) if method == "generate" else None
+        self.model, (self.method, generation) = model, _checked_method(model, method, options)
         payload = ModelPayload.from_model(model, include_optimizer=False)
         self.handle = ModelHandle("keras", payload.key, current_session().share(payload.to_bytes(), "model"),
                                   method=method, generation=generation)
@@ -95,9 +94,8 @@ class PublishedModelSource(KerasModelSource):
             raise DataError(f"no version is published in {model_dir!r} (no {model_dir}/published/<n>/manifest.json): "
                             "run TFOptimizer.optimize_stream with publish_every=... first")
         model = load_version(version)
-        self.model, self.method = model, _checked_method(model, method, options)
+        self.model, (self.method, generation) = model, _checked_method(model, method, options)
         store = store_for(model_dir, "model_dir")
-        generation = generation_options(model, options or {}) if method == "generate" else None
         self.handle = ModelHandle("published", store.executor_uri(model_dir), None, method=method,
                                   generation=generation)
 
@@ -106,8 +104,10 @@ class PublishedModelSource(KerasModelSource):
         return None
 
 
-def _checked_method(model: Any, method: str, options: Optional[Dict[str, Any]]) -> str:
-    """``method`` when ``model`` can run it with ``options``; a ``DataError`` saying what fits otherwise."""
+def _checked_method(model: Any, method: str, options: Optional[Dict[str, Any]]
+                    ) -> Tuple[str, Optional[GenerationOptions]]:
+    """``method`` when ``model`` can run it with ``options``, and ``generate``'s options checked (None for
+    ``"call"``); a ``DataError`` saying what fits otherwise (see also ``generation_options``)."""
     if method not in ("call", "generate"):
         raise DataError(f"method must be 'call' or 'generate', got {method!r}")
     if method == "generate" and not callable(getattr(model, "generate", None)):
@@ -116,7 +116,7 @@ def _checked_method(model: Any, method: str, options: Optional[Dict[str, Any]]) 
     if options and method != "generate":
         raise DataError(f"keywords {sorted(options)} go to the model's method; model(x) takes none. "
                         "Pass method='generate' to generate text")
-    return method
+    return method, generation_options(model, options or {}) if method == "generate" else None
 
 
 class SavedModelSource:
