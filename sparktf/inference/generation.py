@@ -37,7 +37,7 @@ from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference.decoding import Decoder, cache_layout, unsupported_reason
 
 __all__ = ["GenerationOptions", "GenerationEngine", "RejectedRow", "generation_options", "grouped_batches",
-           "length_buckets", "WINDOW_BATCHES"]
+           "length_buckets", "timed_window", "WINDOW_BATCHES"]
 
 _LOG = logging.getLogger("sparktf.generate")
 
@@ -265,9 +265,8 @@ class GenerationEngine:
         lengths = np.asarray(packed["padding_mask"]).sum(axis=1)
         return [token_ids[i, :lengths[i]] for i in range(len(texts))]
 
-    def _padded(self, batch: Sequence["_Row"], bucketed: bool = True) -> Tuple[np.ndarray, np.ndarray, int]:
-        """The batch's tokens and prompt mask padded to its length bucket (or to its longest row's end), and that
-        length."""
+    def _padded(self, batch: Sequence["_Row"], bucketed: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+        """The batch's tokens and prompt mask, padded to its length bucket (or to its longest row's end)."""
         need = max(row.end for row in batch)
         length = next(bucket for bucket in self.buckets if bucket >= need) if bucketed else need
         token_ids = np.zeros((len(batch), length), np.int32)
@@ -275,7 +274,7 @@ class GenerationEngine:
         for i, row in enumerate(batch):
             token_ids[i, :len(row.token_ids)] = row.token_ids
             mask[i, :len(row.token_ids)] = True
-        return token_ids, mask, length
+        return token_ids, mask
 
     # ------------------------------------------------------------------ decoding
 
@@ -283,7 +282,7 @@ class GenerationEngine:
         """Decode ``batch`` chunk by chunk, dropping its finished rows; sets each row's tokens."""
         import tensorflow as tf
 
-        token_ids, mask, _ = self._padded(batch)
+        token_ids, mask = self._padded(batch)
         prompt_lengths = mask.sum(axis=1)
         cache = self.decoder.prefill(token_ids, int(prompt_lengths.max()), self._prefix_cache)
         tokens, mask_t = tf.constant(token_ids), tf.constant(mask)
@@ -321,7 +320,7 @@ class GenerationEngine:
 
         The batch is padded to its longest row's end, not to a bucket: a beam search ranks whole sequences, so
         what it picks depends on their length."""
-        token_ids, mask, _ = self._padded(batch, bucketed=False)
+        token_ids, mask = self._padded(batch, bucketed=False)
         stop = list(self.stop_token_ids) if len(self.stop_token_ids) else None
         output = self.lm.make_generate_function()({"token_ids": token_ids, "padding_mask": mask}, stop_token_ids=stop)
         values = np.asarray(output["token_ids"])
