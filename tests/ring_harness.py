@@ -11,6 +11,9 @@ from sparktf.collective import bind_listener, format_peer
 CONTEXT = multiprocessing.get_context("forkserver")
 CONTEXT.set_forkserver_preload(["numpy", "sparktf.collective"])
 JOIN_SECONDS = 60
+# How long results() waits for the ranks' reports: a scenario may train many cases (test_sparse_gradients' 13 took
+# 31 s alone and over 60 s beside the suite's other worker on 2 cores).
+RESULTS_SECONDS = 240
 
 
 def collective_threads() -> list[str]:
@@ -53,7 +56,7 @@ class Ranks:
         """``{rank: (value, error, collective thread names)}`` of ``count`` ranks (default all)."""
         reports = {}
         for _ in range(self.world_size if count is None else count):
-            rank, value, error, threads = self._results.get(timeout=JOIN_SECONDS)
+            rank, value, error, threads = self._results.get(timeout=RESULTS_SECONDS)
             reports[rank] = (value, error, threads)
         return reports
 
