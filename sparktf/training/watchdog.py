@@ -103,12 +103,12 @@ class JobWatchdog:
                 reports = self._channel.reports()
                 reported = [report.failure for _, report in sorted(reports.items()) if report.failure]
                 # e.g. a rank's collective timeout: where the task it waited for was stuck, when one sent its stack
-                where = self._where_stuck(reports, besides=reported[0].rank if reported else None)
                 if reported:
+                    where = self._where_stuck(reports, besides=reported[0].rank)
                     raise _with_text(reported[0].to_error(), where) from error
-                if self.reason is not None:  # the reason names the stuck task and where it is
+                if self.reason is not None:  # the reason names the stuck task and wrote the stacks already
                     raise TrainingError(f"{what} was cancelled by sparktf's watchdog: {self.reason}") from error
-                raise _with_text(error, where)
+                raise _with_text(error, self._where_stuck(reports, besides=None))
             finally:
                 self._done.set()
                 watcher.join()
