@@ -263,8 +263,9 @@ def main() -> None:
 
 
 def step_clock_seconds(steps: int = 20000) -> float:
-    """What the per-step anatomy adds to a step on a rank: a ``PhaseClock`` step with its five laps (the timing
-    itself, which a step does anyway, included), median of 5 rounds, seconds per step."""
+    """What the per-step anatomy adds to a step on a rank: a ``PhaseClock`` step with its five laps and its sends'
+    column (the timing itself, which a step does anyway, included), and a window's summary every 100 steps (the
+    heartbeat takes one about once a second), median of 5 rounds, seconds per step."""
     from sparktf.training.step_clock import PhaseClock
 
     rounds = []
@@ -275,6 +276,9 @@ def step_clock_seconds(steps: int = 20000) -> float:
             clock.step(iteration)
             for phase in ("batches", "lookup", "compute", "allreduce", "apply"):
                 clock.lap(phase)
+            clock.add("send", 0.0)
+            if iteration % 100 == 0:
+                clock.take_window("")
         clock.anatomy(0, "", "")
         rounds.append((time.perf_counter() - started) / steps)
     return float(np.median(rounds))

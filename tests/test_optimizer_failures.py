@@ -297,8 +297,9 @@ def watchdog_slack_8s(sc):
 def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_path, caplog, watchdog_slack_8s):
     marker = str(tmp_path / "slept")
     dataset = TFDataset.from_ndarrays(data(64), batch_size=16)
+    model_dir = str(tmp_path / "model")
     optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=0), dataset, num_workers=1,
-                                       collective_timeout=2)
+                                       collective_timeout=2, model_dir=model_dir)
     started = time.monotonic()
     history = optimizer.optimize(MaxIteration(3))
     assert history["iterations"] == 3
@@ -307,6 +308,7 @@ def test_a_stall_the_collective_cannot_see_is_cancelled_by_the_watchdog(sc, tmp_
     # where it hung: the task thread waits in the step's graph, whose tf.py_function sleeps in the hook layer
     assert re.search(r"its innermost frames: \S+ in quick_execute: .*\(and thread \S+ at \S+ in hook: ", caplog.text)
     dump = re.search(r"every rank's stack is in (\S+\.txt)", caplog.text).group(1)
+    assert os.path.dirname(dump) == os.path.join(model_dir, "stacks")
     with open(dump) as stacks:
         assert re.match(r"rank 0, phase 'warm_up', iteration 0:\n  \S+", stacks.read())
     assert_process_ends(int(open(marker).read()))

@@ -1,8 +1,11 @@
-"""Per-rank step anatomy: each rank's split of a step, stragglers named with their phase, and a Chrome-trace
-timeline. A slow rank is injected for real (a hook layer sleeping in compute on one rank, a batch map sleeping on
-one partition); the check that nobody is named without one runs on recorded step timings."""
+"""Per-rank step anatomy: each rank's split of a step, stragglers named with their phase (live, and from the
+segment's records), and a Chrome-trace timeline. A slow rank is injected for real (a hook layer sleeping in compute
+on one rank, a batch map sleeping on one partition, a hook delaying one rank's ring sends); the check that nobody is
+named without one runs on step timings recorded by ``benchmarks/record_step_timings.py``."""
 
+import gc
 import json
+import logging
 import os
 import sys
 import time
@@ -15,8 +18,10 @@ import tensorflow as tf
 from sparktf import MaxIteration, TFDataset, TFOptimizer
 from sparktf.errors import ConfigurationError
 from sparktf.summary import TrainSummary
-from sparktf.training.anatomy import ANATOMY_PHASES, chrome_trace, find_stragglers, rank_timings
-from sparktf.training.step_clock import STEP_PHASES, RankAnatomy
+from sparktf.collective.channel import RankReport, StepWindow
+from sparktf.collective.sender import FrameSender
+from sparktf.training.anatomy import ANATOMY_PHASES, CallAnatomy, chrome_trace, find_stragglers, rank_timings
+from sparktf.training.step_clock import STEP_COLUMNS, STEP_PHASES, RankAnatomy, window_summary
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "programs"))
 from hook_layers import PythonHook  # noqa: E402
@@ -35,20 +40,49 @@ class SlowRankOne(PythonHook):
             time.sleep(SLEEP)
 
 
-def _optimizer(sc, hook=False, map_function=None):
+class SlowLink:
+    """A socket whose sends each take ``SLEEP`` more (a slow link); everything else is the socket's."""
+
+    def __init__(self, sock):
+        self._sock = sock
+
+    def sendmsg(self, *args):
+        time.sleep(SLEEP)
+        return self._sock.sendmsg(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+class DelayedSendsOnRankOne(PythonHook):
+    """Slows every send of rank 1's ring (its live ``FrameSender``, found once) by ``SLEEP``."""
+
+    def hook(self):
+        from pyspark import TaskContext
+
+        slowed = self.__dict__.get("slowed")
+        if TaskContext.get().partitionId() != 1 or (slowed is not None and not slowed._stopping):
+            return
+        for sender in [o for o in gc.get_objects() if isinstance(o, FrameSender) and not o._stopping]:
+            if not isinstance(sender._sock, SlowLink):  # this job's sender only: gone with it, nothing left behind
+                sender._sock = SlowLink(sender._sock)
+                object.__setattr__(self, "slowed", sender)  # found: no more searching (not a tracked attribute)
+
+
+def _optimizer(sc, hook=None, map_function=None, records=256):
     rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(256, 4)).astype(np.float32), rng.normal(size=(256, 1)).astype(np.float32)
+    x, y = rng.normal(size=(records, 4)).astype(np.float32), rng.normal(size=(records, 1)).astype(np.float32)
     dataset = TFDataset.from_ndarrays((x, y), batch_size=32)
     if map_function is not None:
         dataset = dataset.map(map_function)
-    layers = [keras.Input((4,))] + ([SlowRankOne()] if hook else []) + [keras.layers.Dense(1)]
+    layers = [keras.Input((4,))] + ([hook] if hook else []) + [keras.layers.Dense(1)]
     model = keras.Sequential(layers)
     model.compile(optimizer="sgd", loss="mse")
     return TFOptimizer.from_keras(model, dataset, num_workers=2)
 
 
 def test_a_slow_rank_is_named_with_its_phase_and_the_profiled_steps_make_a_timeline(sc, tmp_path):
-    computing = _optimizer(sc, hook=True)
+    computing = _optimizer(sc, hook=SlowRankOne())
     with pytest.raises(ConfigurationError, match=r"profile_steps must be \(start, end\)"):
         computing.optimize(MaxIteration(1), profile_steps=(5, 3))
     summary = TrainSummary(str(tmp_path), "anatomy")
@@ -94,10 +128,43 @@ def test_a_slow_rank_is_named_with_its_phase_and_the_profiled_steps_make_a_timel
     assert loading.last_timeline is None
 
 
+def test_a_rank_whose_sends_are_slow_is_named_in_the_exchange_while_training_runs(sc, caplog, capsys):
+    class BatchTimes(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            ended.append(time.time())
+
+    ended = []
+    sending = _optimizer(sc, hook=DelayedSendsOnRankOne(), records=32 * 160)
+    with caplog.at_level(logging.WARNING, logger="sparktf.optimizer"):
+        sending.optimize(MaxIteration(120), verbose=1, callbacks=[BatchTimes()])
+    assert [(s.rank, s.phase) for s in sending.stragglers] == [(1, "exchange")], sending.stragglers
+    timings = sending.rank_timings
+    assert timings[1]["send"] - timings[0]["send"] > 120 * SLEEP / 2  # its own sends, not the wait they cause
+    warning = next(r for r in caplog.records if "slower than the median in exchange" in r.getMessage())
+    assert "rank 1 (executor" in warning.getMessage() and "gradient_compression" in warning.getMessage()
+    assert len(ended) == 120 and warning.created < ended[-1]  # named from the live windows, before training ended
+    assert "straggler: rank 1 (executor" in capsys.readouterr().out  # one line in the progress output
+
+
 def _recorded():
     """Step timings recorded from a 2-worker run without injection (``steps_<rank>``: seconds per step phase)."""
     data = np.load(RECORDED)
     return [data[f"steps_{rank}"] for rank in (0, 1)]
+
+
+def _reports(steps, first, size):
+    """Each window of ``size`` steps from ``first`` as the ranks' reports (what the driver's watchdog passes on)."""
+    for start in range(first, first + len(steps[0]) - size + 1, size):
+        yield {rank: RankReport("train", start, 0.0, windows=(StepWindow.from_wire(window_summary(
+            rows[start - first:start - first + size], f"127.0.0.1:{4000 + rank}", start)),))
+            for rank, rows in enumerate(steps)}
+
+
+def _live(steps, size=5):
+    anatomy = CallAnatomy()
+    for reports in _reports(steps, 1, size):
+        anatomy.watch(reports)
+    return [(s.rank, s.phase) for s in anatomy.stragglers()]
 
 
 def _records(steps, first=1):
@@ -113,11 +180,15 @@ def test_recorded_runs_without_a_slow_rank_name_nobody_and_a_slowed_one_is_named
     for window in range(windows):
         part = [rows[window * size:(window + 1) * size] for rows in steps]
         assert find_stragglers(_records(part)) == [], window
+        assert _live(part) == [], window  # the live judgement, on windows of 5 steps
+    assert _live(steps, size=1) == []
 
-    slowed = [steps[0], steps[1].copy()]
-    slowed[1][:, STEP_PHASES.index("compute")] += SLEEP
-    found = find_stragglers(_records(slowed))
-    assert [(s.rank, s.phase) for s in found] == [(1, "compute")]
+    for column, phase in (("compute", "compute"), ("data", "data"), ("send", "exchange")):
+        slowed = [steps[0], steps[1].copy()]
+        slowed[1][:, STEP_COLUMNS.index(column)] += SLEEP
+        found = find_stragglers(_records(slowed))
+        assert [(s.rank, s.phase) for s in found] == [(1, phase)]
+        assert _live([rows[:10] for rows in slowed]) == [(1, phase)]  # two windows of 5 steps are enough
 
     timings = rank_timings(_records(steps))
     exchange = STEP_PHASES.index("exchange")

@@ -38,7 +38,7 @@ from sparktf.collective.rendezvous import checked_claim, parse_peer
 from sparktf.collective.server import AuthenticatedServer, shut
 from sparktf.errors import FailureRecord
 
-__all__ = ["JobChannel", "RankReport"]
+__all__ = ["JobChannel", "RankReport", "StepWindow"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +49,44 @@ _MAX_BATCH_NAMES = 256  # the values of one iteration: the loss and the metrics
 _MAX_NAME_CHARS = 256
 _MAX_BATCHES_PER_REPORT = 4096  # a heartbeat sends far fewer (channel_client.MAX_REPORTED_BATCHES)
 MAX_KEPT_BATCHES = 8192  # per rank, until the driver takes them; older ones are dropped beyond that
+MAX_KEPT_WINDOWS = 64  # step windows per rank, until the driver takes them
+_MAX_WINDOW_COLUMNS = 16
 
 #: One iteration's values: ``(iteration, (loss, metric, ...))``.
 BatchValues = Tuple[int, Tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """A summary of a rank's step timings over a window of consecutive steps (about a second's).
+
+    Attributes
+    ----------
+    executor : str
+        Where the rank runs (``host:port`` as Spark gives it).
+    first : int
+        The window's first iteration.
+    count : int
+        Its steps.
+    stats : tuple
+        Per step column (see ``sparktf.training.step_clock.STEP_COLUMNS``), seconds: mean, p50, p95 and max.
+    """
+
+    executor: str
+    first: int
+    count: int
+    stats: Tuple[Tuple[float, ...], ...]
+
+    @classmethod
+    def from_wire(cls, message: Any) -> "StepWindow":
+        """Read a report's ``steps``; raises ``ValueError``, ``TypeError`` or ``KeyError`` when it is malformed."""
+        stats = tuple(tuple(float(value) for value in column) for column in message["stats"])
+        if not 0 < len(stats) <= _MAX_WINDOW_COLUMNS or any(len(column) != 4 for column in stats):
+            raise ValueError("a step window of the wrong shape")
+        count = int(message["count"])
+        if count < 1:
+            raise ValueError(f"a step window of {count} steps")
+        return cls(str(message["executor"])[:_MAX_PEER_CHARS], int(message["first"]), count, stats)
 
 
 @dataclass(frozen=True)
@@ -78,6 +113,8 @@ class RankReport:
     stack : tuple of str
         The innermost frames of its task thread (outermost first), sent while
         it stays in one phase and iteration (see ``channel_client.STACK_AFTER_SECONDS``).
+    windows : tuple of StepWindow
+        Its step timings since the last hand-over, in order (handed over like ``batches``).
     """
 
     phase: str
@@ -88,6 +125,7 @@ class RankReport:
     batches: Tuple[BatchValues, ...] = ()
     failure: Optional[FailureRecord] = None
     stack: Tuple[str, ...] = ()
+    windows: Tuple[StepWindow, ...] = ()
 
 
 class JobChannel(AuthenticatedServer):
@@ -119,6 +157,7 @@ class JobChannel(AuthenticatedServer):
         self._reports: Dict[int, RankReport] = {}
         self._batches: Dict[int, Deque[BatchValues]] = {}
         self._batch_names: Dict[int, Tuple[str, ...]] = {}
+        self._windows: Dict[int, Deque[StepWindow]] = {}
         super().__init__(world_size, secret, host)
 
     # ------------------------------------------------------------------ driver API
@@ -139,18 +178,19 @@ class JobChannel(AuthenticatedServer):
         """The last report of every rank that reported, by rank.
 
         With ``take_batches``, each report also carries the per-iteration
-        values the rank sent since the last such call (each handed over
-        once; at most ``MAX_KEPT_BATCHES`` of the newest are kept between
-        calls).
+        values and the step windows the rank sent since the last such call
+        (each handed over once; at most ``MAX_KEPT_BATCHES`` and
+        ``MAX_KEPT_WINDOWS`` of the newest are kept between calls).
         """
         with self._lock:
             if not take_batches:
                 return dict(self._reports)
             reports = {}
             for rank, report in self._reports.items():
-                kept = self._batches.pop(rank, ())
-                reports[rank] = report if not kept else dataclasses.replace(
-                    report, batch_names=self._batch_names[rank], batches=tuple(kept))
+                kept, windows = self._batches.pop(rank, ()), self._windows.pop(rank, ())
+                if kept:
+                    report = dataclasses.replace(report, batch_names=self._batch_names[rank], batches=tuple(kept))
+                reports[rank] = dataclasses.replace(report, windows=tuple(windows)) if windows else report
             return reports
 
     # ------------------------------------------------------------------ serving
@@ -195,6 +235,10 @@ class JobChannel(AuthenticatedServer):
                                 tuple(str(line) for line in header.get("stack") or ()))
             if header.get("batches") is not None:
                 self._record_batches(rank, *_batches(header["batches"]))
+            if header.get("steps") is not None:
+                window = StepWindow.from_wire(header["steps"])
+                with self._lock:
+                    self._windows.setdefault(rank, deque(maxlen=MAX_KEPT_WINDOWS)).append(window)
             if failure is not None:  # the task waits for this before it fails in Spark
                 send_message(sock, {"ok": True})
         elif op == "register":

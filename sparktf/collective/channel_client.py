@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -138,8 +138,10 @@ def directory_peers(directory: str, rank: int, world_size: int, peer: str, secre
 class Heartbeat:
     """Reports this rank's phase and iteration to the driver every ``HEARTBEAT_SECONDS``, and guards the task.
 
-    A report also carries the values (loss, metrics) of the iterations
-    queued with :meth:`add_batch` since the previous report, at most
+    A report also carries what ``step_window()`` returns (a summary of the
+    step timings since the previous report, or None), and the values (loss,
+    metrics) of the iterations queued with :meth:`add_batch` since the
+    previous report, at most
     ``MAX_REPORTED_BATCHES`` (fewer for many values per iteration, to keep
     the header small); a queue of that many is sent at once, without
     waiting for the next beat.
@@ -165,6 +167,7 @@ class Heartbeat:
         self._batch_names: Tuple[str, ...] = ()
         self._batches: Deque[Tuple[int, List[float]]] = deque(maxlen=_MAX_QUEUED_BATCHES)
         self._per_report = MAX_REPORTED_BATCHES
+        self.step_window: Callable[[], Optional[Dict[str, Any]]] = _nothing
         self._stopped = threading.Event()
         self._wake, self._waker = socket.socketpair()  # stop() wakes the thread from its wait at once
         self._thread = threading.Thread(target=self._run, name="sparktf-heartbeat", daemon=True)
@@ -224,6 +227,9 @@ class Heartbeat:
             header["stack"] = thread_stack(self._watched)
         if failure is not None:
             header["failure"] = failure.to_wire()
+        window = self.step_window()
+        if window is not None:
+            header["steps"] = window
         rows = [self._batches.popleft() for _ in range(min(self._per_report, len(self._batches)))]
         if rows:
             header["batches"] = {"first": rows[0][0], "names": list(self._batch_names),
@@ -286,6 +292,10 @@ def _frames(frame: Any, limit: int) -> List[str]:
         return []
     return [f"{entry.filename}:{entry.lineno} in {entry.name}: {(entry.line or '').strip()}"[:_STACK_LINE_CHARS]
             for entry in traceback.extract_stack(frame, limit=limit)]
+
+
+def _nothing() -> None:
+    return None
 
 
 class NoHeartbeat:

@@ -197,6 +197,11 @@ class Communicator:
         """Number of ranks in the ring."""
         return self._world_size
 
+    @property
+    def send_seconds(self) -> float:
+        """Seconds this rank's sends took so far (see :attr:`RingLink.send_seconds`; 0 for a ring of one)."""
+        return 0.0 if self._link is None else self._link.send_seconds
+
     def allreduce(self, buffer: np.ndarray, op: str = "mean", compression: str | None = None) -> np.ndarray:
         """Sum or average ``buffer`` over all ranks, in place.
 

@@ -49,6 +49,13 @@ class RingLink:
         self._tag = tag
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         self._frames_this_call = 0
+        self._sender.counting = False
+
+    @property
+    def send_seconds(self) -> float:
+        """Seconds this rank's sends took, over the calls so far, once each call's first frame from the left had
+        arrived (a send before that may only wait for a late peer): a slow link or sender shows here."""
+        return self._sender.send_seconds
 
     def post(self, payload: memoryview) -> None:
         """Queue ``payload`` (bytes) for the right neighbour; keep it unchanged until ``flush``."""
@@ -141,6 +148,7 @@ class RingLink:
             finally:
                 self._left.settimeout(self.timeout)
         self._frames_this_call += 1
+        self._sender.counting = True
         return FrameHeader.unpack(self._header)
 
     def _receive_body(self, view: memoryview) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+import time
 from typing import Callable
 
 from sparktf.collective.transport import FrameHeader, PeerFailure, send_frame
@@ -38,6 +39,10 @@ class FrameSender:
     After the first failure the thread keeps draining the queue without
     sending (so ``flush`` never waits for it), records the error in
     ``error`` and calls ``on_error`` once, to wake the receiving thread.
+
+    ``send_seconds`` adds up the time spent sending the frames that started
+    while ``counting`` was set (the ring sets it once a call's first frame
+    from the left arrived: before that, a send may only wait for a late peer).
     """
 
     def __init__(self, sock: socket.socket, peer_rank: int, on_error: Callable[[], None], name: str):
@@ -49,6 +54,8 @@ class FrameSender:
         self._sent = 0  # frames handled; written by the sender thread only
         self._stopping = False
         self.error: PeerFailure | None = None
+        self.counting = False
+        self.send_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -98,8 +105,11 @@ class FrameSender:
             self._sent += 1
 
     def _send(self, header: FrameHeader, payload: memoryview) -> None:
+        counted, started = self.counting, time.perf_counter()
         try:
             send_frame(self._sock, header, payload)
+            if counted:
+                self.send_seconds += time.perf_counter() - started
         except TimeoutError:
             self._fail(f"rank {self._peer_rank} accepted no data for {self._sock.gettimeout():g} s; "
                        "it is stuck or overloaded (raise collective_timeout if it is only slow)")

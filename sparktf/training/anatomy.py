@@ -19,28 +19,34 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Sequence, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from sparktf.training.step_clock import STEP_PHASES, RankAnatomy
+from sparktf.collective.channel import StepWindow
+from sparktf.training.step_clock import STEP_COLUMNS, STEP_PHASES, WINDOW_STATS, RankAnatomy
 
 __all__ = ["Straggler", "CallAnatomy", "ANATOMY_PHASES", "rank_timings", "step_phases", "find_stragglers",
            "chrome_trace"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
 
-#: The step phases :func:`rank_timings` gives, the exchange split in two.
-ANATOMY_PHASES = ("data", "lookup", "compute", "exchange_wait", "transfer", "apply")
+#: The step phases :func:`rank_timings` gives, the exchange split in two; then ``send``, the part of the exchange
+#: the rank's own sends took (inside ``exchange_wait`` and ``transfer``, not added to the step).
+ANATOMY_PHASES = ("data", "lookup", "compute", "exchange_wait", "transfer", "apply", "send")
 #: A rank is a straggler in a phase when its median step spends this many times the other ranks' median there...
 STRAGGLER_FACTOR = 1.5
 #: ... and at least this many seconds more per step (below it, timer noise and scheduling jitter dominate).
 STRAGGLER_EXCESS = 0.005
 #: Steps needed before anyone is named.
 MIN_STEPS = 5
-# The phases a rank causes itself (the exchange's wait is caused by the others).
-_JUDGED = ("data", "lookup", "compute", "transfer", "apply")
+#: The live judgement looks at each rank's last windows (about a second each).
+LIVE_WINDOWS = 5
+# The columns a rank causes itself, and the phase a straggler there is slow in (the exchange's wait is caused by
+# the others; its sends are its own).
+_JUDGED = {"data": "data", "lookup": "lookup", "compute": "compute", "send": "exchange", "apply": "apply"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class Straggler:
     executor, host : str
         Where the rank ran.
     phase : str
-        One of :data:`ANATOMY_PHASES`.
+        ``"data"``, ``"lookup"``, ``"compute"``, ``"exchange"`` (its sends are slow) or ``"apply"``.
     factor : float
         Its median seconds per step in ``phase`` over the other ranks' median.
     """
@@ -85,8 +91,8 @@ def step_phases(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
         transfer = np.min([record.steps[:steps, exchange] for record in records], axis=0)
         for record in records:
             split = np.zeros((steps, len(ANATOMY_PHASES)))
-            for phase in ("data", "lookup", "compute", "apply"):
-                split[:, ANATOMY_PHASES.index(phase)] = record.steps[:steps, STEP_PHASES.index(phase)]
+            for phase in ("data", "lookup", "compute", "apply", "send"):
+                split[:, ANATOMY_PHASES.index(phase)] = record.steps[:steps, STEP_COLUMNS.index(phase)]
             split[:, ANATOMY_PHASES.index("exchange_wait")] = record.steps[:steps, exchange] - transfer
             split[:, ANATOMY_PHASES.index("transfer")] = transfer
             rows.setdefault(record.rank, []).append(split)
@@ -117,10 +123,17 @@ def find_stragglers(anatomies: Sequence[RankAnatomy], factor: float = STRAGGLER_
     places = {record.rank: (record.executor, record.host) for record in anatomies}
     if len(rows) < 2 or min(len(r) for r in rows.values()) < MIN_STEPS:
         return []
-    medians = {rank: np.median(steps, axis=0) for rank, steps in rows.items()}
+    columns = [ANATOMY_PHASES.index(column) for column in _JUDGED]
+    medians = {rank: np.median(steps, axis=0)[columns] for rank, steps in rows.items()}
+    return _judged(medians, places, factor, excess)
+
+
+def _judged(medians: Dict[int, np.ndarray], places: Dict[int, Tuple[str, str]], factor: float,
+            excess: float) -> List[Straggler]:
+    """The stragglers among ranks' typical seconds per step (``medians[rank]``: one per ``_JUDGED`` column), the
+    slowest first."""
     found = []
-    for phase in _JUDGED:
-        i = ANATOMY_PHASES.index(phase)
+    for i, phase in enumerate(_JUDGED.values()):
         for rank, median in medians.items():
             others = float(np.median([m[i] for r, m in medians.items() if r != rank]))
             if median[i] - others >= excess and median[i] >= factor * others:
@@ -153,31 +166,70 @@ def write_chrome_trace(anatomies: Sequence[RankAnatomy], path: str) -> str:
 
 
 class CallAnatomy:
-    """The ranks' records of one ``optimize`` call, segment after segment; a straggler is logged (WARNING) the first
-    time a segment shows it."""
+    """The step anatomy of one ``optimize`` call.
 
-    def __init__(self) -> None:
+    While a segment runs, :meth:`watch` takes the ranks' step windows (from
+    their reports, about once a second) and names a straggler as soon as each
+    rank's last :data:`LIVE_WINDOWS` windows show it; after each segment,
+    :meth:`add` takes the ranks' whole records. A straggler is logged
+    (WARNING) and passed to ``on_straggler`` once per rank and phase in the
+    call.
+
+    Parameters
+    ----------
+    on_straggler : callable, optional
+        Called with each newly named :class:`Straggler` (the progress output's line).
+    """
+
+    def __init__(self, on_straggler: Optional[Callable[[Straggler], None]] = None) -> None:
         self.records: List[RankAnatomy] = []
-        self._named: Set[Tuple[int, str]] = set()
+        self._named: Dict[Tuple[int, str], Straggler] = {}
+        self._windows: Dict[int, Deque[StepWindow]] = {}
+        self._on_straggler = on_straggler
+
+    def watch(self, reports: Dict[int, Any]) -> None:
+        """Take the step windows of the ranks' reports (see ``JobChannel.reports(take_batches=True)``), naming the
+        stragglers they show."""
+        for rank, report in reports.items():
+            self._windows.setdefault(rank, deque(maxlen=LIVE_WINDOWS)).extend(report.windows)
+        windows = {rank: list(kept) for rank, kept in self._windows.items() if kept}
+        if len(windows) < 2 or min(sum(w.count for w in kept) for kept in windows.values()) < MIN_STEPS:
+            return
+        p50 = WINDOW_STATS.index("p50")
+        columns = [STEP_COLUMNS.index(column) for column in _JUDGED]
+        medians = {rank: np.median(np.repeat([[w.stats[c][p50] for c in columns] for w in kept],
+                                             [w.count for w in kept], axis=0), axis=0)  # windows weigh by steps
+                   for rank, kept in windows.items()}
+        places = {rank: (kept[-1].executor, kept[-1].executor.rsplit(":", 1)[0]) for rank, kept in windows.items()}
+        self._name(_judged(medians, places, STRAGGLER_FACTOR, STRAGGLER_EXCESS))
 
     def add(self, records: Sequence[RankAnatomy]) -> None:
-        """Take a segment's records, naming its new stragglers."""
+        """Take a segment's records, naming its new stragglers; the next segment's windows start afresh."""
         self.records.extend(records)
-        for straggler in find_stragglers(records):
-            if (straggler.rank, straggler.phase) not in self._named:
-                self._named.add((straggler.rank, straggler.phase))
-                _LOG.warning("%s: %s", straggler.describe(), _ADVICE[straggler.phase])
+        self._windows.clear()
+        self._name(find_stragglers(records))
 
     def rank_timings(self) -> Dict[int, Dict[str, float]]:
         return rank_timings(self.records)
 
     def stragglers(self) -> List[Straggler]:
-        return find_stragglers(self.records)
+        """The call's stragglers, the slowest first: those its records show, and those named while it ran."""
+        found = {(s.rank, s.phase): s for s in self._named.values()}
+        found.update({(s.rank, s.phase): s for s in find_stragglers(self.records)})
+        return sorted(found.values(), key=lambda straggler: -straggler.factor)
 
     def write_timeline(self, folder: str, steps: Tuple[int, int]) -> str:
         """Write the profiled steps' timeline to ``folder/timeline-<start>-<end>.json``; returns its path."""
         os.makedirs(folder, exist_ok=True)
         return write_chrome_trace(self.records, os.path.join(folder, f"timeline-{steps[0]}-{steps[1]}.json"))
+
+    def _name(self, found: Sequence[Straggler]) -> None:
+        for straggler in found:
+            if (straggler.rank, straggler.phase) not in self._named:
+                self._named[(straggler.rank, straggler.phase)] = straggler
+                _LOG.warning("%s: %s", straggler.describe(), _ADVICE[straggler.phase])
+                if self._on_straggler is not None:
+                    self._on_straggler(straggler)
 
 
 #: What to do about a straggler in each phase (see docs/guides/training.md, "Why is it slow?").
@@ -185,6 +237,7 @@ _ADVICE = {
     "data": "its input is slower (a larger or skewed partition, a slow read): repartition the data evenly",
     "lookup": "its share of the sharded tables' lookups is larger: shard the tables over more workers",
     "compute": "its host computes slower (a busy or slower machine): exclude the host or give it fewer tasks",
-    "transfer": "its network link is slower: check the host's link, or send less (gradient_compression)",
+    "exchange": "its sends are slower (its network link or host): check the host's link, or send less "
+                "(gradient_compression)",
     "apply": "its update is slower (a busy host): exclude the host or give it fewer tasks",
 }

@@ -209,6 +209,13 @@ class DriverCallbacks:
             self._progbar.stateful_metrics.update(self._metric_names)
             self._progbar.update(in_epoch + 1, [("loss", latest.loss), *metrics, ("records/s", rate)])
 
+    def straggler(self, straggler: Any) -> None:
+        """A rank was named a straggler (see :class:`sparktf.training.anatomy.Straggler`): one line, below the
+        bar (called from the watchdog's thread, or after a segment)."""
+        if self._verbose:
+            with self._lock:
+                self._say(f"{chr(10) if self._bar else ''}straggler: {straggler.describe()}")
+
     def segment_ends(self, first_iteration: int, losses: Sequence[float], step_seconds: Sequence[float],
                      progress: TrainingProgress, validation: Optional[Dict[str, float]],
                      workers: Optional[int] = None, metrics: Optional[Mapping[str, Sequence[float]]] = None) -> bool:

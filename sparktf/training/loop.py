@@ -20,6 +20,7 @@ import itertools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -33,7 +34,7 @@ from sparktf.models.cache import batch_mapper, cached, load_cached
 from sparktf.models.payload import ModelPayload, payload_key
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
-from sparktf.errors import DataError, FailureRecord, InternalError, ModelError, StorageError
+from sparktf.errors import CollectiveError, DataError, FailureRecord, InternalError, ModelError, StorageError
 from sparktf.training.failures import classified_failures
 from sparktf.training.state_source import StateSource
 from sparktf.training.sharding.plan import ShardPlan
@@ -206,7 +207,9 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     context = BarrierTaskContext.get()
     rank = context.partitionId()
     world_size = len(context.getTaskInfos())
+    address = context.getTaskInfos()[rank].address
     heartbeat = start_heartbeat(spec.directory, rank, world_size, spec.secret, spec.collective_timeout)
+    heartbeat.step_window = partial(watch.take_window, address)
     failure = shard = None
     try:
         prepare_tensorflow_task(spec.gpus)
@@ -253,12 +256,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             communicator.close()
             stream.close(wait=finished, timeout=spec.collective_timeout)  # the task's input read to its end
             watch.lap("input_close")
-    except (DataError, ModelError, StorageError, InternalError) as error:  # told: the others see a peer vanish
-        failure = FailureRecord.of(error, rank, shard)
+    except (DataError, ModelError, StorageError, InternalError, CollectiveError) as error:
+        failure = FailureRecord.of(error, rank, shard)  # told: the driver decides on the record, not on Spark's text
         raise
     finally:
         heartbeat.stop(failure=failure)
-    address = context.getTaskInfos()[rank].address
     if rank == 0:
         result.timings = watch.seconds
         yield result
@@ -340,8 +342,8 @@ def _train(
 
 
 class _TimedExchange(GradientExchange):
-    """The step's gradient exchange (see ``training.gradient_exchange``), timing ``compute`` before it and itself
-    (``allreduce``)."""
+    """The step's gradient exchange (see ``training.gradient_exchange``), timing ``compute`` before it, itself
+    (``allreduce``) and its sends (``send``)."""
 
     def __init__(self, communicator: Any, compression: Optional[str], watch: PhaseClock, shards: Any = None):
         super().__init__(communicator, compression, shards)
@@ -349,8 +351,10 @@ class _TimedExchange(GradientExchange):
 
     def __call__(self, layout: Any, parts: Any) -> Any:
         self._watch.lap("compute")
+        sent = self._communicator.send_seconds
         summed = super().__call__(layout, parts)
         self._watch.lap("allreduce")
+        self._watch.add("send", self._communicator.send_seconds - sent)
         return summed
 
 

@@ -15,6 +15,7 @@ executors are gone (:mod:`~sparktf.training.membership`). See
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -175,7 +176,7 @@ class TrainingRun:
         keras_history = keras.callbacks.History()
         driver = self._driver_callbacks(request, keras_history)
         history: Dict[str, Any] = {"loss": []}
-        anatomy = CallAnatomy()
+        anatomy = CallAnatomy(driver.straggler)
         with call_scope(settings.session, "optimize") as call, \
                 WorkerInputs(self._dataset, settings.collective_timeout + watchdog_slack(settings.session)) as inputs:
             runner = self._runner(call, inputs)
@@ -185,7 +186,8 @@ class TrainingRun:
             while not request.end_trigger(progress):
                 driver.segment_begins(progress)
                 first = progress.iteration + 1
-                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request, sharding)
+                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request, sharding,
+                                           anatomy.watch)
                 anatomy.add(result.anatomy)
                 progress = self._finish_segment(result, history)
                 checkpoints.after_segment(progress, self._capture)
@@ -209,9 +211,13 @@ class TrainingRun:
         state = self._state
         state.rank_timings, state.stragglers = anatomy.rank_timings(), anatomy.stragglers()
         if request.profile_steps is not None:
-            folder = self._settings.model_dir if self._settings.model_dir and "://" not in self._settings.model_dir \
-                else tempfile.mkdtemp(prefix="sparktf-timeline-")
+            folder = self._local_model_dir() or tempfile.mkdtemp(prefix="sparktf-timeline-")
             state.last_timeline = anatomy.write_timeline(folder, request.profile_steps)
+
+    def _local_model_dir(self) -> Optional[str]:
+        """``model_dir`` when it is a local folder (None: none, or an object store's)."""
+        model_dir = self._settings.model_dir
+        return model_dir if model_dir and "://" not in model_dir else None
 
     def _runner(self, call: Any, inputs: WorkerInputs) -> SegmentRunner:
         """The segments' launcher: the call holds the slots, so concurrent calls wait their turn."""
@@ -220,7 +226,9 @@ class TrainingRun:
         membership = Membership(settings.session, settings.num_workers, settings.min_workers, settings.replace_wait,
                                 inputs.prepare, probe=lambda: call.slots(profile), busy_wait=call.busy_wait,
                                 available=lambda: min(call.slots(profile).free, call.grantable(profile)))
-        return SegmentRunner(settings.session, inputs, membership, settings.max_failures, profile, call)
+        local = self._local_model_dir()
+        return SegmentRunner(settings.session, inputs, membership, settings.max_failures, profile, call,
+                             stacks_folder=None if local is None else os.path.join(local, "stacks"))
 
     def _driver_callbacks(self, request: RunRequest, history: Any) -> DriverCallbacks:
         """The callbacks, the progress display (if any) and ``history``, labelled in threads beside others."""
@@ -244,9 +252,11 @@ class TrainingRun:
         return TrainingProgress(state.iteration, self._per_epoch(), state.last_loss, state.last_score)
 
     def _run_segment(self, runner: SegmentRunner, progress: TrainingProgress, stop: Trigger, driver: DriverCallbacks,
-                     request: RunRequest, sharding: ShardPlan) -> SegmentResult:
+                     request: RunRequest, sharding: ShardPlan,
+                     watch_steps: Callable[[Dict[int, Any]], None]) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers), its
-        ``sharding`` planned for ``num_workers`` (the launch plans it again for its own)."""
+        ``sharding`` planned for ``num_workers`` (the launch plans it again for its own); the ranks' reports go to
+        the progress display and to ``watch_steps``."""
         settings = self._settings
         elements = self._elements_of(self._dataset)
         structure = model_structure(self._model, elements.element)  # sparse or dense per model input
@@ -256,8 +266,11 @@ class TrainingRun:
                            metric_state=self._state.metric_state, class_weight=request.class_weight,
                            sharding=sharding, slots=settings.tables.root, single_pass=request.single_pass,
                            profile_steps=request.profile_steps)
-        return runner.run(spec, self._capture, driver.report,
-                          lambda workers: driver.launching(workers, progress.iteration))
+        def on_reports(reports: Dict[int, Any]) -> None:
+            driver.report(reports)
+            watch_steps(reports)
+
+        return runner.run(spec, self._capture, on_reports, lambda workers: driver.launching(workers, progress.iteration))
 
     def _finish_segment(self, result: SegmentResult, history: Dict[str, Any]) -> TrainingProgress:
         """Take the segment's state into the driver's model; log its iterations and the epochs it ended."""

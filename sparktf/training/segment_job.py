@@ -69,6 +69,8 @@ class SegmentRunner:
         The ``optimize`` call: every launch first holds its workers' slots
         there (the first one waits its turn among the driver's concurrent
         calls), and a call cancelled by Ctrl-C is not relaunched.
+    stacks_folder : str, optional
+        A local folder for the ranks' stacks when a job hangs (see :class:`JobWatchdog`).
 
     Attributes
     ----------
@@ -77,8 +79,9 @@ class SegmentRunner:
     """
 
     def __init__(self, session: Any, inputs: WorkerInputs, membership: Membership, max_failures: int,
-                 profile: Any = None, call: Any = None):
+                 profile: Any = None, call: Any = None, stacks_folder: Optional[str] = None):
         self.session = session
+        self.stacks_folder = stacks_folder
         self.call = call
         self.profile = profile
         self.inputs = inputs
@@ -136,7 +139,7 @@ class SegmentRunner:
                 on_launch(workers)
             try:
                 result = run_segment_job(self.session, data, self._spec_for(spec, workers, feed), state(), workers,
-                                         on_reports, self.profile)
+                                         on_reports, self.profile, self.stacks_folder)
                 result.workers = workers
                 return result
             except Exception as error:  # a worker failed: relaunch from the last good state, if that can help
@@ -199,6 +202,7 @@ def run_segment_job(
     num_workers: int,
     on_reports: Optional[Callable[[dict], None]] = None,
     profile: Any = None,
+    stacks_folder: Optional[str] = None,
 ) -> SegmentResult:
     """Run one segment on ``num_workers`` barrier tasks; return rank 0's result with its final state.
 
@@ -218,6 +222,8 @@ def run_segment_job(
         which carry rank 0's per-iteration values since the previous call.
     profile : pyspark.resource.ResourceProfile, optional
         The barrier stage's resource profile (None: the session's defaults).
+    stacks_folder : str, optional
+        Where the ranks' stacks go when the job hangs (see :class:`JobWatchdog`).
 
     Raises
     ------
@@ -235,7 +241,8 @@ def run_segment_job(
         else:
             channel.serve_state(*state.to_wire())
             job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
-            watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout, on_reports)
+            watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout, on_reports,
+                                   stacks_folder=stacks_folder)
             # a rank that failed knowingly reported its record first: the watchdog raises that
             result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
             result.state = joined_uploads(channel.take_uploaded(), what)

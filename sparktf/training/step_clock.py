@@ -3,25 +3,33 @@
 Each rank of a segment keeps one :class:`PhaseClock`. ``lap(phase)`` ends the
 phase running since the last lap: its seconds add to the segment's totals
 (``timings``) and, for the step phases (:data:`STEP_PHASES`), to the current
-step's row. The rows (a few floats per step) and the wall-clock spans of the
-steps in ``profile_steps`` travel to the driver with the segment's results as
-a :class:`RankAnatomy`, which :mod:`sparktf.training.anatomy` reads.
+step's row, whose last column (``send``) holds the part of the exchange this
+rank's own sends took. The rows (a few floats per step) and the wall-clock
+spans of the steps in ``profile_steps`` travel to the driver with the
+segment's results as a :class:`RankAnatomy`, which
+:mod:`sparktf.training.anatomy` reads. While the segment runs,
+:meth:`PhaseClock.take_window` summarises the rows kept since its last call
+(the heartbeat sends that to the driver about once a second).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["STEP_PHASES", "PhaseClock", "RankAnatomy"]
+__all__ = ["STEP_PHASES", "STEP_COLUMNS", "WINDOW_STATS", "PhaseClock", "RankAnatomy", "window_summary"]
 
 #: The phases of a step, as the clock's laps name them: waiting for the batch, the sharded tables' lookup, the
 #: forward and backward pass, the gradient exchange, and the update.
 STEP_PHASES = ("data", "lookup", "compute", "exchange", "apply")
 _STEP_LAPS = {"batches": "data", "lookup": "lookup", "compute": "compute", "allreduce": "exchange", "apply": "apply"}
+#: A step row's columns: the phases, then the seconds this rank's sends took inside the exchange.
+STEP_COLUMNS = STEP_PHASES + ("send",)
+#: What a window's summary gives per column, over its steps.
+WINDOW_STATS = ("mean", "p50", "p95", "max")
 
 
 @dataclass
@@ -36,7 +44,7 @@ class RankAnatomy:
     timings : dict
         Seconds per phase over the segment (the step phases and the set-up ones).
     steps : numpy.ndarray
-        ``(steps, len(STEP_PHASES))`` seconds, one row per step in order.
+        ``(steps, len(STEP_COLUMNS))`` seconds, one row per step in order.
     first_iteration : int
         The iteration of the first row.
     spans : list
@@ -50,6 +58,13 @@ class RankAnatomy:
     steps: np.ndarray
     first_iteration: int
     spans: List[Tuple[int, str, float, float]] = field(default_factory=list)
+
+
+def window_summary(rows: np.ndarray, executor: str, first: int) -> Dict[str, Any]:
+    """The summary :meth:`PhaseClock.take_window` gives of step ``rows`` (``(steps, len(STEP_COLUMNS))``) from
+    iteration ``first``."""
+    stats = np.stack([rows.mean(axis=0), *np.percentile(rows, [50, 95], axis=0), rows.max(axis=0)], axis=1)
+    return {"executor": executor, "first": first, "count": len(rows), "stats": stats.round(7).tolist()}
 
 
 class PhaseClock:
@@ -71,6 +86,7 @@ class PhaseClock:
         self._iteration = 0
         self._first_iteration = 0
         self._spans: List[Tuple[int, str, float, float]] = []
+        self._windowed = 0  # rows summarised by take_window so far
 
     def lap(self, phase: str) -> float:
         """End the phase running since the last lap as ``phase``; returns the time (``perf_counter``)."""
@@ -86,13 +102,18 @@ class PhaseClock:
         self._last = now
         return now
 
+    def add(self, column: str, seconds: float) -> None:
+        """Add ``seconds`` to the current step's ``column`` (one of :data:`STEP_COLUMNS` that is not a lap)."""
+        if self._row is not None:
+            self._row[STEP_COLUMNS.index(column)] += seconds
+
     def step(self, iteration: int) -> None:
         """Start timing ``iteration``'s step phases (the previous step's row is kept)."""
         self.end_step()
         if not self._rows:
             self._first_iteration = iteration
         self._iteration = iteration
-        self._row = np.zeros(len(STEP_PHASES), np.float64)
+        self._row = np.zeros(len(STEP_COLUMNS), np.float64)
 
     def end_step(self) -> None:
         """Keep the current step's row (a step that ended without its update is not kept)."""
@@ -100,8 +121,19 @@ class PhaseClock:
             self._rows.append(self._row)
         self._row = None
 
+    def take_window(self, executor: str) -> Optional[Dict[str, Any]]:
+        """A summary of the steps kept since the previous call (None: no new step), for the driver:
+        ``{"executor", "first", "count", "stats"}``, ``stats`` one list of :data:`WINDOW_STATS` per column of
+        :data:`STEP_COLUMNS`. Safe to call from another thread than the one that times."""
+        kept = len(self._rows)
+        if kept <= self._windowed:
+            return None
+        rows = np.array(self._rows[self._windowed:kept], np.float64)
+        first, self._windowed = self._first_iteration + self._windowed, kept
+        return window_summary(rows, executor, first)
+
     def anatomy(self, rank: int, executor: str, host: str) -> RankAnatomy:
         """What this clock measured, for the driver."""
         self.end_step()
-        steps = np.array(self._rows, np.float64).reshape(-1, len(STEP_PHASES))
+        steps = np.array(self._rows, np.float64).reshape(-1, len(STEP_COLUMNS))
         return RankAnatomy(rank, executor, host, dict(self.seconds), steps, self._first_iteration, list(self._spans))

@@ -63,10 +63,15 @@ class JobWatchdog:
     barrier : bool
         Whether every task runs at once (a barrier job of ranks) or tasks
         may wait for slots (an ordinary job of partitions).
+    stacks_folder : str, optional
+        The local folder a hung job's stacks file goes to (``<tag>.txt``,
+        e.g. under ``model_dir``); by default ``sparktf-stacks`` in the
+        temporary folder.
     """
 
     def __init__(self, session: Any, channel: Any, num_workers: int, timeout: float,
-                 on_reports: Optional[Callable[[dict], None]] = None, barrier: bool = True):
+                 on_reports: Optional[Callable[[dict], None]] = None, barrier: bool = True,
+                 stacks_folder: Optional[str] = None):
         self._session = session
         self._channel = channel
         self._num_workers = num_workers
@@ -76,6 +81,7 @@ class JobWatchdog:
         self._tag = f"sparktf-job-{uuid.uuid4().hex[:12]}"
         self._done = threading.Event()
         self._on_reports = on_reports
+        self._stacks_folder = stacks_folder or os.path.join(tempfile.gettempdir(), "sparktf-stacks")
         self.reason: Optional[str] = None
 
     def run(self, action: Callable[[], T], what: str) -> T:
@@ -101,7 +107,9 @@ class JobWatchdog:
                 return run_job(self._session, action, what=what)
             except Exception as error:
                 reports = self._channel.reports()
-                reported = [report.failure for _, report in sorted(reports.items()) if report.failure]
+                # a rank's own failure first; a peer's lost connection or timeout is what it caused
+                reported = sorted((report.failure for _, report in sorted(reports.items()) if report.failure),
+                                  key=lambda record: record.kind == "CollectiveError")
                 # e.g. a rank's collective timeout: where the task it waited for was stuck, when one sent its stack
                 if reported:
                     where = self._where_stuck(reports, besides=reported[0].rank)
@@ -163,9 +171,8 @@ class JobWatchdog:
         empty when no task sent its stack)."""
         if stuck is None or not any(report.stack for report in reports.values()):
             return ""
-        folder = os.path.join(tempfile.gettempdir(), "sparktf-stacks")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"{self._tag}.txt")
+        os.makedirs(self._stacks_folder, exist_ok=True)
+        path = os.path.join(self._stacks_folder, f"{self._tag}.txt")
         with open(path, "w") as out:
             for task, report in sorted(reports.items()):
                 out.write(f"{self._task} {task}, phase {report.phase!r}, {self._counter} {report.iteration}:\n")
