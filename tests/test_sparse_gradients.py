@@ -179,13 +179,14 @@ def test_each_optimizer_gets_its_rows_in_the_form_that_updates_alike():
 def test_padded_rows_keep_the_rows_and_add_zero_rows_of_untouched_indices():
     import tensorflow as tf
 
-    from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows
+    from sparktf.training.compiled_update import MIN_PADDED_ROWS, host_padded_rows
 
     rows = tf.IndexedSlices(tf.ones([70, 2]), tf.range(0, 140, 2, dtype=tf.int64), tf.constant([1000, 2], tf.int64))
-    padded = padded_rows(rows, 1000)
-    indices = padded.indices.numpy()
+    values, indices = host_padded_rows(rows, 1000)
     assert len(indices) == 128 and len(set(indices.tolist())) == 128 and indices[:70].tolist() == list(range(0, 140, 2))
-    assert padded.values.numpy()[:70].min() == 1 and not padded.values.numpy()[70:].any()
+    assert values[:70].min() == 1 and not values[70:].any() and values.shape == (128, 2)
     small = tf.IndexedSlices(tf.ones([3, 2]), tf.constant([4, 1, 0], tf.int64), tf.constant([5, 2], tf.int64))
-    assert sorted(padded_rows(small, 5).indices.numpy().tolist()) == [0, 1, 2, 3, 4]  # at most the table
+    assert sorted(host_padded_rows(small, 5)[1].tolist()) == [0, 1, 2, 3, 4]  # at most the table
+    exact = tf.IndexedSlices(tf.ones([64, 2]), tf.range(64, dtype=tf.int64), tf.constant([1000, 2], tf.int64))
+    assert host_padded_rows(exact, 1000)[1].tolist() == list(range(64))  # a power of two already: as it is
     assert MIN_PADDED_ROWS == 64

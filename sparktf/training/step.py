@@ -36,11 +36,11 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.errors import InternalError
-from sparktf.models.batch_errors import essential_line
 from sparktf.training.failures import exchange_failure
 from sparktf.training.gradient_exchange import ExchangedParts, GradientExchange, GradientLayout
 from sparktf.training.sparse_kernels import apply_rows
-from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
+from sparktf.training.compiled_update import CompiledUpdate, lowers_to_hlo
+from sparktf.training.update_form import update_form
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
 
@@ -234,7 +234,7 @@ class TrainStep:
                 self._last_compiled = self._taking_compiled
             self._updates += 1
             if trace.in_step_compiled is not None and self._updates == COMPILE_AFTER_UPDATES:
-                self._taking_compiled = _compiles(trace.in_step_compiled, trace.layout, dense=True)
+                self._taking_compiled = _compiles(trace.in_step_compiled, trace.layout)
                 self._take_compiled.assign(self._taking_compiled)
         return StepResult(loss, learning_rate, bool(finite), tuple(metrics))
 
@@ -380,15 +380,10 @@ class TrainStep:
                                        input_signature=[dense_spec, rows], autograph=False), False)
         function = tf.function(update, input_signature=[dense_spec, rows], autograph=False)
         if form != "rows" and compile_now and not self.sharded:  # sharded tables' rows: their owners apply them
-            as_dense = form == "dense"
-            specs = [tf.TensorSpec(table.shape, tf.float32) for table in layout.sparse] if as_dense else rows
-            compiled = tf.function(update, input_signature=[dense_spec, specs], jit_compile=True, autograph=False)
-            if _compiles(compiled, layout, as_dense):
-                return _Update(compiled if not layout.sparse else tf.function(
-                    lambda dense, sparse: compiled(dense, [
-                        tf.convert_to_tensor(slices) if as_dense else padded_rows(slices, table.rows)
-                        for slices, table in zip(sparse, layout.sparse)]),
-                    input_signature=[dense_spec, rows], autograph=False), True)
+            compiled = CompiledUpdate(update, [dense_spec], [table.shape for table in layout.sparse],
+                                      as_dense=form == "dense")
+            if compiled.compiles():
+                return _Update(compiled, True)
         return _Update(function, False)
 
     def _update(self, layout: GradientLayout, dense: tf.Tensor, sparse: List[tf.IndexedSlices],
@@ -452,20 +447,9 @@ class _ExchangeCall:
             raise
 
 
-def _compiles(compiled: Any, layout: GradientLayout, dense: bool) -> bool:
-    """Whether XLA lowers ``compiled`` (an update of ``layout``'s gradients, the rows dense or as
-    :data:`MIN_PADDED_ROWS` rows) to HLO."""
-    sample = [tf.zeros(table.shape) if dense else tf.IndexedSlices(
-        tf.zeros([min(MIN_PADDED_ROWS, table.rows), *table.shape[1:]]),
-        tf.range(min(MIN_PADDED_ROWS, table.rows), dtype=tf.int64), tf.constant(table.shape, tf.int64))
-        for table in layout.sparse]
-    try:
-        compiled.experimental_get_compiler_ir(tf.zeros([layout.gradient_size]), sample)(stage="hlo")
-    except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
-        _LOG.info("the optimizer's update runs as TensorFlow ops, not XLA-compiled: %s",
-                  essential_line(error))
-        return False
-    return True
+def _compiles(compiled: Any, layout: GradientLayout) -> bool:
+    """Whether XLA lowers ``compiled`` (an update of ``layout``'s dense gradients, a model without tables) to HLO."""
+    return lowers_to_hlo(compiled, tf.zeros([layout.gradient_size]), [])
 
 
 def _input_signature(value: Any) -> Any:

@@ -15,7 +15,8 @@ finds on copies of the optimizer:
 * ``"padded"``: the optimizer keeps no slot per row and a zero gradient row
   changes nothing (SGD): its update is a row update alone, so the rows are
   padded with zero rows of untouched indices to the next power of two
-  (:func:`padded_rows`) and the compiled update sees a handful of shapes. XLA
+  (:func:`~sparktf.training.compiled_update.host_padded_rows`) and the
+  compiled update sees a handful of shapes. XLA
   compiles once per combination of the tables' shapes, so a model with more
   than :data:`MAX_PADDED_TABLES` tables gets ``"rows"`` instead;
 * ``"kernel"``: an optimizer that keeps a slot per row and whose exact
@@ -43,12 +44,10 @@ import tensorflow as tf
 
 from sparktf.training.sparse_kernels import kernel_description, sparse_kernel
 
-__all__ = ["MAX_PADDED_TABLES", "MIN_PADDED_ROWS", "log_table_updates", "padded_rows", "update_form"]
+__all__ = ["MAX_PADDED_TABLES", "log_table_updates", "update_form"]
 
 logger = logging.getLogger(__name__)
 
-#: The smallest number of rows a padded update takes.
-MIN_PADDED_ROWS = 64
 #: The most tables a padded update takes (each table's few shapes multiply into the compiles).
 MAX_PADDED_TABLES = 4
 _SHAPE = (4, 3)
@@ -96,26 +95,6 @@ def log_table_updates(model: Any) -> None:
     words = kernel_description(model.optimizer) if form == "kernel" else _FORM_WORDS[form]
     for path in tables:
         logger.info("embedding table %s gets its %s update %s", path, type(model.optimizer).__name__, words)
-
-
-def padded_rows(rows: tf.IndexedSlices, table_rows: int) -> tf.IndexedSlices:
-    """``rows`` (each index once) and zero rows of untouched indices, to the next power of two (in a graph).
-
-    At least :data:`MIN_PADDED_ROWS` rows and at most ``table_rows``.
-    """
-    count = tf.shape(rows.indices, out_type=tf.int64)[0]
-    target = tf.cast(2.0 ** tf.math.ceil(tf.math.log(tf.cast(tf.maximum(count, 1), tf.float64)) / np.log(2.0)),
-                     tf.int64)
-    target = tf.minimum(tf.maximum(target, MIN_PADDED_ROWS), table_rows)
-    # the first target - count indices that are not rows: at most count of 0 .. target - 1 are
-    touched = tf.concat([tf.sort(rows.indices), [table_rows]], axis=0)  # the end: above every candidate
-    candidates = tf.range(target, dtype=tf.int64)
-    taken = tf.gather(touched, tf.searchsorted(touched, candidates)) == candidates
-    extra = tf.boolean_mask(candidates, tf.logical_not(taken))[: target - count]
-    zeros = tf.zeros(tf.concat([tf.shape(extra, out_type=tf.int64), tf.shape(rows.values, out_type=tf.int64)[1:]],
-                             axis=0), rows.values.dtype)
-    return tf.IndexedSlices(tf.concat([rows.values, zeros], 0), tf.concat([rows.indices, extra], 0),
-                            rows.dense_shape)
 
 
 def _slices(rows: List[Tuple[int, float]]) -> tf.IndexedSlices:

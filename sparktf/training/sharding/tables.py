@@ -42,7 +42,8 @@ from sparktf.training.gradient_exchange import merge_rows
 from sparktf.training.sharding.plan import ShardedTable, ShardPlan, embedding_layers
 from sparktf.training.sharding.slot_store import read_slot_rows, slot_folder, write_slot_rows
 from sparktf.training.sparse_kernels import apply_rows
-from sparktf.training.update_form import MIN_PADDED_ROWS, padded_rows, update_form
+from sparktf.training.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
+from sparktf.training.update_form import update_form
 
 __all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_slots", "slot_positions", "state_rows", "working_features",
            "working_model"]
@@ -415,9 +416,6 @@ def _update_function(optimizer: Any, rows: Any, form: str) -> Any:
     if form == "rows":
         return tf.function(lambda slices: optimizer.apply([slices], [rows]), input_signature=[slices_spec],
                            autograph=False)
-    dense = form == "dense"
-    spec = tf.TensorSpec(shape, tf.float32) if dense else slices_spec
-    compiled = tf.function(lambda gradient: optimizer.apply([gradient], [rows]), input_signature=[spec],
-                           jit_compile=True, autograph=False)
-    return tf.function(lambda slices: compiled(tf.convert_to_tensor(slices) if dense else padded_rows(slices, shape[0])),
-                       input_signature=[slices_spec], autograph=False)
+    compiled = CompiledUpdate(lambda gradients: optimizer.apply(gradients, [rows]), [], [shape],
+                              as_dense=form == "dense")
+    return lambda slices: compiled([slices])
