@@ -65,9 +65,21 @@ def test_a_bad_record_fails_the_count_and_the_prediction_as_its_record(sc, spark
         predictor.predict().collect()
 
 
-def test_without_an_inbox_the_error_is_read_from_sparks_text():
-    """``spark.sparktf.rendezvous=barrier``: the executors cannot reach the driver, Spark's text is all there is."""
-    error = ActionFailures(None, new_key()).error_of(RuntimeError(SPARK_TEXT))
-    assert type(error) is DataError
-    assert str(error) == "partition 1, record 2: features has shape [3], expected [2]."
-    assert ActionFailures(None, new_key()).error_of(RuntimeError("sparktf.errors.NotAnError: x")) is None
+def test_without_an_inbox_the_record_travels_in_sparks_text_whole(sc):
+    """``spark.sparktf.rendezvous=barrier``: the executors cannot reach the driver, Spark's text is all there is.
+    The task raises a carrier of the record from its error: class, fields and a message of several lines arrive."""
+    message = "the store broke off reading part-00001\n  after 3 retries: connection reset"
+
+    def failing(index, rows):
+        if index == 1:
+            raise StorageError(message, path="s3://bucket/part-00001", route="fsspec", retries=3, transient=True)
+        yield from rows
+
+    with pytest.raises(Exception) as failed:  # Spark's own error, as the driver gets it
+        sc.parallelize(range(4), 2).mapPartitionsWithIndex(remote_errors._ReportingFailures(failing, None)).collect()
+    error = ActionFailures(None, new_key()).error_of(failed.value)
+    assert type(error) is StorageError and str(error) == message
+    assert (error.path, error.route, error.retries, error.transient) == ("s3://bucket/part-00001", "fsspec", 3, True)
+    assert FailureRecord.of(error).relaunch_helps  # a store that broke off: training relaunches
+    assert ActionFailures(None, new_key()).error_of(RuntimeError(SPARK_TEXT)) is None  # only a record counts
+    assert ActionFailures(None, new_key()).error_of(RuntimeError("sparktf-failure-record: {\"kind\": 1}")) is None

@@ -15,13 +15,16 @@ use the session's failure inbox (:mod:`sparktf.collective.failure_inbox`):
 
 Only where the executors cannot reach the driver
 (``spark.sparktf.rendezvous=barrier``) is Spark's text of the failed task the
-one carrier: there the class and message are read from the worker's
-traceback (``_error_in_text``), and nothing else is.
+one carrier: there the wrapped function raises, from the sparktf error, a
+:class:`RecordCarrier` whose message is one marked line holding the record
+as JSON (every field, the message whole), and the driver reads that line
+back (``_error_in_text``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 from typing import Any, Callable, Iterator, List, Optional
@@ -30,12 +33,21 @@ from sparktf import errors
 from sparktf.collective.failure_inbox import KEY_PREFIX, FailureInbox, InboxAddress, new_key, send_failure
 from sparktf.spark.session_state import failure_inbox
 
-__all__ = ["ActionFailures", "action_failures", "reporting_failures", "reraise_remote"]
+__all__ = ["ActionFailures", "RecordCarrier", "action_failures", "reporting_failures", "reraise_remote"]
 
 logger = logging.getLogger(__name__)
 
 _JOB_TAGS = "spark.job.tags"  # the local property Spark keeps a job's tags in, comma-separated
-_REMOTE_ERROR = re.compile(r"sparktf\.errors\.(\w+): (.+)")
+_RECORD_MARK = "sparktf-failure-record: "
+_RECORD_LINE = re.compile(re.escape(_RECORD_MARK) + r"(\{.*\})")
+
+
+class RecordCarrier(Exception):
+    """Carries a task's :class:`~sparktf.errors.FailureRecord` through Spark's text of the failed task: its
+    message is one marked line of JSON, raised from the sparktf error (without an inbox)."""
+
+    def __init__(self, record: errors.FailureRecord):
+        super().__init__(_RECORD_MARK + json.dumps(record.to_wire()))
 
 
 class ActionFailures:
@@ -101,18 +113,16 @@ def reraise_remote(kind: Any) -> Iterator[ActionFailures]:
 
 
 def reporting_failures(kind: Any, function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` (for ``mapPartitions``, ``mapPartitionsWithIndex`` or ``mapInArrow``) reporting its sparktf errors.
-
-    Returned unchanged when the session has no inbox.
-    """
+    """``function`` (for ``mapPartitions``, ``mapPartitionsWithIndex`` or ``mapInArrow``) reporting its sparktf errors:
+    to the session's inbox, or (without one) in a :class:`RecordCarrier` raised from the error."""
     inbox = failure_inbox(kind)
-    return function if inbox is None else _ReportingFailures(function, inbox.for_tasks)
+    return _ReportingFailures(function, None if inbox is None else inbox.for_tasks)
 
 
 class _ReportingFailures:
     """A partition function whose sparktf errors reach the driver's inbox before they fail the task."""
 
-    def __init__(self, function: Callable[..., Any], inbox: InboxAddress):
+    def __init__(self, function: Callable[..., Any], inbox: Optional[InboxAddress]):
         self._function = function
         self._inbox = inbox
 
@@ -120,6 +130,8 @@ class _ReportingFailures:
         try:
             yield from self._function(*args)
         except errors.SparkTFError as error:
+            if self._inbox is None:
+                raise RecordCarrier(_record_of(error)) from error
             _report(self._inbox, error)
             raise
 
@@ -131,10 +143,17 @@ def _report(inbox: InboxAddress, error: errors.SparkTFError) -> None:
     keys = _action_keys(context.getLocalProperty(_JOB_TAGS) if context is not None else None)
     if not keys:
         return  # not run by a sparktf action (e.g. the user's own action on a derived RDD)
-    record = errors.FailureRecord.of(error, shard=context.partitionId())
+    record = _record_of(error)
     if not send_failure(inbox, keys, record):
         logger.warning("could not report a %s to the driver at %s; it arrives as Spark's task failure",
                        record.kind, inbox.address)
+
+
+def _record_of(error: errors.SparkTFError) -> errors.FailureRecord:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return errors.FailureRecord.of(error, shard=context.partitionId() if context is not None else None)
 
 
 def _action_keys(tags: Optional[str]) -> List[str]:
@@ -148,13 +167,14 @@ def _action_keys(tags: Optional[str]) -> List[str]:
 
 
 def _error_in_text(failure: BaseException) -> Optional[errors.SparkTFError]:
-    """The sparktf error in Spark's text of a failed task (its worker's traceback), or None.
+    """The sparktf error whose :class:`RecordCarrier` line is in Spark's text of a failed task, or None.
 
     The last one wins: it is the outermost exception of the traceback.
     """
     found = None
-    for name, message in _REMOTE_ERROR.findall(str(failure)):
-        cls = getattr(errors, name, None)
-        if isinstance(cls, type) and issubclass(cls, errors.SparkTFError):
-            found = cls(message.strip())
+    for line in _RECORD_LINE.findall(str(failure)):
+        try:
+            found = errors.FailureRecord.from_wire(json.loads(line)).to_error()
+        except ValueError as malformed:  # not a record sparktf wrote: Spark's own error stands
+            logger.debug("ignored a malformed failure record in a task's text: %s", malformed)
     return found
