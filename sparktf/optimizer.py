@@ -335,7 +335,8 @@ class TFOptimizer:
             raise ConfigurationError("optimize trains a dataset of records that exist now, but this TFOptimizer's "
                                      "dataset is a streaming one: call optimize_stream() instead")
         end_trigger, checkpoint_trigger, validation_trigger, class_weight = check_optimize(
-            self, (end_trigger, checkpoint_trigger, validation_trigger), class_weight)
+            self.model, self.dataset, self.num_workers, (end_trigger, checkpoint_trigger, validation_trigger),
+            class_weight)
         request = RunRequest(end_trigger, checkpoint_trigger, validation_trigger, list(callbacks or []),
                              default_verbose() if verbose is None else verbose, class_weight, checkpoint_failures,
                              profile_steps=checked_profile_steps(profile_steps))
@@ -396,9 +397,12 @@ class TFOptimizer:
 
     def _training_run(self, dataset: Any, workers: int, elements_of: Any = None) -> TrainingRun:
         """A TrainingRun of this optimizer's model, state and settings on ``dataset`` with ``workers`` workers."""
-        settings = RunSettings(self.session, workers, min(self.min_workers, workers), self.replace_wait,
-                               self.max_failures, self.collective_timeout, self.gradient_compression,
-                               self.resource_profile, self.model_dir, self.keep_checkpoints, self._tables)
+        settings = RunSettings(session=self.session, num_workers=workers, min_workers=min(self.min_workers, workers),
+                               replace_wait=self.replace_wait, max_failures=self.max_failures,
+                               collective_timeout=self.collective_timeout,
+                               gradient_compression=self.gradient_compression,
+                               resource_profile=self.resource_profile, model_dir=self.model_dir,
+                               keep_checkpoints=self.keep_checkpoints, tables=self._tables)
         return TrainingRun(self.model, dataset, settings, self._state, self.clipping, self._payload_broadcast,
                            elements_of or self._elements_of, (self.train_summary, self.val_summary))
 

@@ -21,11 +21,29 @@ entry                   owner                          holds, and until when
 ``early_readers``       ``data.tfrecord_readahead``    TFRecord files opened before their turn: at most
                                                        ``MAX_EARLY``, the oldest closed; each stops
                                                        when nobody takes it within ``IDLE_SECONDS``
+``stores``              ``storage.routes``             the Hadoop and fsspec stores made so far, by
+                                                       scheme (and JVM, or storage environment)
 ======================  =============================  ==============================================
+
+The ``models`` entry also holds, beside each loaded model, its traced
+training step (``training.loop``), so a later segment in the same worker
+finds it traced.
 
 :func:`reset` empties them all and closes what they hold (the tests use it;
 a worker never needs to). Per-call state (a stream's read failures, a step's
 layout) lives in the call, never here.
+
+Two process-wide facts are not caches, and :func:`reset` leaves them alone,
+because they mirror state outside sparktf that cannot be undone:
+
+==================================  =============================  ==========================================
+state                               owner                          what it mirrors
+==================================  =============================  ==========================================
+``_bound``, ``_inherited``          ``spark.task_devices``         the GPUs this process's TensorFlow was
+                                                                   bound to (TensorFlow cannot move)
+``_REGISTERED``                     ``spark.user_code``            the user modules this driver registered
+                                                                   in cloudpickle's process-wide registry
+==================================  =============================  ==========================================
 """
 
 from __future__ import annotations

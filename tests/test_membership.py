@@ -227,7 +227,7 @@ def scripted_jobs(monkeypatch, outcomes, cluster=None, lose_on_failure=False):
     """``run_segment_job`` replaced: each call takes the next outcome (an exception to raise, or a result)."""
     calls = []
 
-    def fake(sc, data, job_spec, state, workers, on_reports=None, profile=None):
+    def fake(sc, data, job_spec, state, workers, on_reports=None, profile=None, stacks_folder=None):
         calls.append((data, job_spec, workers))
         outcome = outcomes.pop(0)
         if isinstance(outcome, BaseException):

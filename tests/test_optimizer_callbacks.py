@@ -125,7 +125,8 @@ def test_progress_is_shown_per_epoch_and_verbose_0_is_silent(sc, capsys, caplog)
 def driver_display(verbose, history=None):
     """DriverCallbacks of a 2-epoch run (4 iterations each, 16 records per iteration), no Spark."""
     history = history or keras.callbacks.History()
-    display = DriverCallbacks([], linear_model(), verbose, 4, 16, 2, history)
+    display = DriverCallbacks([], linear_model(), verbose=verbose, iterations_per_epoch=4, global_batch=16,
+                              epochs=2, history=history)
     display.train_begin()
     display.segment_begins(TrainingProgress(0, 4))
     return display
@@ -149,7 +150,8 @@ def live(iteration, *batches):
 
 def test_every_iteration_reaches_on_train_batch_end_once_in_order_live_or_from_the_records():
     recorder = RecordEpochs()
-    display = DriverCallbacks([recorder], linear_model(), 0, 4, 16, 3, keras.callbacks.History())
+    display = DriverCallbacks([recorder], linear_model(), verbose=0, iterations_per_epoch=4, global_batch=16,
+                              epochs=3, history=keras.callbacks.History())
     display.train_begin()
     display.segment_begins(TrainingProgress(0, 4))
     display.report(live(2, (1, 9.0, 0.5), (2, 2.0, 0.4)))  # delivered live, in order
@@ -186,7 +188,8 @@ def test_verbose_1_shows_each_epoch_once_when_the_live_display_ran_ahead(capsys)
 
 def test_an_elastic_call_shows_worker_changes_and_logs_the_fewest_workers_of_each_epoch(capsys):
     history = keras.callbacks.History()
-    display = DriverCallbacks([], linear_model(), 2, 4, 16, 3, history, num_workers=3)
+    display = DriverCallbacks([], linear_model(), verbose=2, iterations_per_epoch=4, global_batch=16,
+                              epochs=3, history=history, num_workers=3)
     display.train_begin()
     display.segment_begins(TrainingProgress(0, 4))
     display.launching(3, 0)

@@ -21,6 +21,7 @@ import threading
 from typing import Dict, Optional, Tuple
 
 from sparktf.errors import StorageError
+from sparktf.process_state import process_cache
 from sparktf.storage.base import Store
 from sparktf.storage.fsspec_store import FsspecStore
 from sparktf.storage.hadoop import HadoopStore, hadoop_knows
@@ -32,9 +33,26 @@ __all__ = ["store_for", "LOCAL"]
 #: The local file system.
 LOCAL = LocalStore()
 
-_lock = threading.Lock()
-_hadoop: Dict[Tuple[int, str], Optional[HadoopStore]] = {}
-_fsspec: Dict[Tuple[str, str], FsspecStore] = {}  # (scheme, digest of the storage environment) -> store
+
+
+class _Stores:
+    """The process's stores (its ``process_state`` entry ``stores``): the classic session's Hadoop routes, by
+    JVM context and scheme, and fsspec's, by scheme and digest of the storage environment."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.hadoop: Dict[Tuple[int, str], Optional[HadoopStore]] = {}
+        self.fsspec: Dict[Tuple[str, str], FsspecStore] = {}
+
+    def clear(self) -> None:
+        with self.lock:
+            self.hadoop.clear()
+            self.fsspec.clear()
+
+
+def _stores() -> _Stores:
+    return process_cache("stores", _Stores)
+
 #: Environment variables that name an endpoint, a credential or a setting of a storage library.
 _ENVIRONMENT_PREFIXES = ("AWS_", "GOOGLE_", "GCE_", "GCSFS_", "AZURE_", "FSSPEC_", "HADOOP_", "ARROW_", "LIBHDFS")
 
@@ -70,11 +88,11 @@ def _hadoop_store(scheme: str) -> Optional[HadoopStore]:
     sc = SparkContext._active_spark_context
     if sc is None or getattr(sc, "_jsc", None) is None:
         return None
-    key = (id(sc._jsc), scheme)
-    with _lock:
-        if key not in _hadoop:
-            _hadoop[key] = HadoopStore(sc) if hadoop_knows(sc, scheme) else None
-        return _hadoop[key]
+    key, stores = (id(sc._jsc), scheme), _stores()
+    with stores.lock:
+        if key not in stores.hadoop:
+            stores.hadoop[key] = HadoopStore(sc) if hadoop_knows(sc, scheme) else None
+        return stores.hadoop[key]
 
 
 def _fsspec_store(scheme: str, path: str, what: str) -> FsspecStore:
@@ -84,20 +102,20 @@ def _fsspec_store(scheme: str, path: str, what: str) -> FsspecStore:
     read then: a later ``AWS_ENDPOINT_URL``, or credentials refreshed in a notebook kernel, would be
     ignored. Stores are kept per scheme and environment instead, and made bypassing that cache.
     """
-    key = (scheme, _storage_environment())
-    with _lock:
-        if key in _fsspec:
-            return _fsspec[key]
+    key, stores = (scheme, _storage_environment()), _stores()
+    with stores.lock:
+        if key in stores.fsspec:
+            return stores.fsspec[key]
     import fsspec
 
     try:
         store = FsspecStore(scheme, fsspec.filesystem(scheme, skip_instance_cache=True))
     except (ImportError, ValueError) as exc:
         raise StorageError(_no_route_message(scheme, path, what, exc)) from None
-    with _lock:
-        for stale in [old for old in _fsspec if old[0] == scheme]:  # made for an environment since changed
-            del _fsspec[stale]
-        return _fsspec.setdefault(key, store)
+    with stores.lock:
+        for stale in [old for old in stores.fsspec if old[0] == scheme]:  # made for an environment since changed
+            del stores.fsspec[stale]
+        return stores.fsspec.setdefault(key, store)
 
 
 def _storage_environment() -> str:

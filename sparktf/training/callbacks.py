@@ -107,6 +107,7 @@ class DriverCallbacks:
         self,
         callbacks: Sequence[Any],
         model: Any,
+        *,
         verbose: int,
         iterations_per_epoch: int,
         global_batch: int,

@@ -219,10 +219,10 @@ def _loss_name(loss: Any) -> Optional[str]:
     return name if str(module).startswith("keras") else None
 
 
-def check_optimize(optimizer: Any, triggers: Tuple[Any, Any, Any],
+def check_optimize(model: Any, dataset: Any, num_workers: int, triggers: Tuple[Any, Any, Any],
                    class_weight: Any) -> Tuple[Trigger, Trigger, Trigger, Optional[ClassWeights]]:
     """``optimize``'s end, checkpoint and validation triggers (the latter defaults to the checkpoint trigger)
-    and class weights, checked with the ``TFOptimizer``'s model, dataset and workers before any job.
+    and class weights, checked with the model, its training dataset and worker count before any job.
 
     Raises
     ------
@@ -237,14 +237,13 @@ def check_optimize(optimizer: Any, triggers: Tuple[Any, Any, Any],
     end_trigger = check_trigger(triggers[0], "end_trigger")
     checkpoint_trigger = check_trigger(triggers[1], "checkpoint_trigger")
     validation_trigger = check_trigger(triggers[2] or checkpoint_trigger, "validation_trigger")
-    dataset = optimizer.dataset
-    dataset.local_batch_size(optimizer.num_workers)
+    dataset.local_batch_size(num_workers)
     if dataset.val_dataset is None and uses_score(end_trigger):
         raise DataError(
             f"end_trigger {end_trigger!r} uses MaxScore, which needs validation data: create "
             "the TFDataset with validation data (e.g. val_rdd / val_tensors) or use another trigger"
         )
-    weights = class_weights(class_weight, optimizer.model, dataset.label_spec)
+    weights = class_weights(class_weight, model, dataset.label_spec)
     return end_trigger, checkpoint_trigger, validation_trigger, weights
 
 

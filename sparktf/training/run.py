@@ -235,9 +235,10 @@ class TrainingRun:
         settings = self._settings
         end = request.end_trigger
         elastic = settings.num_workers if settings.min_workers < settings.num_workers else None
-        return DriverCallbacks(list(request.callbacks), self._model, request.verbose, self._per_epoch(),
-                               self._dataset.batch_size, end.n if isinstance(end, MaxEpoch) else None, history,
-                               elastic, current_label())
+        return DriverCallbacks(list(request.callbacks), self._model, verbose=request.verbose,
+                               iterations_per_epoch=self._per_epoch(), global_batch=self._dataset.batch_size,
+                               epochs=end.n if isinstance(end, MaxEpoch) else None, history=history,
+                               num_workers=elastic, label=current_label())
 
     def _capture(self) -> ModelState:
         state = self._settings.tables.capture(self._model, self._state.iteration, self._state.slots)
