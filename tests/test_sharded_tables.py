@@ -304,3 +304,32 @@ def test_a_shards_optimizer_takes_the_learning_rate_and_iterations_the_start_sta
     assert float(shard.optimizer.learning_rate.numpy()) == 0.015625 and int(shard.optimizer.iterations.numpy()) == 40
     np.testing.assert_array_equal(shard.rows.numpy()[:150], model.get_layer("users").embeddings.numpy()[151:])
     assert not shard.rows.numpy()[150:].any()  # rank 1 owns 150 rows of a 151-row shard: the rest stays zero
+
+
+class _SqrtAbs(keras.layers.Layer):
+    """``sqrt(|x|)``: finite at 0, where its gradient is not."""
+
+    def call(self, inputs):
+        return keras.ops.sqrt(keras.ops.abs(inputs))
+
+
+def test_a_sharded_tables_gradient_that_is_not_finite_stops_training_with_the_weights_kept(sc):
+    """The owners' sums of a sharded table's rows are not in the step's own finiteness check: their flag stops it."""
+    from sparktf import TFDataset, TFOptimizer
+    from sparktf.errors import TrainingError
+    from sparktf.triggers import MaxIteration
+
+    user = keras.Input((1,), dtype="int32")
+    vectors = keras.layers.Flatten()(keras.layers.Embedding(USERS, 4, "zeros", name="users")(user))
+    model = keras.Model(user, keras.layers.Dense(1)(_SqrtAbs()(vectors)))  # the loss finite, the rows' gradient not
+    model.compile("sgd", "mse")
+    before = model.get_weights()
+    ids = np.arange(64, dtype="int32").reshape(-1, 1) % USERS
+    optimizer = TFOptimizer.from_keras(model, TFDataset.from_ndarrays((ids, np.ones((64, 1), "float32")),
+                                                                      batch_size=16),
+                                       num_workers=2, sharded_tables=["users"])
+    with pytest.raises(TrainingError, match="not finite at iteration 1"):
+        optimizer.optimize(MaxIteration(2), verbose=0)
+    assert optimizer.iteration == 0
+    for got, want in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, want)

@@ -51,10 +51,15 @@ class RingLink:
         self._frames_this_call = 0
         self._sender.counting = False
 
+    def time_sends(self) -> None:
+        """Count the time of this call's sends from here on in :attr:`send_seconds` (see there)."""
+        self._sender.counting = True
+
     @property
     def send_seconds(self) -> float:
-        """Seconds this rank's sends took, over the calls so far, once each call's first frame from the left had
-        arrived (a send before that may only wait for a late peer): a slow link or sender shows here."""
+        """Seconds this rank's sends took, over the calls so far, from each call's :meth:`time_sends` on: an
+        all-reduce starts counting once every rank has taken part (before that, a send may only wait for a late
+        peer), so a slow link or sender shows here and a late peer does not."""
         return self._sender.send_seconds
 
     def post(self, payload: memoryview) -> None:
@@ -148,7 +153,6 @@ class RingLink:
             finally:
                 self._left.settimeout(self.timeout)
         self._frames_this_call += 1
-        self._sender.counting = True
         return FrameHeader.unpack(self._header)
 
     def _receive_body(self, view: memoryview) -> None:

@@ -74,6 +74,8 @@ def ring_allreduce(link: RingLink, flat: np.ndarray, world_size: int, mean: bool
         for segment, sent in _segments(flat, wire, (rank - step - 1) % world_size, world_size):
             incoming = scratch[:sent.nbytes].view(wire.dtype)
             link.receive_into(_bytes(incoming))
+            if last:  # this chunk went through every rank: all have arrived, a slow send is the sender's own
+                link.time_sends()
             np.add(segment, incoming, out=segment)  # widened: sums keep flat's precision
             if last and mean:
                 _divide(segment, world_size)

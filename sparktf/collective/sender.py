@@ -41,8 +41,7 @@ class FrameSender:
     ``error`` and calls ``on_error`` once, to wake the receiving thread.
 
     ``send_seconds`` adds up the time spent sending the frames that started
-    while ``counting`` was set (the ring sets it once a call's first frame
-    from the left arrived: before that, a send may only wait for a late peer).
+    while ``counting`` was set (see ``RingLink.time_sends``).
     """
 
     def __init__(self, sock: socket.socket, peer_rank: int, on_error: Callable[[], None], name: str):

@@ -106,8 +106,8 @@ class GradientLayout:
 
     @property
     def output_types(self) -> List[tf.DType]:
-        """Dtypes of :meth:`ExchangedParts.flat`: the fused buffer, then indices and rows per table."""
-        return [tf.float32] + [tf.int64, tf.float32] * len(self.sparse)
+        """Dtypes of :meth:`ExchangedParts.flat`: the fused buffer, indices and rows per table, the finite flag."""
+        return [tf.float32] + [tf.int64, tf.float32] * len(self.sparse) + [tf.float32]
 
     def pack(self, gradients: Sequence[Any], share: tf.Tensor, loss: tf.Tensor,
              metric_states: Sequence[tf.Tensor] = ()) -> "ExchangedParts":
@@ -127,7 +127,7 @@ class GradientLayout:
             slices = gradients[table.position]
             indices, summed = sum_duplicate_rows(tf.cast(slices.indices, tf.int64), tf.cast(slices.values, tf.float32))
             rows.append((indices, summed * share))
-        return ExchangedParts(fused, rows)
+        return ExchangedParts(fused, rows, tf.constant(1.0, tf.float32))
 
     def received(self, arrays: Sequence[tf.Tensor], fused_size: int) -> "ExchangedParts":
         """The global sums as they come back through the graph's edge (:meth:`ExchangedParts.flat`), with their
@@ -137,6 +137,7 @@ class GradientLayout:
         for (indices, rows), table in zip(parts.rows, self.sparse):
             indices.set_shape([None])
             rows.set_shape([None, *table.shape[1:]])
+        parts.finite.set_shape([])
         return parts
 
     def dense_gradients(self, fused: Any) -> Any:
@@ -180,19 +181,25 @@ class ExchangedParts:
     rows : list of (indices, rows)
         Per table of ``GradientLayout.sparse``: its row indices (int64, each
         once) and their rows.
+    finite : scalar
+        1.0, or 0.0 when a sum the step does not see is not finite (a
+        sharded table's rows, summed by their owners): then no rank applies
+        the step.
     """
 
     fused: Any
     rows: List[Tuple[Any, Any]]
+    finite: Any
 
     def flat(self) -> list:
-        """The parts as one list, for ``tf.numpy_function``'s edge: ``fused``, then indices and rows per table."""
-        return [self.fused] + [part for pair in self.rows for part in pair]
+        """The parts as one list, for ``tf.numpy_function``'s edge: ``fused``, indices and rows per table,
+        ``finite``."""
+        return [self.fused] + [part for pair in self.rows for part in pair] + [self.finite]
 
     @classmethod
     def of_flat(cls, arrays: Sequence[Any]) -> "ExchangedParts":
         """The parts from :meth:`flat`'s list."""
-        return cls(arrays[0], [(arrays[k], arrays[k + 1]) for k in range(1, len(arrays), 2)])
+        return cls(arrays[0], [(arrays[k], arrays[k + 1]) for k in range(1, len(arrays) - 1, 2)], arrays[-1])
 
 
 def merge_rows(indices: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -255,8 +262,8 @@ class GradientExchange:
     shards : RankShards, optional
         The rank's shards of sharded tables (``training.sharding``): those
         tables' rows go to their owners, exactly, and come back to the step
-        as no rows (a row of NaN on every rank when an owner's sum is not
-        finite, so that no rank applies the step).
+        as no rows; when an owner's sum is not finite, the result's
+        ``finite`` is 0 on every rank, so that no rank applies the step.
 
     Attributes
     ----------
@@ -292,10 +299,11 @@ class GradientExchange:
         rows: List[Any] = [None] * len(layout.sparse)
         as_rows: List[int] = []
         sharded: List[int] = []
+        finite = True
         if layout.sparse:
             counts[comm.rank] = [indices.size for indices, _ in parts.rows]
             comm.allreduce(counts, op="sum")
-            sharded = self._route_to_owners(layout, parts, rows)
+            sharded, finite = self._route_to_owners(layout, parts, rows)
             for k, table in enumerate(layout.sparse):
                 if k in sharded:
                     continue
@@ -309,23 +317,22 @@ class GradientExchange:
         self.traffic.steps += 1
         self.traffic.sent += sent
         self.traffic.dense += dense
-        return ExchangedParts(fused, rows)
+        return ExchangedParts(fused, rows, np.float32(finite))
 
-    def _route_to_owners(self, layout: GradientLayout, parts: ExchangedParts, rows: List[Any]) -> List[int]:
-        """Send the sharded tables' rows to their owners; what the step gets back for them; which they are."""
+    def _route_to_owners(self, layout: GradientLayout, parts: ExchangedParts,
+                         rows: List[Any]) -> Tuple[List[int], bool]:
+        """Send the sharded tables' rows to their owners; the step gets no rows back for them. Which they are, and
+        whether every owner's sum is finite."""
         if self._shards is None:
-            return []
+            return [], True
         sharded = [k for k, table in enumerate(layout.sparse) if table.position in self._shards.positions]
         self.traffic.sharded_tables += len(sharded)
         finite = np.array([self._shards.route([(layout.sparse[k].position, *parts.rows[k]) for k in sharded])
                            if sharded else True], np.int32)
         self._communicator.allreduce(finite, op="sum")
         for k in sharded:
-            table = layout.sparse[k]
-            poisoned = finite[0] < self.world_size and k == sharded[0]
-            rows[k] = (np.zeros(int(poisoned), np.int64),
-                       np.full((int(poisoned), *table.shape[1:]), np.nan if poisoned else 0.0, np.float32))
-        return sharded
+            rows[k] = (np.zeros(0, np.int64), np.zeros((0, *layout.sparse[k].shape[1:]), np.float32))
+        return sharded, bool(finite[0] == self.world_size)
 
     def _travels_as_rows(self, table: SparseTable, total_rows: int) -> bool:
         """Whether the rows move fewer bytes than the table (every rank decides alike from the same counts).

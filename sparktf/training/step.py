@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -134,7 +134,7 @@ class TrainStep:
         self._metric_sizes: List[int] = []
         self._metric_state: Optional[tf.Variable] = None
         self.metric_names: List[str] = []
-        self._exchange_call: Optional[_ExchangeCall] = None  # the running step's
+        self._exchange_call = _ExchangeCall()  # the traced step calls it; each run gives it that run's exchange
         self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
         self.sharded: frozenset = frozenset()  # positions of sharded tables: their owners update them (sharding/)
         self._take_compiled = tf.Variable(False, trainable=False)  # an update in the step: its XLA branch runs
@@ -148,7 +148,8 @@ class TrainStep:
         self._weight = tf.Variable(1.0, trainable=False, dtype=tf.float32)
         self._weight_value = 1.0
         self._step_fn = tf.function(self._step, autograph=False)  # as Keras' own train function
-        self._last_step: Tuple[Any, Any] = (None, None)  # the last inputs' signature and the step traced for it
+        self._traces: Dict[Any, Tuple[Any, _StepTrace]] = {}  # by the inputs' signature: the step, what it found
+        self._found: Optional[_StepTrace] = None  # what the trace running now found
         self.warmed_up = False
 
     def warm_up(self, features: Any, labels: Any, sample_weight: Any = None) -> None:
@@ -210,14 +211,15 @@ class TrainStep:
         StepResult
             The averaged loss, the learning rate, whether the update was applied.
         """
-        self._exchange_call = call = _ExchangeCall(exchange)
+        call = self._exchange_call
+        call.begin(exchange)
         if self._metrics is None:
             self._build_metric_state(features, labels)
         if self._weight_value != weight:
             self._weight.assign(weight)
             self._weight_value = weight
         try:
-            step = self._traced_step(features, labels, sample_weight)
+            step, trace = self._traced_step(features, labels, sample_weight)
             outcome, update, sparse = step(features, labels, sample_weight)
         except tf.errors.OpError:
             if call.error is not None:  # the exchange's, not the model's: sparktf's own error
@@ -225,7 +227,6 @@ class TrainStep:
             raise
         loss, learning_rate, finite, *metrics = outcome.numpy().tolist()
         if finite:  # never apply an update that would poison the weights (the step's own applied it only then)
-            trace: _StepTrace = step.graph.sparktf_trace
             if trace.in_step_compiled is None:
                 built = self._update_function(trace.layout)
                 built.function(update, sparse)
@@ -238,16 +239,22 @@ class TrainStep:
                 self._take_compiled.assign(self._taking_compiled)
         return StepResult(loss, learning_rate, bool(finite), tuple(metrics))
 
-    def _traced_step(self, features: Any, labels: Any, sample_weight: Any) -> Any:
-        """The step's concrete function for these inputs (traced for their structure, shapes and dtypes).
+    def _traced_step(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[Any, "_StepTrace"]:
+        """The step's concrete function for these inputs (traced for their structure, shapes and dtypes), and what
+        its trace found.
 
-        The last one is kept: ``tf.function``'s own lookup costs 0.1-0.3 ms a
-        call, which counts on a small model's step.
+        Kept per signature here: ``tf.function``'s own lookup costs 0.1-0.3 ms
+        a call, which counts on a small model's step.
         """
-        signature = tf.nest.map_structure(_input_signature, (features, labels, sample_weight))
-        if self._last_step[0] != signature:
-            self._last_step = (signature, self._step_fn.get_concrete_function(features, labels, sample_weight))
-        return self._last_step[1]
+        signature = repr(tf.nest.map_structure(_input_signature, (features, labels, sample_weight)))
+        traced = self._traces.get(signature)
+        if traced is None:
+            self._found = None
+            concrete = self._step_fn.get_concrete_function(features, labels, sample_weight)
+            found = self._found or next(  # tf.function's own trace of another signature of ours
+                trace for step, trace in self._traces.values() if step.graph is concrete.graph)
+            traced = self._traces[signature] = (concrete, found)
+        return traced
 
     @property
     def last_update_compiled(self) -> bool:
@@ -269,7 +276,7 @@ class TrainStep:
 
         A small model without tables applies its update here (see
         :meth:`_applied_in_step`) and returns no gradients. What the trace
-        found stays with its graph (``sparktf_trace``): a retrace has its own.
+        found goes to ``_found``, which :meth:`_traced_step` keeps with it.
         """
         for metric in self._metrics:  # the states of this batch alone
             metric.reset_state()
@@ -279,8 +286,9 @@ class TrainStep:
         batch_states = [tf.reshape(v, [-1]) for v in self._metric_variables]
         layout = GradientLayout(self.variables, gradients)
         sent = layout.pack(gradients, self._weight, loss, batch_states)
+        call = self._exchange_call
         received = tf.numpy_function(  # the exchange's structure is flat only at this edge
-            lambda *arrays: self._exchange_call(layout, ExchangedParts.of_flat(arrays)).flat(), sent.flat(),
+            lambda *arrays: call(layout, ExchangedParts.of_flat(arrays)).flat(), sent.flat(),
             layout.output_types, stateful=True)
         parts = layout.received(received, int(sent.fused.shape[0]))
         fused, sparse = parts.fused, layout.sparse_gradients(parts)
@@ -289,16 +297,16 @@ class TrainStep:
         # a loss-scaled gradient may overflow (the optimizer skips that step); the loss may never be non-finite, even
         # with finite gradients (a NaN from the first step whose gradients are zero)
         checked = [loss] if self._loss_scaled else [loss, update] + [slices.values for slices in sparse]
-        finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in checked]))
+        finite = tf.logical_and(tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in checked])),
+                                parts.finite > 0.5)  # and the sums the step does not see (sharded tables' rows)
         outcome = tf.stack([loss, learning_rate, tf.cast(finite, tf.float32)])
         if self._metrics:
             outcome = tf.concat([outcome, self._epoch_metrics(layout.metric_states(fused))], axis=0)
-        graph = tf.compat.v1.get_default_graph()
         if layout.sparse or len(self.variables) > FUSED_UPDATE_MAX_VARIABLES:
-            graph.sparktf_trace = _StepTrace(layout, None)
+            self._found = _StepTrace(layout, None)
             return outcome, update, sparse
         applied, compiled = self._applied_in_step(layout, update, finite)
-        graph.sparktf_trace = _StepTrace(layout, compiled)
+        self._found = _StepTrace(layout, compiled)
         with tf.control_dependencies([applied]):
             return tf.identity(outcome), None, None
 
@@ -432,12 +440,16 @@ class _Update:
 
 
 class _ExchangeCall:
-    """One step's call of the gradient exchange from its graph, keeping what the exchange raised
+    """The step graph's call of the gradient exchange: each run's exchange (:meth:`begin`), and what it raised
     (``tf.numpy_function`` hands on only its text)."""
 
-    def __init__(self, exchange: Callable[[GradientLayout, ExchangedParts], ExchangedParts]):
-        self._exchange = exchange
+    def __init__(self) -> None:
+        self._exchange: Optional[Callable[[GradientLayout, ExchangedParts], ExchangedParts]] = None
         self.error: Optional[BaseException] = None
+
+    def begin(self, exchange: Callable[[GradientLayout, ExchangedParts], ExchangedParts]) -> None:
+        """The exchange of the run that starts."""
+        self._exchange, self.error = exchange, None
 
     def __call__(self, layout: GradientLayout, parts: ExchangedParts) -> ExchangedParts:
         try:

@@ -12,7 +12,7 @@ positions), or, for a column, a ``GetItem`` of another column.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -38,6 +38,16 @@ class Lookup:
     ids_per_record: int
 
 
+def input_names(model: Any) -> List[str]:
+    """Each model input's name as its ``InputLayer`` has it: the name it keeps when the model is rebuilt from its
+    config (an unnamed input's tensor is ``keras_tensor_N`` only in the model it was made in)."""
+    import keras
+
+    layers = {id(layer.output): layer.name for layer in getattr(model, "layers", ())
+              if isinstance(layer, keras.layers.InputLayer)}
+    return [layers.get(id(tensor), tensor.name) for tensor in getattr(model, "inputs", None) or ()]
+
+
 def lookup_of(model: Any, layer: Any) -> Tuple[Optional[Lookup], Optional[str]]:
     """``(lookup, None)`` when ``layer`` is called once, on a model input of integer ids or on one column of one;
     ``(None, reason)`` otherwise."""
@@ -48,13 +58,14 @@ def lookup_of(model: Any, layer: Any) -> Tuple[Optional[Lookup], Optional[str]]:
     if len(tensors) != 1:
         return None, "it is called on several tensors"
     inputs = {id(tensor): tensor for tensor in getattr(model, "inputs", None) or ()}
+    name_of = dict(zip(inputs, input_names(model)))
     tensor = tensors[0]
     source, column = (tensor, None) if id(tensor) in inputs else _input_column(tensor, inputs)
     if source is None:
         return None, "its ids are not a model input or a column of one (they are computed inside the model)"
     if not np.issubdtype(np.dtype(source.dtype), np.integer):
-        return None, f"its model input {source.name!r} is {source.dtype}, not integer ids"
-    return Lookup(source.name, column, int(np.prod([d or 1 for d in tensor.shape[1:]], dtype=np.int64))), None
+        return None, f"its model input {name_of[id(source)]!r} is {source.dtype}, not integer ids"
+    return Lookup(name_of[id(source)], column, int(np.prod([d or 1 for d in tensor.shape[1:]], dtype=np.int64))), None
 
 
 def other_readers(model: Any, lookups: Dict[str, Lookup]) -> Dict[str, str]:
@@ -64,6 +75,7 @@ def other_readers(model: Any, lookups: Dict[str, Lookup]) -> Dict[str, str]:
     ``GetItem`` columns; such a column, only by the tables looked up by it.
     """
     inputs = {id(tensor): tensor for tensor in getattr(model, "inputs", None) or ()}
+    name_of = dict(zip(inputs, input_names(model)))
     tables_of: Dict[Tuple[str, Optional[int]], Set[str]] = {}
     for name, lookup in lookups.items():
         tables_of.setdefault((lookup.input_name, lookup.column), set()).add(name)
@@ -74,19 +86,19 @@ def other_readers(model: Any, lookups: Dict[str, Lookup]) -> Dict[str, str]:
     for operation in getattr(model, "operations", ()):
         for node in getattr(operation, "_inbound_nodes", ()):
             for tensor in node.input_tensors:
-                if id(tensor) in inputs and tensor.name in on_input:  # the input itself
-                    whole = tables_of.get((tensor.name, None))
+                if id(tensor) in inputs and name_of[id(tensor)] in on_input:  # the input itself
+                    whole = tables_of.get((name_of[id(tensor)], None))
                     if whole is not None:
                         fine = operation.name in whole
                     else:  # read by columns: only columns of it may be taken
                         outputs = list(getattr(node, "output_tensors", ()) or ())
                         fine = bool(outputs) and _input_column(outputs[0], inputs)[0] is not None
-                    affected = on_input[tensor.name]
+                    affected = on_input[name_of[id(tensor)]]
                 else:
                     source, column = _input_column(tensor, inputs)
-                    if source is None or (source.name, column) not in tables_of:
+                    if source is None or (name_of[id(source)], column) not in tables_of:
                         continue
-                    affected = tables_of[(source.name, column)]
+                    affected = tables_of[(name_of[id(source)], column)]
                     fine = operation.name in affected
                 if not fine:
                     for name in affected:

@@ -38,11 +38,12 @@ import tensorflow as tf
 
 from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
+from sparktf.training.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
 from sparktf.training.gradient_exchange import merge_rows
+from sparktf.training.sharding.lookups import input_names
 from sparktf.training.sharding.plan import ShardedTable, ShardPlan, embedding_layers
 from sparktf.training.sharding.slot_store import read_slot_rows, slot_folder, write_slot_rows
 from sparktf.training.sparse_kernels import apply_rows
-from sparktf.training.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
 from sparktf.training.update_form import update_form
 
 __all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_slots", "slot_positions", "state_rows", "working_features",
@@ -63,7 +64,7 @@ def working_features(plan: ShardPlan, model: Any, features: Any) -> Tuple[Any, L
 
     Tables looked up by the same ids (an input, or one column of it) share their unique ids and positions.
     """
-    names = [tensor.name for tensor in model.inputs]
+    names = input_names(model)
     replaced = dict(features) if isinstance(features, dict) else list(features) if isinstance(
         features, (list, tuple)) else [features]
     original = dict(replaced) if isinstance(replaced, dict) else list(replaced)
