@@ -284,6 +284,11 @@ class GradientExchange:
         """The number of ranks exchanging."""
         return 1 if self._communicator is None else self._communicator.world_size
 
+    @property
+    def send_seconds(self) -> float:
+        """Seconds this rank's all-reduce sends took so far (see ``Communicator.send_seconds``)."""
+        return 0.0 if self._communicator is None else self._communicator.send_seconds
+
     def __call__(self, layout: GradientLayout, parts: ExchangedParts) -> ExchangedParts:
         """The global sums of ``parts`` (``GradientLayout.pack``'s, in NumPy): the same on every rank."""
         if self.world_size == 1 and self._shards is None:  # a lone rank with sharded tables still routes their rows
