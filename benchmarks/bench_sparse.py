@@ -20,7 +20,7 @@ each taken (single numbers on a shared VM move by up to 2x between runs):
   batch 4,096.
 
 The tables' update: sparktf applies Adagrad and ``RowWiseAdagrad`` to the
-rows present only (``sparktf.training.sparse_kernels``); ``fit`` with Keras'
+rows present only (``sparktf.training.tables.sparse_kernels``); ``fit`` with Keras'
 Adagrad passes over every row. So Wide & Deep and DLRM are also run as one
 process with the same sparse update (a ``tf.function`` step of forward,
 gradients, ``apply_rows`` for the tables and ``optimizer.apply`` for the
@@ -171,7 +171,7 @@ def same_update_loop(model, features, labels, batch: int, iterations: int) -> fl
     """Samples/s of a one-process loop that updates the tables as sparktf does: their rows present only."""
     import tensorflow as tf
 
-    from sparktf.training.sparse_kernels import apply_rows
+    from sparktf.training.tables.sparse_kernels import apply_rows
 
     optimizer, variables = model.optimizer, model.trainable_variables
     optimizer.build(variables)

@@ -266,7 +266,7 @@ def step_clock_seconds(steps: int = 20000) -> float:
     """What the per-step anatomy adds to a step on a rank: a ``PhaseClock`` step with its five laps and its sends'
     column (the timing itself, which a step does anyway, included), and a window's summary every 100 steps (the
     heartbeat takes one about once a second), median of 5 rounds, seconds per step."""
-    from sparktf.training.step_clock import PhaseClock
+    from sparktf.training.worker.step_clock import PhaseClock
 
     rounds = []
     for _ in range(5):

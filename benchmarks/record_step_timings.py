@@ -25,7 +25,7 @@ def main() -> None:
 
     import sparktf
     from sparktf import MaxIteration, TFDataset, TFOptimizer
-    from sparktf.training import run
+    from sparktf.training.driver import run
 
     sparktf.init_spark("local[2]", app_name="record-step-timings", conf={"spark.driver.host": "127.0.0.1"})
     rng = np.random.default_rng(0)

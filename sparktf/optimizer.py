@@ -1,7 +1,7 @@
 """``TFOptimizer``: synchronous data-parallel training of a Keras model on Spark barrier tasks.
 
 It checks its arguments and hands the training to
-:class:`~sparktf.training.run.TrainingRun` (segments, checkpoints,
+:class:`~sparktf.training.driver.run.TrainingRun` (segments, checkpoints,
 membership, validation, callbacks); see ``docs/design/training.md``.
 """
 
@@ -18,14 +18,10 @@ from sparktf.spark.calls import call_scope
 from sparktf.streaming.stream_dataset import resolved_for
 from sparktf.summary import TrainSummary, ValidationSummary
 from sparktf.models.rebuild_check import check_rebuildable
-from sparktf.training.callbacks import default_verbose
-from sparktf.training.checkpoint import find_checkpoint, load_checkpoint
-from sparktf.training.preflight import (check_labels, check_membership, check_optimize, check_settings, checked_profile_steps,
-                                        compile_with_loss, recompile)
-from sparktf.training.run import RunRequest, RunSettings, RunState, TrainingRun, evaluate_model
-from sparktf.training.sharding.driver_tables import DriverTables
-from sparktf.training.step import GradientClipping
-from sparktf.training.update_form import log_table_updates
+from sparktf.training.driver import (DriverTables, GradientClipping, RunRequest, RunSettings, RunState, TrainingRun,
+                                     check_labels, check_membership, check_optimize, check_settings,
+                                     checked_profile_steps, compile_with_loss, default_verbose, evaluate_model,
+                                     find_checkpoint, load_checkpoint, log_table_updates, recompile)
 from sparktf.triggers import EveryEpoch, MaxEpoch, Trigger
 
 __all__ = ["TFOptimizer"]
@@ -454,7 +450,7 @@ class TFOptimizer:
 
     @property
     def last_traffic(self) -> Any:
-        """The last segment's gradient bytes on rank 0 (``training.gradient_exchange.Traffic``), or None."""
+        """The last segment's gradient bytes on rank 0 (``training.worker.gradient_exchange.Traffic``), or None."""
         return self._state.last_traffic
 
     # ------------------------------------------------------------------ evaluation and state
@@ -503,7 +499,7 @@ class TFOptimizer:
         """
         path = find_checkpoint(path, self.model_dir, version)
         state = load_checkpoint(path)
-        self._state = RunState(iteration=state.iteration, slots=self._tables.load(state, self.model),
+        self._state = RunState(iteration=state.iteration, optimizer_state_folder=self._tables.load(state, self.model),
                                stream=state.stream)
 
     def _payload_broadcast(self) -> Any:

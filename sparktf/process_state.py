@@ -26,7 +26,7 @@ entry                   owner                          holds, and until when
 ======================  =============================  ==============================================
 
 The ``models`` entry also holds, beside each loaded model, its traced
-training step (``training.loop``), so a later segment in the same worker
+training step (``training.worker.loop``), so a later segment in the same worker
 finds it traced.
 
 :func:`reset` empties them all and closes what they hold (the tests use it;

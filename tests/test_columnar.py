@@ -182,7 +182,7 @@ def test_a_sparse_input_trains_on_batches_of_any_number_of_non_zeros_without_ret
     import keras
 
     from sparktf.data.sparse import SparseColumn
-    from sparktf.training.step import TrainStep
+    from sparktf.training.worker.step import TrainStep
 
     width = 1 << 18
     model = keras.Sequential([keras.Input((width,), sparse=True), keras.layers.Dense(1)])

@@ -13,12 +13,12 @@ from sparktf.errors import DataError, SparkTFError, TrainingError
 from sparktf.spark import calls, interrupts, slot_admission
 from sparktf.spark.session_state import session_state
 from sparktf.spark.cluster import TaskSlots
-from sparktf.training import membership as membership_module
-from sparktf.training import segment_job
-from sparktf.training.loop import SegmentResult, SegmentSpec
-from sparktf.training.membership import FLAP_LIMIT, FLAP_WINDOW, Membership
-from sparktf.training.preflight import check_membership
-from sparktf.training.segment_job import SegmentRunner
+from sparktf.training.driver import membership as membership_module
+from sparktf.training.driver import segment_job
+from sparktf.training.worker.loop import SegmentResult, SegmentSpec
+from sparktf.training.driver.membership import FLAP_LIMIT, FLAP_WINDOW, Membership
+from sparktf.training.driver.preflight import check_membership
+from sparktf.training.driver.segment_job import SegmentRunner
 from sparktf.triggers import EveryEpoch, MaxIteration, TrainingProgress, TriggerOr
 
 

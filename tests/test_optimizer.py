@@ -417,8 +417,8 @@ def test_concurrent_calls_overlap_and_a_third_waits_its_turn_for_slots(spark, tm
 
 
 def test_an_update_without_tables_is_compiled_only_after_enough_steps_and_trains_the_same(monkeypatch):
-    from sparktf.training import step as step_module
-    from sparktf.training.gradient_exchange import GradientExchange
+    from sparktf.training.worker import step as step_module
+    from sparktf.training.worker.gradient_exchange import GradientExchange
 
     monkeypatch.setattr(step_module, "COMPILE_AFTER_UPDATES", 2)
     x, y = regression_data(8)

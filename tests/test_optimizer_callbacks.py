@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from sparktf import MaxEpoch, TFDataset, TFOptimizer, TrainSummary
 from sparktf.collective.channel import RankReport
-from sparktf.training.callbacks import DriverCallbacks, default_verbose
+from sparktf.training.driver.callbacks import DriverCallbacks, default_verbose
 from sparktf.triggers import TrainingProgress
 
 W = np.array([[1.0], [-2.0], [3.0]], np.float32)

@@ -165,7 +165,7 @@ class BreakTheExchangeOnce(PythonHook):
     def hook(self):
         from pyspark import TaskContext
 
-        from sparktf.training.gradient_exchange import GradientExchange
+        from sparktf.training.worker.gradient_exchange import GradientExchange
 
         if TaskContext.get().partitionId() != 0:
             return
@@ -197,7 +197,7 @@ class FailEvaluationOnce(PythonHook):
         from pyspark import TaskContext
 
         from sparktf.errors import StorageError
-        from sparktf.training import evaluation
+        from sparktf.training.driver import evaluation
 
         if TaskContext.get().partitionId() == 1:
             raise_once(evaluation, "metric_variables",

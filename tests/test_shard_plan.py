@@ -1,4 +1,4 @@
-"""training.sharding.plan: which tables are sharded and which rows each rank owns, from the model alone."""
+"""training.tables.plan: which tables are sharded and which rows each rank owns, from the model alone."""
 
 import logging
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sparktf.errors import ConfigurationError
-from sparktf.training.sharding.plan import ShardPlan
+from sparktf.training.tables.plan import ShardPlan
 
 
 def recommender():

@@ -58,12 +58,12 @@ def train_ranks(rank, peers, listener, secret):
     from sparktf.collective import Communicator
     from sparktf.models.payload import ModelPayload
     from sparktf.training.checkpoint import ModelState
-    from sparktf.training.gradient_exchange import GradientExchange
-    from sparktf.training.sharding.plan import ShardPlan
-    from sparktf.training.sharding.tables import (RankShards, apply_start_state, slot_positions, state_rows,
+    from sparktf.training.worker.gradient_exchange import GradientExchange
+    from sparktf.training.tables.plan import ShardPlan
+    from sparktf.training.tables.sharded_tables import (RankShards, apply_start_state, optimizer_state_positions, state_rows,
                                                   working_model)
     from sparktf.training.state_source import rank_upload
-    from sparktf.training.step import TrainStep
+    from sparktf.training.worker.step import TrainStep
 
     half = slice(rank * GLOBAL_BATCH // 2, (rank + 1) * GLOBAL_BATCH // 2)
     results = {}
@@ -71,7 +71,7 @@ def train_ranks(rank, peers, listener, secret):
         for name in OPTIMIZERS:
             model = _model(name)
             TrainStep(model)  # builds the optimizer
-            slots = slot_positions(model, SHARDED)
+            slots = optimizer_state_positions(model, SHARDED)
             start = ModelState.capture(model).without(slots)  # the driver's: without the tables' slots
             plan = ShardPlan.of(model, 2, None, dict.fromkeys(SHARDED, True))
             working = working_model(ModelPayload.from_model(model, include_weights=False), plan, GLOBAL_BATCH // 2)
@@ -98,7 +98,7 @@ def train_ranks(rank, peers, listener, secret):
                 else:
                     root = os.path.join(tempfile.gettempdir(), f"sparktf-ring-slots-{secret[:4].hex()}", name)
                     results[(name, True)] = (rank_upload(rank, *shards.captured_state(STEPS)),
-                                             shards.save_slots(root, STEPS, secret))
+                                             shards.save_optimizer_state(root, STEPS, secret))
             assert working.get_layer("users").embeddings.shape[0] == GLOBAL_BATCH // 2  # no rank holds the table
     return results
 
@@ -114,7 +114,7 @@ def ranks_results():
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_sharded_training_ends_where_replicated_training_ends(ranks_results, name):
-    from sparktf.training.sharding.slot_store import read_slot_rows
+    from sparktf.training.tables.optimizer_state_store import read_optimizer_state_rows
     from sparktf.training.state_source import joined_uploads
 
     uploads = {rank: results[(name, True)][0] for rank, results in enumerate(ranks_results)}
@@ -130,7 +130,7 @@ def test_sharded_training_ends_where_replicated_training_ends(ranks_results, nam
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=f"rank {rank}")
         assert bool(slots) == (name != "sgd")
         for (layer, kind), want in slots.items():  # both ranks' files, read whole (2 -> 1)
-            got = read_slot_rows(folder, layer, 0, len(want), [kind])[kind]
+            got = read_optimizer_state_rows(folder, layer, 0, len(want), [kind])[kind]
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=f"{layer} {kind}")
 
 
@@ -206,9 +206,9 @@ def test_optimize_with_sharded_tables_ends_where_replicated_training_ends_and_re
 
 def _state(model, without=()):
     """The model's weights and optimizer variables, but its optimizer's slots of the tables ``without``."""
-    from sparktf.training.sharding.tables import slot_positions
+    from sparktf.training.tables.sharded_tables import optimizer_state_positions
 
-    dropped = slot_positions(model, without)
+    dropped = optimizer_state_positions(model, without)
     variables = model.weights + model.optimizer.variables
     return [np.array(v.numpy()) for k, v in enumerate(variables) if k not in dropped]
 
@@ -287,8 +287,8 @@ def test_a_shards_optimizer_takes_the_learning_rate_and_iterations_the_start_sta
     """A ``LearningRateScheduler`` on the driver sets the rate between segments: the owners' updates use it."""
     from sparktf.models.payload import ModelPayload
     from sparktf.training.checkpoint import ModelState
-    from sparktf.training.sharding.plan import ShardPlan
-    from sparktf.training.sharding.tables import (RankShards, apply_start_state, slot_positions, state_rows,
+    from sparktf.training.tables.plan import ShardPlan
+    from sparktf.training.tables.sharded_tables import (RankShards, apply_start_state, optimizer_state_positions, state_rows,
                                                   working_model)
 
     model = _model("adam")  # a learning rate of 0.05 in the payload
@@ -298,7 +298,7 @@ def test_a_shards_optimizer_takes_the_learning_rate_and_iterations_the_start_sta
     shards = RankShards(plan, working, 1, communicator=None)
     model.optimizer.learning_rate.assign(0.015625)  # set on the driver after the payload was made
     model.optimizer.iterations.assign(40)
-    driver_state = ModelState.capture(model).without(slot_positions(model, ["users"]))
+    driver_state = ModelState.capture(model).without(optimizer_state_positions(model, ["users"]))
     shards.start(apply_start_state(driver_state.rows(state_rows(working, plan, 1)), working, plan), None)
     (shard,) = shards._shards
     assert float(shard.optimizer.learning_rate.numpy()) == 0.015625 and int(shard.optimizer.iterations.numpy()) == 40

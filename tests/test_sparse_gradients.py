@@ -98,8 +98,8 @@ def _cases():
 def train_ranks(rank, peers, listener, secret):
     """Every case on this rank's half of each global batch: its weights, their digest and the traffic."""
     from sparktf.collective import Communicator
-    from sparktf.training.gradient_exchange import GradientExchange
-    from sparktf.training.step import GradientClipping, TrainStep
+    from sparktf.training.worker.gradient_exchange import GradientExchange
+    from sparktf.training.worker.step import GradientClipping, TrainStep
 
     results = {}
     half = slice(rank * GLOBAL_BATCH // 2, (rank + 1) * GLOBAL_BATCH // 2)
@@ -163,7 +163,7 @@ def test_each_optimizer_gets_its_rows_in_the_form_that_updates_alike():
     import keras
 
     from sparktf.optimizers import LazyAdam, RowWiseAdagrad
-    from sparktf.training.update_form import MAX_PADDED_TABLES, update_form
+    from sparktf.training.tables.update_form import MAX_PADDED_TABLES, update_form
 
     assert update_form(keras.optimizers.SGD(0.1)) == "padded"
     assert update_form(keras.optimizers.Adagrad(0.1)) == "kernel"  # a slot per row: the touched rows' update
@@ -179,7 +179,7 @@ def test_each_optimizer_gets_its_rows_in_the_form_that_updates_alike():
 def test_padded_rows_keep_the_rows_and_add_zero_rows_of_untouched_indices():
     import tensorflow as tf
 
-    from sparktf.training.compiled_update import MIN_PADDED_ROWS, host_padded_rows
+    from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, host_padded_rows
 
     rows = tf.IndexedSlices(tf.ones([70, 2]), tf.range(0, 140, 2, dtype=tf.int64), tf.constant([1000, 2], tf.int64))
     values, indices = host_padded_rows(rows, 1000)

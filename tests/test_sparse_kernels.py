@@ -1,4 +1,4 @@
-"""Exact sparse kernels (sparktf.training.sparse_kernels), RowWiseAdagrad and LazyAdam: one process, no Spark."""
+"""Exact sparse kernels (sparktf.training.tables.sparse_kernels), RowWiseAdagrad and LazyAdam: one process, no Spark."""
 
 import keras
 import numpy as np
@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from sparktf.optimizers import LazyAdam, RowWiseAdagrad
 from sparktf.optimizers.rows import sum_duplicate_rows
-from sparktf.training.sparse_kernels import (ADAGRAD_KERNEL, LAZY_ADAM_KERNEL, ROW_WISE_ADAGRAD_KERNEL,
+from sparktf.training.tables.sparse_kernels import (ADAGRAD_KERNEL, LAZY_ADAM_KERNEL, ROW_WISE_ADAGRAD_KERNEL,
                                              apply_rows, kernel_description, sparse_kernel)
 
 SHAPE = (50, 4)

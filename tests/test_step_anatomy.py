@@ -20,8 +20,8 @@ from sparktf.errors import ConfigurationError
 from sparktf.summary import TrainSummary
 from sparktf.collective.channel import RankReport, StepWindow
 from sparktf.collective.sender import FrameSender
-from sparktf.training.anatomy import ANATOMY_PHASES, CallAnatomy, chrome_trace, find_stragglers, rank_timings
-from sparktf.training.step_clock import STEP_COLUMNS, STEP_PHASES, RankAnatomy, window_summary
+from sparktf.training.driver.anatomy import ANATOMY_PHASES, CallAnatomy, chrome_trace, find_stragglers, rank_timings
+from sparktf.training.worker.step_clock import STEP_COLUMNS, STEP_PHASES, RankAnatomy, window_summary
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "programs"))
 from hook_layers import PythonHook  # noqa: E402

@@ -279,7 +279,7 @@ def test_storage_libraries_errors_are_classified(make, transient):
 
 
 def test_a_failed_checkpoint_write_warns_and_the_next_trigger_writes(flaky_memory, caplog):
-    from sparktf.training.checkpoint_writer import CheckpointWriter
+    from sparktf.training.driver.checkpoint_writer import CheckpointWriter
 
     model_dir = "flakymem://writer/ckpt"
     flaky_memory.fail_put = staticmethod(lambda path: _iteration_in(path) in {1, 2, 4, 5, 6})
@@ -296,7 +296,7 @@ def test_a_failed_checkpoint_write_warns_and_the_next_trigger_writes(flaky_memor
 
 
 def test_optimize_ends_with_a_storage_error_when_its_last_checkpoint_was_never_written(flaky_memory):
-    from sparktf.training.checkpoint_writer import CheckpointWriter
+    from sparktf.training.driver.checkpoint_writer import CheckpointWriter
 
     model_dir = "flakymem://finish/ckpt"
     flaky_memory.fail_put = staticmethod(lambda path: _iteration_in(path) == 1)
@@ -480,14 +480,14 @@ def test_files_opened_early_are_taken_over_at_most_max_early_kept_and_dropped_wh
 
 def test_the_sharded_tables_slots_travel_through_an_object_store(s3_driver):
     """Two ranks write their rows of a slot to S3; one reads the whole table back; pruning removes an old folder."""
-    from sparktf.training.sharding.slot_store import prune_slot_folders, read_slot_rows, slot_folder, write_slot_rows
+    from sparktf.training.tables.optimizer_state_store import prune_optimizer_state_folders, read_optimizer_state_rows, optimizer_state_folder, write_optimizer_state_rows
 
     root = "s3://sparktf-faults/run/tables"
     velocity = np.arange(14, dtype=np.float32).reshape(7, 2)
-    old, current = slot_folder(root, 2, b"first"), slot_folder(root, 4, b"second")
+    old, current = optimizer_state_folder(root, 2, b"first"), optimizer_state_folder(root, 4, b"second")
     for folder in (old, current):
-        write_slot_rows(folder, "users", 0, 4, {"velocity": velocity[:4]})
-        write_slot_rows(folder, "users", 4, 7, {"velocity": velocity[4:]})
-    np.testing.assert_array_equal(read_slot_rows(current, "users", 0, 7, ["velocity"])["velocity"], velocity)
-    prune_slot_folders(root, keep_iterations=[], keep_folder=current)
+        write_optimizer_state_rows(folder, "users", 0, 4, {"velocity": velocity[:4]})
+        write_optimizer_state_rows(folder, "users", 4, 7, {"velocity": velocity[4:]})
+    np.testing.assert_array_equal(read_optimizer_state_rows(current, "users", 0, 7, ["velocity"])["velocity"], velocity)
+    prune_optimizer_state_folders(root, keep_iterations=[], keep_folder=current)
     assert store_for(root).listdir(root) == [current.rsplit("/", 1)[1]]

@@ -12,7 +12,7 @@ import tensorflow as tf
 from sparktf import DataError, MaxEpoch, MaxIteration, SeveralIteration, TFDataset, TFOptimizer, TFPredictor
 from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.tfrecord_stream import assign_files
-from sparktf.training.step import COMPILE_AFTER_UPDATES
+from sparktf.training.worker.step import COMPILE_AFTER_UPDATES
 from sparktf.spark.cluster import TRAIN_DATA_MEMORY_CONF
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))

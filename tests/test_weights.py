@@ -11,7 +11,7 @@ from sparktf.data.columnar import RecordFormat
 from sparktf.data.tfrecord_io import trace_parse_fn
 from sparktf.data.sample_weights import WeightChecked, weight_column, weight_spec
 from sparktf.errors import DataError
-from sparktf.training.class_weights import batch_parts, class_weights
+from sparktf.training.worker.class_weights import batch_parts, class_weights
 
 CLASS_WEIGHT = {0: 0.5, 1: 2.0, 2: 3.0}
 

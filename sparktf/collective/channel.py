@@ -69,7 +69,7 @@ class StepWindow:
     count : int
         Its steps.
     stats : tuple
-        Per step column (see ``sparktf.training.step_clock.STEP_COLUMNS``), seconds: mean, p50, p95 and max.
+        Per step column (see ``sparktf.training.worker.step_clock.STEP_COLUMNS``), seconds: mean, p50, p95 and max.
     """
 
     executor: str

@@ -29,9 +29,12 @@ from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, checked_claim, conn
 from sparktf.errors import CollectiveError, FailureRecord
 
 __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "start_heartbeat", "HEARTBEAT_SECONDS",
-           "GUARD_GRACE_SECONDS", "MAX_REPORTED_BATCHES"]
+           "GUARD_GRACE_SECONDS", "MAX_REPORTED_BATCHES", "DONE"]
 
 HEARTBEAT_SECONDS = 1.0
+#: The phase a task reports last: it is finished, not stalled (the driver's watchdog waits for no more).
+DONE = "done"
+
 #: A rank in the same phase and iteration this long (at most a fifth of the collective timeout) sends its task thread's
 #: stack with each report.
 STACK_AFTER_SECONDS = 5.0

@@ -20,8 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from sparktf.errors import ConfigurationError
 from sparktf.models.published import prune_versions, publish
-from sparktf.training.run import RunRequest, evaluate_model
-from sparktf.training.single_pass import SinglePass
+from sparktf.training.driver import RunRequest, SinglePass, evaluate_model
 from sparktf.triggers import MaxIteration, TrainingProgress
 
 __all__ = ["MicroBatchTrainer"]

@@ -10,7 +10,7 @@ from pyspark.sql.streaming import StreamingQuery
 from sparktf.errors import ConfigurationError
 from sparktf.storage import join
 from sparktf.streaming.micro_batches import MicroBatchTrainer
-from sparktf.training.checkpoint import latest_checkpoint
+from sparktf.training.driver import latest_checkpoint
 
 __all__ = ["TrainingQuery", "start_training_query", "check_trigger"]
 

@@ -1,9 +1,11 @@
-"""Synchronous data-parallel training: the barrier tasks' loop and the driver's segment jobs.
+"""Synchronous data-parallel training, in three parts over the state they share.
 
-Owns one iteration as a step and an update call (``step``), a segment's loop inside a
-barrier task (``loop``), starting a segment's barrier job from the driver
-(``segment_job``), model state and checkpoints (``checkpoint``), and
-record-weighted distributed evaluation (``evaluation``).
+``checkpoint`` (model state and its files), ``metric_state`` (metrics'
+state variables) and ``state_source`` (how a task gets the state to start
+from) are shared; :mod:`~sparktf.training.tables` builds table updates and
+shards tables; :mod:`~sparktf.training.worker` runs inside the barrier tasks;
+:mod:`~sparktf.training.driver` runs a training call from the driver and
+starts the worker's loop in its jobs. Imports go down that list only.
 
 May import: ``sparktf.errors``, ``sparktf.triggers``, ``sparktf.spark``,
 ``sparktf.collective``, ``sparktf.data``, ``sparktf.models``. Never the

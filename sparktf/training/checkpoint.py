@@ -5,8 +5,8 @@ at segment boundaries and what a checkpoint holds. Checkpoints are
 ``model_dir/checkpoint-<iteration>.npz`` files written by the driver, complete
 or not at all, through :mod:`sparktf.storage` (a local folder or any URI the
 driver can write), so ``model_dir`` only needs to be visible to the driver; with sharded tables a checkpoint
-names the folder of their optimizer slots instead of holding them, which the workers write
-(``training.sharding.slot_store``).
+names the folder of their optimizer state instead of holding them, which the workers write
+(``training.tables.optimizer_state_store``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["ModelState", "RowRanges", "checkpoint_iterations", "checkpoint_path"
            "write_checkpoint", "prune_checkpoints", "load_checkpoint"]
 
 #: Rows ``(start, end)`` of some of a state's arrays, by index among ``weights + optimizer_variables``: a sharded
-#: table's and its slots' rows one rank holds.
+#: table's and its optimizer state's rows one rank holds.
 RowRanges = Dict[int, Tuple[int, int]]
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)\.npz$")
@@ -47,12 +47,12 @@ class ModelState:
         ``model.optimizer.variables`` in order (empty when not captured).
     iteration : int
         Absolute number of iterations trained.
-    slots : str, optional
-        The folder of the sharded tables' optimizer slots at ``iteration``
-        (``training.sharding.slot_store``), which ``optimizer_variables``
+    optimizer_state_folder : str, optional
+        The folder of the sharded tables' optimizer state at ``iteration``
+        (``training.tables.optimizer_state_store``), which ``optimizer_variables``
         leaves out; None: they start fresh (or nothing is sharded).
-    slot_tables : tuple of str
-        The ``Embedding`` layers whose slots are in ``slots``, not here.
+    optimizer_state_tables : tuple of str
+        The ``Embedding`` layers whose optimizer state is in ``optimizer_state_folder``, not here.
     stream : tuple, optional
         ``(query id, batch id)``: the last micro-batch of a stream the state
         has trained on (``optimize_stream``), committed with it.
@@ -61,8 +61,8 @@ class ModelState:
     weights: List[np.ndarray]
     optimizer_variables: List[np.ndarray]
     iteration: int = 0
-    slots: Optional[str] = None
-    slot_tables: Tuple[str, ...] = ()
+    optimizer_state_folder: Optional[str] = None
+    optimizer_state_tables: Tuple[str, ...] = ()
     stream: Optional[Tuple[str, int]] = None
 
     @classmethod
@@ -75,7 +75,7 @@ class ModelState:
 
     def to_wire(self) -> Tuple[Dict[str, Any], List[np.ndarray]]:
         """``(meta, arrays)`` for the job channel: the arrays are the state's own, not copies."""
-        meta = {"iteration": self.iteration, "weights": len(self.weights), "slots": self.slots}
+        meta = {"iteration": self.iteration, "weights": len(self.weights), "slots": self.optimizer_state_folder}
         return meta, self.weights + self.optimizer_variables
 
     @classmethod
@@ -106,7 +106,7 @@ class ModelState:
 
     def without(self, indices: Sequence[int]) -> "ModelState":
         """This state without the optimizer variables at ``indices`` (of ``weights + optimizer_variables``): a
-        model's whose sharded tables' slots are in files, as the driver holds it."""
+        model's whose sharded tables' optimizer state is in files, as the driver holds it."""
         count, dropped = len(self.weights), set(indices)
         kept = [value for k, value in enumerate(self.optimizer_variables) if count + k not in dropped]
         return dataclasses.replace(self, weights=list(self.weights), optimizer_variables=kept)
@@ -215,8 +215,8 @@ def write_checkpoint(state: ModelState, model_dir: str) -> str:
                 handle,
                 iteration=np.int64(state.iteration),
                 counts=np.array([len(state.weights), len(state.optimizer_variables)]),
-                slots=np.array(_relative(state.slots, model_dir) if state.slots else ""),
-                slot_tables=np.array(list(state.slot_tables), dtype=str),
+                slots=np.array(_relative(state.optimizer_state_folder, model_dir) if state.optimizer_state_folder else ""),
+                optimizer_state_tables=np.array(list(state.optimizer_state_tables), dtype=str),
                 stream_query=np.array(state.stream[0] if state.stream else ""),
                 stream_batch=np.int64(state.stream[1] if state.stream else -1),
                 **arrays,
@@ -242,13 +242,13 @@ def load_checkpoint(path: str) -> ModelState:
         raise SparkTFError(f"checkpoint {path!r} does not exist; pass a path written by optimize")
     with local_copy(path, "checkpoint") as local, np.load(local) as data:
         num_weights, num_optimizer = (int(n) for n in data["counts"])
-        slots = str(data["slots"]) if "slots" in data.files else ""
+        folder = str(data["slots"]) if "slots" in data.files else ""
         return ModelState(
             [data[f"w{i}"] for i in range(num_weights)],
             [data[f"o{i}"] for i in range(num_optimizer)],
             int(data["iteration"]),
-            (slots if scheme_of(slots) or os.path.isabs(slots) else join(split(path)[0], slots)) if slots else None,
-            tuple(str(name) for name in data["slot_tables"]) if "slot_tables" in data.files else (),
+            (folder if scheme_of(folder) or os.path.isabs(folder) else join(split(path)[0], folder)) if folder else None,
+            tuple(str(name) for name in data["optimizer_state_tables"]) if "optimizer_state_tables" in data.files else (),
             _stream_of(data),
         )
 

@@ -6,8 +6,8 @@ computes the value. Those states add up: the sum of the states of several
 workers' (or partitions') records is the state of all of them, so loading
 the sums into a model's metric objects gives exactly the value a single
 process would compute over every record. Distributed evaluation
-(:mod:`sparktf.training.evaluation`) sums the states of partitions; training
-(:mod:`sparktf.training.step`) sums each iteration's states across the
+(:mod:`sparktf.training.driver.evaluation`) sums the states of partitions; training
+(:mod:`sparktf.training.worker.step`) sums each iteration's states across the
 workers and over the epoch.
 
 Metrics whose state does not add up (none of Keras' own) are not supported.

@@ -2,11 +2,11 @@
 
 The driver serves a :class:`~sparktf.training.checkpoint.ModelState` on a
 :class:`~sparktf.collective.JobChannel` (see
-:func:`sparktf.training.segment_job.job_channel`); a task fetches it with
+:func:`sparktf.training.driver.segment_job.job_channel`); a task fetches it with
 :meth:`StateSource.fetch` and hands its final state back with
 :meth:`StateSource.hand_back`, which the driver takes with
 :func:`joined_uploads`. A rank holding a share of the sharded tables fetches
-and hands back only its rows of them and their slots, so no worker holds a
+and hands back only its rows of them and their optimizer state, so no worker holds a
 whole sharded table. Without a channel (``spark.sparktf.rendezvous=barrier``)
 the state rides in a Spark broadcast and rank 0's task result instead.
 """
@@ -58,7 +58,7 @@ class StateSource:
 
     def fetch(self, rank: int, rows: Optional[RowRanges] = None) -> ModelState:
         """The state, for the task of ``rank``; of the arrays ``rows`` names, only those rows (the rank's of a
-        sharded table and its slots)."""
+        sharded table and its optimizer state)."""
         rows = rows or {}
         if self.address is None:
             return self.broadcast.value.rows(rows)
@@ -81,7 +81,7 @@ class StateSource:
 
 def rank_upload(rank: int, state: ModelState, rows: RowRanges) -> Upload:
     """What rank ``rank`` uploads of its final ``state``: rank 0 all of it, another rank the arrays ``rows`` names
-    (its rows of the sharded tables and slots); with their rows and checksums in the meta."""
+    (its rows of the sharded tables and optimizer state); with their rows and checksums in the meta."""
     meta, arrays = state.to_wire()
     if rows:
         meta["rows"] = _wire_rows(rows)

@@ -1,4 +1,4 @@
-"""A training rank's shards of the sharded tables: their rows and optimizer slots, looked up and updated each step.
+"""A training rank's shards of the sharded tables: their rows and optimizer state, looked up and updated each step.
 
 The rank trains a copy of the model whose sharded tables are **working
 tables** of ``capacity`` rows (:func:`working_model`): before a step,
@@ -19,11 +19,11 @@ the tables with the segment's start state (:func:`state_rows` names them;
 :func:`apply_start_state` hands them to :meth:`RankShards.start`), and hands
 back only those rows at the segment's end (:meth:`RankShards.captured_state`),
 which the driver joins into its model's full tables
-(``training.state_source``). The tables' optimizer slots never reach the
+(``training.state_source``). The tables' optimizer state never reach the
 driver: each rank reads its rows of them from the files the ranks of the last
 segment wrote, and writes them at the segment's end
-(:mod:`~sparktf.training.sharding.slot_store`); the states the driver holds
-and checkpoints leave them out (:func:`slot_positions`).
+(:mod:`~sparktf.training.tables.optimizer_state_store`); the states the driver holds
+and checkpoints leave them out (:func:`optimizer_state_positions`).
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ import tensorflow as tf
 
 from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
-from sparktf.training.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
-from sparktf.training.gradient_exchange import merge_rows
-from sparktf.training.sharding.lookups import input_names
-from sparktf.training.sharding.plan import ShardedTable, ShardPlan, embedding_layers
-from sparktf.training.sharding.slot_store import read_slot_rows, slot_folder, write_slot_rows
-from sparktf.training.sparse_kernels import apply_rows
-from sparktf.training.update_form import update_form
+from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
+from sparktf.training.tables.row_sums import merge_rows
+from sparktf.training.tables.lookups import input_names
+from sparktf.training.tables.plan import ShardedTable, ShardPlan, embedding_layers
+from sparktf.training.tables.optimizer_state_store import read_optimizer_state_rows, optimizer_state_folder, write_optimizer_state_rows
+from sparktf.training.tables.sparse_kernels import apply_rows
+from sparktf.training.tables.update_form import update_form
 
-__all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_slots", "slot_positions", "state_rows", "working_features",
+__all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_optimizer_state", "optimizer_state_positions", "state_rows", "working_features",
            "working_model"]
 
 #: Per sharded layer: the rank's rows of its table, from the segment's start state.
@@ -98,32 +98,32 @@ def state_rows(model: Any, plan: ShardPlan, rank: int) -> RowRanges:
     return {index: owned[layer] for index, layer in _table_indices(model, plan).items()}
 
 
-def slot_positions(model: Any, layers: Sequence[str]) -> Dict[int, Tuple[str, str]]:
-    """``index -> (layer, slot kind)``: where ``model``'s state (weights, then optimizer variables) has its
-    optimizer's slots of the tables of the ``Embedding`` ``layers``, which a state without them (the driver's)
+def optimizer_state_positions(model: Any, layers: Sequence[str]) -> Dict[int, Tuple[str, str]]:
+    """``index -> (layer, state kind)``: where ``model``'s state (weights, then optimizer variables) has its
+    optimizer state of the tables of the ``Embedding`` ``layers``, which a state without them (the driver's)
     leaves out."""
     found = embedding_layers(model)
-    owners = _slot_owners(model.optimizer, {id(found[layer].embeddings): layer for layer in layers})
+    owners = _optimizer_state_owners(model.optimizer, {id(found[layer].embeddings): layer for layer in layers})
     offset = len(model.weights)
     return {offset + k: owners[id(v)] for k, v in enumerate(model.optimizer.variables) if id(v) in owners}
 
 
-def apply_without_slots(state: ModelState, model: Any, positions: Dict[int, Tuple[str, str]],
+def apply_without_optimizer_state(state: ModelState, model: Any, positions: Dict[int, Tuple[str, str]],
                         keep: frozenset = frozenset()) -> Dict[int, np.ndarray]:
-    """Assign a ``state`` without the optimizer slots at ``positions`` (:func:`slot_positions`: the driver's) to
-    ``model``, whose optimizer has them: those slots are left as they are, and so are the variables whose ``id``
+    """Assign a ``state`` without the optimizer state at ``positions`` (:func:`optimizer_state_positions`: the driver's) to
+    ``model``, whose optimizer has them: that optimizer state are left as they are, and so are the variables whose ``id``
     is in ``keep``, whose values are returned by ``id`` (``ModelState.apply_to``)."""
     offset = len(model.weights)
-    slots = frozenset(id(model.optimizer.variables[index - offset]) for index in positions)
-    return state.with_placeholders(list(positions)).apply_to(model, keep | slots)
+    table_state = frozenset(id(model.optimizer.variables[index - offset]) for index in positions)
+    return state.with_placeholders(list(positions)).apply_to(model, keep | table_state)
 
 
 def apply_start_state(state: ModelState, model: Any, plan: ShardPlan) -> HeldTables:
     """Assign the segment's start ``state`` (the driver's: the sharded tables cut to the rank's rows, as
-    :func:`state_rows` says, and without their slots) to the working ``model``, but for those rows, which are
+    :func:`state_rows` says, and without their optimizer state) to the working ``model``, but for those rows, which are
     returned (:meth:`RankShards.start` keeps them)."""
     working = _working_variables(model, plan)
-    kept = apply_without_slots(state, model, slot_positions(model, [table.layer for table in plan.tables]),
+    kept = apply_without_optimizer_state(state, model, optimizer_state_positions(model, [table.layer for table in plan.tables]),
                                frozenset(working))
     return {layer: kept[variable] for variable, layer in working.items()}
 
@@ -167,9 +167,9 @@ class RankShards:
         """The working tables' positions among the model's trainable variables (the step leaves them alone)."""
         return frozenset(shard.position for shard in self._shards)
 
-    def start(self, held: HeldTables, slots: Optional[str]) -> None:
-        """Keep this rank's rows of the segment's start state (``held``) and read its rows of their optimizer slots
-        from the folder ``slots`` (None: fresh slots); give each shard's optimizer the model optimizer's own
+    def start(self, held: HeldTables, folder: Optional[str]) -> None:
+        """Keep this rank's rows of the segment's start state (``held``) and read its rows of their optimizer state
+        from ``folder`` (None: fresh optimizer state); give each shard's optimizer the model optimizer's own
         variables (its iteration count, a learning rate set between segments, e.g. by a
         ``LearningRateScheduler``), which the start state gave the model.
 
@@ -182,14 +182,14 @@ class RankShards:
         for shard in self._shards:
             count = shard.table.rows_per_rank
             shard.rows.assign(_padded(held[shard.table.layer], count))
-            variables = _slots(shard.optimizer, shard.rows)
-            stored = read_slot_rows(slots, shard.table.layer, shard.start, shard.end, sorted(variables)) if (
-                slots and shard.end > shard.start) else {}
-            for kind, slot in variables.items():
-                slot.assign(_padded(stored[kind], count) if kind in stored else
+            variables = _row_state_variables(shard.optimizer, shard.rows)
+            stored = read_optimizer_state_rows(folder, shard.table.layer, shard.start, shard.end, sorted(variables)) if (
+                folder and shard.end > shard.start) else {}
+            for kind, state_variable in variables.items():
+                state_variable.assign(_padded(stored[kind], count) if kind in stored else
                             np.broadcast_to(shard.initial[kind], (count, *shard.table.row_shape)))
             for variable in shard.optimizer.variables:
-                if len(variable.shape) == 0:  # the shard is 2-D: its optimizer's scalars are its own, not slots
+                if len(variable.shape) == 0:  # the shard is 2-D: its optimizer's scalars are its own, not per-row state
                     variable.assign(own[variable.name])
 
     def fetch_rows(self, features: Any) -> Any:
@@ -247,23 +247,23 @@ class RankShards:
                                           tf.constant([shard.table.rows_per_rank, *shard.table.row_shape], tf.int64)))
             shard.pending = None
 
-    def save_slots(self, root: Optional[str], iteration: int, launch_secret: bytes) -> Optional[str]:
-        """Write this rank's rows of the tables' optimizer slots to the launch's folder of ``iteration`` under
-        ``root`` (the segment's end), and return it (None: no ``root``, the optimizer has no slots)."""
+    def save_optimizer_state(self, root: Optional[str], iteration: int, launch_secret: bytes) -> Optional[str]:
+        """Write this rank's rows of the tables' optimizer state to the launch's folder of ``iteration`` under
+        ``root`` (the segment's end), and return it (None: no ``root``, the optimizer has no optimizer state)."""
         if root is None:
             return None
-        folder = slot_folder(root, iteration, launch_secret)
+        folder = optimizer_state_folder(root, iteration, launch_secret)
         for shard in self._shards:
-            write_slot_rows(folder, shard.table.layer, shard.start, shard.end, {
+            write_optimizer_state_rows(folder, shard.table.layer, shard.start, shard.end, {
                 kind: np.asarray(slot.value, np.float32)[:shard.end - shard.start]
-                for kind, slot in _slots(shard.optimizer, shard.rows).items()})
+                for kind, slot in _row_state_variables(shard.optimizer, shard.rows).items()})
         return folder
 
     def captured_state(self, iteration: int) -> Tuple[ModelState, RowRanges]:
         """The model's state as the driver holds it (without the sharded tables' slots) with this rank's rows of
         each sharded table in place of the working tables, and those arrays' rows (:func:`state_rows`)."""
         state = ModelState.capture(self._model, iteration).without(
-            slot_positions(self._model, [table.layer for table in self._plan.tables]))
+            optimizer_state_positions(self._model, [table.layer for table in self._plan.tables]))
         ranges = {}
         for index, layer in _table_indices(self._model, self._plan).items():
             shard = self._by_layer[layer]
@@ -327,7 +327,7 @@ def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
             optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
             optimizer.build([rows])
             form = update_form(optimizer)
-            initial = {kind: np.asarray(slot.value[0], np.float32) for kind, slot in _slots(optimizer, rows).items()}
+            initial = {kind: np.asarray(slot.value[0], np.float32) for kind, slot in _row_state_variables(optimizer, rows).items()}
             kept[key] = (rows, optimizer, _update_function(optimizer, rows, form), _gather_function(rows, form),
                          initial)
         shards.append(_Shard(table, working, trainable[id(working)], start, end, *kept[key]))
@@ -346,12 +346,12 @@ def _working_variables(model: Any, plan: ShardPlan) -> Dict[int, str]:
     return {id(layers[table.layer].embeddings): table.layer for table in plan.tables}
 
 
-def _slot_owners(optimizer: Any, working: Dict[int, str]) -> Dict[int, Tuple[str, str]]:
-    """``id(slot) -> (layer, kind)`` of the optimizer's slots of the working tables."""
+def _optimizer_state_owners(optimizer: Any, working: Dict[int, str]) -> Dict[int, Tuple[str, str]]:
+    """``id(slot) -> (layer, kind)`` of the optimizer state of the working tables."""
     owners = {}
     for variable in optimizer._trainable_variables:
         if id(variable) in working:
-            for kind, slot in _slots(optimizer, variable).items():
+            for kind, slot in _row_state_variables(optimizer, variable).items():
                 owners[id(slot)] = (working[id(variable)], kind)
     return owners
 
@@ -374,8 +374,8 @@ def _by_owner(table: ShardedTable, ids: np.ndarray) -> Tuple[List[np.ndarray], n
     return [grouped[bounds[r]:bounds[r + 1]] for r in range(table.world_size)], order
 
 
-def _slots(optimizer: Any, variable: Any) -> Dict[str, Any]:
-    """The optimizer's slot variables of ``variable``, by kind (``"momentum"``, ``"velocity"``, ...)."""
+def _row_state_variables(optimizer: Any, variable: Any) -> Dict[str, Any]:
+    """The optimizer's per-row variables of ``variable``, by kind (``"momentum"``, ``"velocity"``, ...)."""
     prefix = variable.path.replace("/", "_") + "_"
     return {slot.name[len(prefix):]: slot for slot in optimizer.variables
             if slot.name.startswith(prefix) and len(slot.shape) and slot.shape[0] == variable.shape[0]}

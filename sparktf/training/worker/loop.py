@@ -35,16 +35,16 @@ from sparktf.models.payload import ModelPayload, payload_key
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.errors import CollectiveError, DataError, FailureRecord, InternalError, ModelError, StorageError
-from sparktf.training.failures import classified_failures
+from sparktf.training.worker.failures import classified_failures
 from sparktf.training.state_source import StateSource
-from sparktf.training.sharding.plan import ShardPlan
-from sparktf.training.sharding.tables import (HeldTables, RankShards, apply_start_state, state_rows, working_features,
+from sparktf.training.tables.plan import ShardPlan
+from sparktf.training.tables.sharded_tables import (HeldTables, RankShards, apply_start_state, state_rows, working_features,
                                               working_model)
-from sparktf.training.gradient_exchange import GradientExchange, Traffic
-from sparktf.training.single_pass import SinglePass
-from sparktf.training.step import GradientClipping, TrainStep
-from sparktf.training.step_clock import PhaseClock, RankAnatomy
-from sparktf.training.class_weights import ClassWeights, batch_parts
+from sparktf.training.worker.gradient_exchange import GradientExchange, Traffic
+from sparktf.training.worker.single_pass import SinglePass
+from sparktf.training.worker.step import GradientClipping, TrainStep
+from sparktf.training.worker.step_clock import PhaseClock, RankAnatomy
+from sparktf.training.worker.class_weights import ClassWeights, batch_parts
 from sparktf.triggers import TrainingProgress, Trigger
 from sparktf.spark.worker_gc import freeze_alive
 
@@ -105,9 +105,9 @@ class SegmentSpec:
         return.
     sharding : ShardPlan
         The embedding tables the launch's workers split among them (see
-        :mod:`sparktf.training.sharding`), planned on the driver.
-    slots : str, optional
-        Where the ranks write the sharded tables' slots at the end (``slot_store``).
+        :mod:`sparktf.training.tables`), planned on the driver.
+    optimizer_state_root : str, optional
+        Where the ranks write the sharded tables' slots at the end (``optimizer_state_store``).
     single_pass : SinglePass, optional
         The segment reads each record of its shards once, its last batch
         partial (a stream's micro-batch); None: the shards are read endlessly.
@@ -133,7 +133,7 @@ class SegmentSpec:
     class_weight: Optional[ClassWeights] = None
     maps: Optional[MappedElements] = None
     sharding: ShardPlan = ShardPlan((), 1)
-    slots: Optional[str] = None
+    optimizer_state_root: Optional[str] = None
     single_pass: Optional[SinglePass] = None
     profile_steps: Optional[Tuple[int, int]] = None
 
@@ -190,7 +190,7 @@ class SegmentResult:
 
 def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentResult]:
     """Run one training segment in a barrier task; rank 0 yields its :class:`SegmentResult`, every rank its
-    :class:`~sparktf.training.step_clock.RankAnatomy`.
+    :class:`~sparktf.training.worker.step_clock.RankAnatomy`.
 
     Parameters
     ----------
@@ -342,7 +342,7 @@ def _train(
 
 
 class _TimedExchange(GradientExchange):
-    """The step's gradient exchange (see ``training.gradient_exchange``), timing ``compute`` before it, itself
+    """The step's gradient exchange (see ``training.worker.gradient_exchange``), timing ``compute`` before it, itself
     (``allreduce``) and its sends (``send``)."""
 
     def __init__(self, communicator: Any, compression: Optional[str], watch: PhaseClock, shards: Any = None):
@@ -367,7 +367,7 @@ def _prepared_step(
     world_size: int,
 ) -> Tuple[TrainStep, HeldTables, Optional[dict]]:
     """The process's TrainStep, traced and compiled (on the input's first batch), holding the segment's start state;
-    the rank's rows of the sharded tables and their slots from that state (none without any), and the ranks'
+    the rank's rows of the sharded tables and their optimizer state from that state (none without any), and the ranks'
     shards kept with the step.
 
     What loading the model or its warm-up step raises is classified (a model
@@ -394,14 +394,14 @@ def _prepared_step(
     heartbeat.phase = "state_fetch"
     rows = state_rows(step.model, plan, rank)  # the rank's rows of the sharded tables (none without)
     state = _state_source(spec, world_size).fetch(rank, rows)  # also undoes the warm-up's update
-    held = apply_start_state(state, step.model, plan), state.slots
+    held = apply_start_state(state, step.model, plan), state.optimizer_state_folder
     watch.lap("state_fetch")
     return step, held, kept
 
 
 def _rank_shards(plan: ShardPlan, held: Tuple[HeldTables, Optional[str]], kept: Optional[dict], step: TrainStep,
                  rank: int, communicator: Any) -> Optional[RankShards]:
-    """This rank's shards of the plan's tables (None: none), holding its share of the start state and its slots."""
+    """This rank's shards of the plan's tables (None: none), holding its share of the start state and its optimizer state."""
     step.sharded = frozenset()
     if not plan.tables:
         return None
@@ -420,24 +420,24 @@ def _final_state(spec: SegmentSpec, step: TrainStep, shards: Optional[RankShards
                  rank: int) -> Tuple[Optional[ModelState], RowRanges]:
     """What the rank hands back and the rows of it that are its share of the sharded tables (None: nothing).
 
-    Rank 0 hands back the model's state. With sharded tables, every rank writes its rows of their slots to a new
+    Rank 0 hands back the model's state. With sharded tables, every rank writes its rows of their optimizer state to a new
     folder (the state names it) and hands back its rows of them, which the job channel joins; without a channel,
     the ranks gather them through the ring for rank 0's.
     """
     if shards is None:
         return (ModelState.capture(step.model, iteration) if rank == 0 else None), {}
-    folder = shards.save_slots(spec.slots, iteration, spec.secret)
+    folder = shards.save_optimizer_state(spec.optimizer_state_root, iteration, spec.secret)
     if spec.directory is None:
         state, rows = shards.gathered_state(iteration), {}  # a collective: every rank takes part
     else:
         state, rows = shards.captured_state(iteration)
-    state.slots = folder  # the driver's next state names it (its own capture says which tables)
+    state.optimizer_state_folder = folder  # the driver's next state names it (its own capture says which tables)
     return (state if rank == 0 or spec.directory is not None else None), rows
 
 
 def _features_labels(spec: SegmentSpec, mapped: Callable[[list], list], arrays: List[np.ndarray]) -> tuple:
     """``(features, labels, sample_weight)`` of one batch after ``mapped``, its maps (see
-    ``training.class_weights.batch_parts``)."""
+    ``training.worker.class_weights.batch_parts``)."""
     arrays = mapped(arrays)
     arrays = model_values(flatten(spec.element_structure), arrays)  # sparse leaves as the model's inputs take them
     return batch_parts(spec.element_structure, arrays, spec.class_weight)
@@ -481,7 +481,7 @@ def _cached_step(spec: SegmentSpec) -> Tuple[TrainStep, Optional[dict]]:
     ranks' shards kept with the step (None without sharded tables).
 
     With sharded tables the step trains the model built with working tables instead, and the whole model is never
-    built here (``training.sharding``).
+    built here (``training.tables``).
     """
     key = f"{payload_key(spec.payload.value)}/train-step/{spec.clipping!r}"
     plan = spec.sharding

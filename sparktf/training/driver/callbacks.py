@@ -211,7 +211,7 @@ class DriverCallbacks:
             self._progbar.update(in_epoch + 1, [("loss", latest.loss), *metrics, ("records/s", rate)])
 
     def straggler(self, straggler: Any) -> None:
-        """A rank was named a straggler (see :class:`sparktf.training.anatomy.Straggler`): one line, below the
+        """A rank was named a straggler (see :class:`sparktf.training.driver.anatomy.Straggler`): one line, below the
         bar (called from the watchdog's thread, or after a segment)."""
         if self._verbose:
             with self._lock:

@@ -2,14 +2,14 @@
 callbacks and history.
 
 The driver trains in *segments*. A segment is one Spark barrier job of
-``num_workers`` tasks (:func:`~sparktf.training.loop.run_segment`, started
-by :mod:`~sparktf.training.segment_job`) that trains from the driver's state
+``num_workers`` tasks (:func:`~sparktf.training.worker.loop.run_segment`, started
+by :mod:`~sparktf.training.driver.segment_job`) that trains from the driver's state
 until the first iteration where the end, checkpoint or validation trigger
 fires, then hands the state back. Between segments the driver writes
 summaries and checkpoints, validates and decides whether to go on. A failed
 segment is relaunched from the last good state up to ``max_failures`` times;
 with ``min_workers < num_workers`` training goes on with fewer workers while
-executors are gone (:mod:`~sparktf.training.membership`). See
+executors are gone (:mod:`~sparktf.training.driver.membership`). See
 ``docs/design/training.md``.
 """
 
@@ -26,20 +26,20 @@ from sparktf.errors import DataError
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.calls import call_scope, current_label
 from sparktf.spark.task_devices import gpu_plan
-from sparktf.training.anatomy import CallAnatomy, Straggler
-from sparktf.training.callbacks import DriverCallbacks
+from sparktf.training.driver.anatomy import CallAnatomy, Straggler
+from sparktf.training.driver.callbacks import DriverCallbacks
 from sparktf.training.checkpoint import ModelState
-from sparktf.training.sharding.driver_tables import DriverTables
-from sparktf.training.sharding.plan import ShardPlan, check_trainable
-from sparktf.training.checkpoint_writer import CheckpointWriter
-from sparktf.training.evaluation import evaluate_blocks
-from sparktf.training.inputs import WorkerInputs
-from sparktf.training.loop import SegmentResult, SegmentSpec
-from sparktf.training.membership import Membership
-from sparktf.training.segment_job import SegmentRunner
-from sparktf.training.segment_records import record_segment, record_validation
-from sparktf.training.single_pass import SinglePass
-from sparktf.training.step import GradientClipping
+from sparktf.training.tables.driver_tables import DriverTables
+from sparktf.training.tables.plan import ShardPlan, check_trainable
+from sparktf.training.driver.checkpoint_writer import CheckpointWriter
+from sparktf.training.driver.evaluation import evaluate_blocks
+from sparktf.training.driver.inputs import WorkerInputs
+from sparktf.training.worker.loop import SegmentResult, SegmentSpec
+from sparktf.training.driver.membership import Membership
+from sparktf.training.driver.segment_job import SegmentRunner
+from sparktf.training.driver.segment_records import record_segment, record_validation
+from sparktf.training.worker.single_pass import SinglePass
+from sparktf.training.worker.step import GradientClipping
 from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr
 
 __all__ = ["RunSettings", "RunState", "RunRequest", "TrainingRun", "evaluate_model"]
@@ -78,12 +78,12 @@ class RunState:
         The last segment's seconds per phase.
     last_traffic : Traffic or None
         The last segment's gradient bytes on rank 0.
-    slots : str or None
+    optimizer_state_folder : str or None
         The folder of the sharded tables' optimizer slots at ``iteration`` (None: fresh, or none sharded).
     stream : tuple or None
         ``(query id, batch id)`` of the last micro-batch of a stream trained into the state (None: none).
     rank_timings : dict
-        The last call's seconds per phase and rank (see :mod:`sparktf.training.anatomy`).
+        The last call's seconds per phase and rank (see :mod:`sparktf.training.driver.anatomy`).
     stragglers : list of Straggler
         The last call's stragglers.
     last_timeline : str or None
@@ -96,7 +96,7 @@ class RunState:
     metric_state: Any = None
     last_timings: Dict[str, float] = field(default_factory=dict)
     last_traffic: Any = None
-    slots: Optional[str] = None
+    optimizer_state_folder: Optional[str] = None
     stream: Optional[Tuple[str, int]] = None
     rank_timings: Dict[int, Dict[str, float]] = field(default_factory=dict)
     stragglers: List[Straggler] = field(default_factory=list)
@@ -191,7 +191,7 @@ class TrainingRun:
                 anatomy.add(result.anatomy)
                 progress = self._finish_segment(result, history)
                 checkpoints.after_segment(progress, self._capture)
-                settings.tables.prune(self._state.slots, settings.model_dir)
+                settings.tables.prune(self._state.optimizer_state_folder, settings.model_dir)
                 results = None
                 epoch_end = bool(request.callbacks) and progress.epoch_finished
                 if validation is not None and (request.validation_trigger(progress) or epoch_end):
@@ -241,7 +241,7 @@ class TrainingRun:
                                num_workers=elastic, label=current_label())
 
     def _capture(self) -> ModelState:
-        state = self._settings.tables.capture(self._model, self._state.iteration, self._state.slots)
+        state = self._settings.tables.capture(self._model, self._state.iteration, self._state.optimizer_state_folder)
         state.stream = self._state.stream
         return state
 
@@ -265,7 +265,7 @@ class TrainingRun:
                            maps=elements, gradient_compression=settings.gradient_compression,
                            gpus=gpu_plan(settings.session.conf, settings.resource_profile),
                            metric_state=self._state.metric_state, class_weight=request.class_weight,
-                           sharding=sharding, slots=settings.tables.root, single_pass=request.single_pass,
+                           sharding=sharding, optimizer_state_root=settings.tables.root, single_pass=request.single_pass,
                            profile_steps=request.profile_steps)
         def on_reports(reports: Dict[int, Any]) -> None:
             driver.report(reports)
@@ -277,7 +277,7 @@ class TrainingRun:
         """Take the segment's state into the driver's model; log its iterations and the epochs it ended."""
         state = self._state
         result.state.apply_to(self._model)
-        state.slots = result.state.slots
+        state.optimizer_state_folder = result.state.optimizer_state_folder
         first = state.iteration + 1
         state.iteration, state.last_timings, state.last_traffic = result.iteration, result.timings, result.traffic
         state.metric_state = result.metric_state

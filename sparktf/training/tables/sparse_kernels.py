@@ -16,7 +16,7 @@ alone gives the same values, so :func:`apply_rows` does that:
   :class:`~sparktf.optimizers.LazyAdam`: their own row update.
 
 Plain SGD needs none of this: its exact touched-rows update is the padded,
-XLA-compiled one of :mod:`sparktf.training.update_form`.
+XLA-compiled one of :mod:`sparktf.training.tables.update_form`.
 
 An optimizer with weight decay, clipping, EMA, gradient accumulation or loss
 scaling gets no kernel (:func:`sparse_kernel` is None): those act on the
@@ -106,7 +106,7 @@ def apply_rows(optimizer: Any, variable: Any, slices: tf.IndexedSlices, learning
                unique_indices: bool = False) -> None:
     """Apply the row gradient ``slices`` of ``variable`` with the optimizer's exact sparse update.
 
-    Only the rows present in ``slices`` (and their slot rows) are read and
+    Only the rows present in ``slices`` (and their optimizer-state rows) are read and
     written. Call it in a ``tf.function`` (or eagerly), before the
     ``optimizer.apply`` of the model's other gradients, which increments
     ``optimizer.iterations`` once for the whole step; this function does not.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from sparktf.errors import TrainingError
-from sparktf.training.anatomy import ANATOMY_PHASES, step_phases
+from sparktf.training.driver.anatomy import ANATOMY_PHASES, step_phases
 from sparktf.training.metric_state import epoch_ends
 from sparktf.triggers import TrainingProgress
 

@@ -5,7 +5,7 @@ forward pass, loss (the compiled loss plus ``model.losses``, weighted by the
 batch's sample weights), backward pass and the compiled metrics' update on
 this batch alone; the gradients, the loss and the batch's metric states
 (:mod:`sparktf.training.metric_state`) packed for the exchange
-(:mod:`sparktf.training.gradient_exchange`: dense gradients fused in one
+(:mod:`sparktf.training.worker.gradient_exchange`: dense gradients fused in one
 buffer, ``Embedding`` gradients as the rows they touch), gradients and loss
 scaled by the worker's share of the global batch; the caller's exchange (sum
 over workers: the record-weighted mean of gradients and loss, the global
@@ -15,7 +15,7 @@ finite, the update: clipping of the global gradient and ``optimizer.apply``
 (which advances ``optimizer.iterations`` and with it any learning-rate
 schedule), a call of its own once the step has let go of the weights it
 read (a small model without tables: inside the step), XLA-compiled where
-XLA can compile it (rows in the form :mod:`sparktf.training.update_form`
+XLA can compile it (rows in the form :mod:`sparktf.training.tables.update_form`
 finds for the optimizer). Every worker
 applies the same global gradient to the same weights, so the weights stay
 identical everywhere. Like Keras' own train function, the step is traced
@@ -36,13 +36,13 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.errors import InternalError
-from sparktf.training.compiled_update import CompiledUpdate, lowers_to_hlo
-from sparktf.training.failures import exchange_failure
-from sparktf.training.gradient_exchange import ExchangedParts, GradientExchange, GradientLayout
+from sparktf.training.tables.compiled_update import CompiledUpdate, lowers_to_hlo
+from sparktf.training.worker.failures import exchange_failure
+from sparktf.training.worker.gradient_exchange import ExchangedParts, GradientExchange, GradientLayout
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
-from sparktf.training.sparse_kernels import apply_rows
-from sparktf.training.update_form import update_form
+from sparktf.training.tables.sparse_kernels import apply_rows
+from sparktf.training.tables.update_form import update_form
 
 __all__ = ["GradientClipping", "StepResult", "TrainStep"]
 
@@ -358,7 +358,7 @@ class TrainStep:
         It runs after the step, once the step has let go of the weights it
         read (a table's row update would otherwise copy the table). XLA fuses
         the optimizer's element-wise ops, and updates a table's rows without
-        switching the table to copy-on-read (see ``training.update_form``);
+        switching the table to copy-on-read (see ``training.tables.update_form``);
         lowering to HLO checks that it can compile the update without
         running it. Rows change in number at every step: they reach the
         compiled update as ``update_form`` says (the dense gradient, or rows
@@ -397,7 +397,7 @@ class TrainStep:
     def _update(self, layout: GradientLayout, dense: tf.Tensor, sparse: List[tf.IndexedSlices],
                 row_kernels: bool = False) -> tf.Tensor:
         """Clip the global gradients and apply them: all through ``optimizer.apply``, or (``row_kernels``) each
-        table's rows through :func:`~sparktf.training.sparse_kernels.apply_rows` first, then the rest."""
+        table's rows through :func:`~sparktf.training.tables.sparse_kernels.apply_rows` first, then the rest."""
         gradients = [None if position in self.sharded else _map_values(lambda v: tf.cast(v, variable.dtype), g)
                      for position, (g, variable) in enumerate(zip(layout.gradients(dense, sparse), self.variables))]
         if not self._loss_scaled:

@@ -10,7 +10,7 @@ that cover the new range.
 
 A table can be sharded when it is trained and its layer is called once, on a
 model input of integer ids or one column of one, which nothing but sharded
-tables reads (:mod:`~sparktf.training.sharding.lookups`): a worker reads the
+tables reads (:mod:`~sparktf.training.tables.lookups`): a worker reads the
 batch's ids there to fetch their rows from the owners before the step.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from sparktf.errors import ConfigurationError
 from sparktf.spark.cluster import size_setting
-from sparktf.training.sharding.lookups import Lookup, lookup_of, other_readers
+from sparktf.training.tables.lookups import Lookup, lookup_of, other_readers
 
 __all__ = ["ShardedTable", "ShardPlan", "ShardingRequest", "SHARD_TABLE_BYTES_CONF", "SHARD_TABLES_CONF"]
 
@@ -130,7 +130,7 @@ class ShardPlan:
                 continue
             lookup, reason = lookup_of(model, layer)
             if reason is None and not any(variable is layer.embeddings for variable in model.trainable_variables):
-                reason = "it is frozen (trainable=False): only a trained table is split with its optimizer slots"
+                reason = "it is frozen (trainable=False): only a trained table is split with its optimizer state"
             if reason is None:
                 found[name] = (layer, lookup, bool(chosen), table_bytes)
             else:
@@ -150,12 +150,12 @@ class ShardPlan:
                                  tuple(int(d) for d in layer.embeddings.shape[1:]), world_size, lookup.ids_per_record,
                                  lookup.column)
             logger.info("Embedding layer %r (%d bytes) is sharded across %d workers: each holds %d of its %d rows "
-                        "and their optimizer slots", name, table_bytes, world_size, table.rows_per_rank, table.rows)
+                        "and their optimizer state", name, table_bytes, world_size, table.rows_per_rank, table.rows)
             tables.append(table)
         return cls(tuple(tables), world_size)
 
     def on(self, world_size: int) -> "ShardPlan":
-        """The same tables split among ``world_size`` ranks (a lone worker holds them whole, its slots in files as
+        """The same tables split among ``world_size`` ranks (a lone worker holds them whole, its optimizer state in files as
         ever)."""
         return ShardPlan(tuple(dataclasses.replace(table, world_size=world_size) for table in self.tables), world_size)
 

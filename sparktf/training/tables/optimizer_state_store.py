@@ -1,7 +1,7 @@
-"""Where the sharded tables' optimizer slots live between segments: files the ranks write and read, never the
+"""Where the sharded tables' optimizer state lives between segments: files the ranks write and read, never the
 driver's memory.
 
-At a segment's end every rank writes its rows of each sharded table's slots
+At a segment's end every rank writes its rows of each sharded table's optimizer state
 to ``<root>/slots-<iteration>-<launch>/<layer>/<kind>.<start>-<end>.npy``
 through :mod:`sparktf.storage`; the next segment's ranks read the rows they
 own from the files whose rows overlap them, whatever the number of ranks that
@@ -9,7 +9,7 @@ wrote them (resuming on another number of workers re-shards here). ``root``
 is ``model_dir/tables``, or a temporary folder on the driver's disk when the
 executors share that disk (a local master). A checkpoint names the folder of
 its iteration; the driver deletes the folders no checkpoint and no segment
-needs any more (:func:`prune_slot_folders`).
+needs any more (:func:`prune_optimizer_state_folders`).
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ import numpy as np
 from sparktf.errors import ConfigurationError, StorageError
 from sparktf.storage import join, local_copy, store_for
 
-__all__ = ["slot_folder", "slot_root", "write_slot_rows", "read_slot_rows", "prune_slot_folders",
+__all__ = ["optimizer_state_folder", "optimizer_state_root", "write_optimizer_state_rows", "read_optimizer_state_rows", "prune_optimizer_state_folders",
            "remove_temporary_root"]
 
 _FILE_RE = re.compile(r"^(?P<kind>[^.]+)\.(?P<start>\d+)-(?P<end>\d+)\.npy$")
 _FOLDER_RE = re.compile(r"^slots-(?P<iteration>\d+)-[0-9a-f]+$")
 
 
-def slot_root(model_dir: Optional[str], master: str) -> Tuple[str, bool]:
-    """``(root, temporary)``: where a training run keeps its sharded tables' slots.
+def optimizer_state_root(model_dir: Optional[str], master: str) -> Tuple[str, bool]:
+    """``(root, temporary)``: where a training run keeps its sharded tables' optimizer state.
 
     ``model_dir/tables`` when there is a ``model_dir`` (every executor must reach it); without one, a new
     temporary folder of the driver's disk, which only a local master's executors share (the caller deletes it).
@@ -48,45 +48,45 @@ def slot_root(model_dir: Optional[str], master: str) -> Tuple[str, bool]:
     if master.startswith("local"):
         return tempfile.mkdtemp(prefix="sparktf-slots-"), True
     raise ConfigurationError(
-        f"sharded tables keep their optimizer slots in files the workers write and read between segments, and the "
+        f"sharded tables keep their optimizer state in files the workers write and read between segments, and the "
         f"master {master or '(unknown)'!r} may run them on other machines: pass TFOptimizer a model_dir that every "
         "executor can read and write (HDFS, S3, a shared file system), or keep the tables replicated")
 
 
 def remove_temporary_root(root: str) -> None:
-    """Delete a temporary root :func:`slot_root` made (its training is over)."""
+    """Delete a temporary root :func:`optimizer_state_root` made (its training is over)."""
     shutil.rmtree(root, ignore_errors=True)
 
 
-def slot_folder(root: str, iteration: int, launch_secret: bytes) -> str:
-    """The folder of the slots the ranks of the launch of ``launch_secret`` write at ``iteration`` (a relaunch never
+def optimizer_state_folder(root: str, iteration: int, launch_secret: bytes) -> str:
+    """The folder of the optimizer state the ranks of the launch of ``launch_secret`` write at ``iteration`` (a relaunch never
     writes into a failed launch's folder; the name does not tell the secret)."""
     return join(root, f"slots-{int(iteration)}-{hashlib.sha256(launch_secret).hexdigest()[:12]}")
 
 
-def write_slot_rows(folder: str, layer: str, start: int, end: int, slots: Mapping[str, np.ndarray]) -> None:
-    """Write rows ``[start, end)`` of ``layer``'s slots (by kind), each file complete or not at all."""
+def write_optimizer_state_rows(folder: str, layer: str, start: int, end: int, state: Mapping[str, np.ndarray]) -> None:
+    """Write rows ``[start, end)`` of ``layer``'s optimizer state (by kind), each file complete or not at all."""
     if end <= start:
         return
-    store = store_for(folder, "the sharded tables' slot folder")
+    store = store_for(folder, "the sharded tables' optimizer-state folder")
     directory = join(folder, layer)
     store.makedirs(directory)
-    for kind, rows in slots.items():
+    for kind, rows in state.items():
         if len(rows) != end - start:
-            raise ValueError(f"slot {kind!r} of {layer!r}: {len(rows)} rows for [{start}, {end})")
+            raise ValueError(f"optimizer state {kind!r} of {layer!r}: {len(rows)} rows for [{start}, {end})")
         with store.atomic_file(join(directory, f"{kind}.{start}-{end}.npy")) as local, open(local, "wb") as handle:
             np.save(handle, np.ascontiguousarray(rows))
 
 
-def read_slot_rows(folder: str, layer: str, start: int, end: int, kinds: Sequence[str]) -> Dict[str, np.ndarray]:
-    """Rows ``[start, end)`` of ``layer``'s slots of ``kinds``, from the files that hold them.
+def read_optimizer_state_rows(folder: str, layer: str, start: int, end: int, kinds: Sequence[str]) -> Dict[str, np.ndarray]:
+    """Rows ``[start, end)`` of ``layer``'s optimizer state of ``kinds``, from the files that hold them.
 
     Raises
     ------
     StorageError
         The folder lacks some of the rows: it is not reachable from here, or a writer's files are missing.
     """
-    store = store_for(folder, "the sharded tables' slot folder")
+    store = store_for(folder, "the sharded tables' optimizer-state folder")
     directory = join(folder, layer)
     names = store.listdir(directory) if end > start and store.exists(directory) else []
     found: Dict[str, List[Tuple[int, int, str]]] = {}
@@ -104,13 +104,13 @@ def read_slot_rows(folder: str, layer: str, start: int, end: int, kinds: Sequenc
             covered = max(covered, piece_end)
         if covered < end:
             raise StorageError(
-                f"the optimizer slot {kind!r} of sharded table {layer!r} lacks rows [{covered}, {end}) in {directory!r} "
+                f"the optimizer variable {kind!r} of sharded table {layer!r} lacks rows [{covered}, {end}) in {directory!r} "
                 f"(found rows {[(s, e) for s, e, _ in pieces]}): the folder must be one every executor and the driver "
                 "read and write (model_dir on HDFS, S3 or a shared file system), and its files must not be removed "
                 "while training or resuming needs them", path=directory)
         rows = None
         for piece_start, piece_end, name in pieces:
-            with local_copy(join(directory, name), "slot file") as local:
+            with local_copy(join(directory, name), "optimizer-state file") as local:
                 part = np.load(local, mmap_mode="r")
                 if rows is None:
                     rows = np.empty((end - start, *part.shape[1:]), part.dtype)
@@ -120,9 +120,9 @@ def read_slot_rows(folder: str, layer: str, start: int, end: int, kinds: Sequenc
     return out
 
 
-def prune_slot_folders(root: str, keep_iterations: Iterable[int], keep_folder: Optional[str]) -> None:
-    """Delete ``root``'s slot folders but ``keep_folder`` and those of ``keep_iterations`` (the checkpoints')."""
-    store = store_for(root, "the sharded tables' slot folder")
+def prune_optimizer_state_folders(root: str, keep_iterations: Iterable[int], keep_folder: Optional[str]) -> None:
+    """Delete ``root``'s optimizer-state folders but ``keep_folder`` and those of ``keep_iterations`` (the checkpoints')."""
+    store = store_for(root, "the sharded tables' optimizer-state folder")
     if not store.exists(root):
         return
     keep = set(int(i) for i in keep_iterations)

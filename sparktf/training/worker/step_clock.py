@@ -7,7 +7,7 @@ step's row, whose last column (``send``) holds the part of the exchange this
 rank's own sends took. The rows (a few floats per step) and the wall-clock
 spans of the steps in ``profile_steps`` travel to the driver with the
 segment's results as a :class:`RankAnatomy`, which
-:mod:`sparktf.training.anatomy` reads. While the segment runs,
+:mod:`sparktf.training.driver.anatomy` reads. While the segment runs,
 :meth:`PhaseClock.take_window` summarises the rows kept since its last call
 (the heartbeat sends that to the driver about once a second).
 """

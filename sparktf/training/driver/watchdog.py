@@ -29,16 +29,16 @@ import time
 import uuid
 from typing import Any, Callable, Optional, TypeVar
 
+from sparktf.collective.channel_client import DONE
 from sparktf.errors import TrainingError
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.jobs import run_job
 
-__all__ = ["JobWatchdog", "DONE"]
+__all__ = ["JobWatchdog"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
 T = TypeVar("T")
 
-DONE = "done"  # the phase a task reports last: it is finished, not stalled
 _CHECK_SECONDS = 1.0
 
 

@@ -1,6 +1,6 @@
 """An XLA-compiled update of tables' rows, called with flat tensors and its rows padded on the host.
 
-The ``"dense"`` and ``"padded"`` forms of :mod:`sparktf.training.update_form`
+The ``"dense"`` and ``"padded"`` forms of :mod:`sparktf.training.tables.update_form`
 run the optimizer's update XLA-compiled. How it is called costs more than
 the update itself on a small model (measured on NCF with SGD, four tables of
 about 1,000 rows a step, one thread):

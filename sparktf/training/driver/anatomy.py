@@ -1,6 +1,6 @@
 """The driver's reading of the ranks' step anatomy: each rank's split of a step, stragglers, and a timeline.
 
-The ranks' :class:`~sparktf.training.step_clock.RankAnatomy` records (one per
+The ranks' :class:`~sparktf.training.worker.step_clock.RankAnatomy` records (one per
 rank and segment) give:
 
 * :func:`rank_timings`: seconds per phase and rank, the exchange split into
@@ -26,7 +26,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 import numpy as np
 
 from sparktf.collective.channel import StepWindow
-from sparktf.training.step_clock import STEP_COLUMNS, STEP_PHASES, WINDOW_STATS, RankAnatomy
+from sparktf.training.worker.step_clock import STEP_COLUMNS, STEP_PHASES, WINDOW_STATS, RankAnatomy
 
 __all__ = ["Straggler", "CallAnatomy", "ANATOMY_PHASES", "rank_timings", "step_phases", "find_stragglers",
            "chrome_trace"]

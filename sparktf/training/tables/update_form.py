@@ -15,7 +15,7 @@ finds on copies of the optimizer:
 * ``"padded"``: the optimizer keeps no slot per row and a zero gradient row
   changes nothing (SGD): its update is a row update alone, so the rows are
   padded with zero rows of untouched indices to the next power of two
-  (:func:`~sparktf.training.compiled_update.host_padded_rows`) and the
+  (:func:`~sparktf.training.tables.compiled_update.host_padded_rows`) and the
   compiled update sees a handful of shapes. XLA
   compiles once per combination of the tables' shapes, so a model with more
   than :data:`MAX_PADDED_TABLES` tables gets ``"rows"`` instead;
@@ -23,7 +23,7 @@ finds on copies of the optimizer:
   update touches only the rows present (Keras' Adagrad,
   :class:`~sparktf.optimizers.LazyAdam`, :class:`~sparktf.optimizers.RowWiseAdagrad`,
   whose slot is one value a row): its row update in TensorFlow ops
-  (:mod:`sparktf.training.sparse_kernels`). Keras' own Adagrad computes its
+  (:mod:`sparktf.training.tables.sparse_kernels`). Keras' own Adagrad computes its
   denominator over the whole accumulator at every step, and XLA's row
   updates on CPU are slower than TensorFlow's (the costs measured:
   ``docs/design/training.md``);
@@ -42,7 +42,7 @@ from typing import Any, List, Tuple
 import numpy as np
 import tensorflow as tf
 
-from sparktf.training.sparse_kernels import kernel_description, sparse_kernel
+from sparktf.training.tables.sparse_kernels import kernel_description, sparse_kernel
 
 __all__ = ["MAX_PADDED_TABLES", "log_table_updates", "update_form"]
 
@@ -67,7 +67,7 @@ def update_form(optimizer: Any, tables: int = 1) -> str:
     try:
         sliced = _probe(optimizer, lambda row, value: _slices([(row, value)]))
         dense = _probe(optimizer, lambda row, value: tf.convert_to_tensor(_slices([(row, value)])))
-        # the zero row is one an earlier step touched (its slots are no longer zero), row 3 at the first step
+        # the zero row is one an earlier step touched (its optimizer state are no longer zero), row 3 at the first step
         padded = _probe(optimizer, lambda row, value: _slices([(row, value), (3 if row == 0 else 0, 0.0)]))
     except Exception as error:  # a custom optimizer without a usable config: keep its own sparse update
         logger.debug("could not probe %s's update of rows (%r); it gets IndexedSlices",
@@ -77,8 +77,8 @@ def update_form(optimizer: Any, tables: int = 1) -> str:
     moved = not np.array_equal(first[0][0], last[0][0])  # row 0, touched by the first step only
     if moved and all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(last, dense_last)):
         return "dense"
-    row_slots = any(slot.shape[:1] == _SHAPE[:1] for slot in last[1:])  # per row: (rows, ...) or (rows,)
-    if not moved and not row_slots and all(np.array_equal(a, b) for a, b in zip(last, padded_last)):
+    row_state = any(slot.shape[:1] == _SHAPE[:1] for slot in last[1:])  # per row: (rows, ...) or (rows,)
+    if not moved and not row_state and all(np.array_equal(a, b) for a, b in zip(last, padded_last)):
         return "padded" if tables <= MAX_PADDED_TABLES else "rows"
     return "kernel" if sparse_kernel(optimizer) is not None else "rows"
 

@@ -18,7 +18,7 @@ from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.specs import LeafSpec
 from sparktf.errors import ConfigurationError, DataError
 from sparktf.storage import is_local, local_path, store_for
-from sparktf.training.class_weights import ClassWeights, class_weights
+from sparktf.training.worker.class_weights import ClassWeights, class_weights
 from sparktf.triggers import Trigger, check_trigger, uses_score
 
 __all__ = ["check_settings", "check_membership", "check_optimize", "checked_profile_steps", "resolve_optimizer", "recompile",
@@ -232,7 +232,7 @@ def check_optimize(model: Any, dataset: Any, num_workers: int, triggers: Tuple[A
         When the dataset has no ``batch_size`` (or one smaller than
         ``num_workers``), ``end_trigger`` uses ``MaxScore`` without validation
         data, or ``class_weight`` does not fit the model or its labels
-        (:func:`~sparktf.training.class_weights.class_weights`).
+        (:func:`~sparktf.training.worker.class_weights.class_weights`).
     """
     end_trigger = check_trigger(triggers[0], "end_trigger")
     checkpoint_trigger = check_trigger(triggers[1], "checkpoint_trigger")

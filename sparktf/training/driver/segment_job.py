@@ -2,13 +2,13 @@
 
 A segment is one Spark barrier job over the training Blocks (an RDD, or in
 Spark Connect a barrier ``mapInArrow``), each task running
-:func:`sparktf.training.loop.run_segment`, on as many workers as
-:class:`~sparktf.training.membership.Membership` picks (``num_workers``
+:func:`sparktf.training.worker.loop.run_segment`, on as many workers as
+:class:`~sparktf.training.driver.membership.Membership` picks (``num_workers``
 unless elastic training goes on with fewer). This module starts it with a fresh
 secret and, on the driver's address (``spark.sparktf.driverHost``, else
 ``spark.driver.host``), a :class:`~sparktf.collective.JobChannel`
 through which the ranks find each other, fetch the start state, report
-their progress (watched by :class:`~sparktf.training.watchdog.JobWatchdog`)
+their progress (watched by :class:`~sparktf.training.driver.watchdog.JobWatchdog`)
 and rank 0 uploads the final state: model state never rides in a Spark
 broadcast or task result, so it never fills the driver JVM's heap.
 
@@ -34,13 +34,13 @@ from sparktf.collective import JobChannel
 from sparktf.errors import SparkTFError, TrainingError
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
-from sparktf.training.failures import relaunch_helps
-from sparktf.training.inputs import WorkerInputs
-from sparktf.training.loop import SegmentResult, SegmentSpec, run_segment
-from sparktf.training.step_clock import RankAnatomy
-from sparktf.training.membership import Membership
+from sparktf.training.worker.failures import relaunch_helps
+from sparktf.training.driver.inputs import WorkerInputs
+from sparktf.training.worker.loop import SegmentResult, SegmentSpec, run_segment
+from sparktf.training.worker.step_clock import RankAnatomy
+from sparktf.training.driver.membership import Membership
 from sparktf.training.state_source import joined_uploads
-from sparktf.training.watchdog import JobWatchdog
+from sparktf.training.driver.watchdog import JobWatchdog
 from sparktf.triggers import EveryEpoch, TriggerOr
 
 __all__ = ["SegmentRunner", "run_segment_job", "job_channel"]
@@ -125,7 +125,7 @@ class SegmentRunner:
         DataError, ModelError, ConfigurationError, StorageError, DriverJVMGone
             At once, as themselves, whatever ``max_failures`` is: the data, the
             model, a setting or a path the store refuses would fail again, or
-            there is no JVM (see :func:`sparktf.training.failures.relaunch_helps`).
+            there is no JVM (see :func:`sparktf.training.worker.failures.relaunch_helps`).
         TrainingError
             After more than ``max_failures`` failures (the last one as
             cause), or when fewer than ``min_workers`` task slots are left.

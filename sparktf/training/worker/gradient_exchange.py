@@ -1,6 +1,6 @@
 """How a step's gradients travel between the workers: dense and fused, or as the rows they touch.
 
-A training step (``training.step``) hands its local gradients to this module
+A training step (``training.worker.step``) hands its local gradients to this module
 and gets back the global batch's. Two halves:
 
 * :class:`GradientLayout`, in the step's graph: which gradients are dense and
@@ -42,9 +42,9 @@ import tensorflow as tf
 
 from sparktf.collective import WIRE_DTYPES
 from sparktf.optimizers.rows import sum_duplicate_rows
+from sparktf.training.tables.row_sums import merge_rows
 
-__all__ = ["ExchangedParts", "GradientExchange", "GradientLayout", "SparseTable", "Traffic", "merge_rows",
-           "wire_bytes"]
+__all__ = ["ExchangedParts", "GradientExchange", "GradientLayout", "SparseTable", "Traffic", "wire_bytes"]
 
 _INDEX_BYTES = 8
 
@@ -202,27 +202,6 @@ class ExchangedParts:
         return cls(arrays[0], [(arrays[k], arrays[k + 1]) for k in range(1, len(arrays) - 1, 2)], arrays[-1])
 
 
-def merge_rows(indices: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """Sum the rows of equal indices: ``(sorted unique indices, their summed rows)``.
-
-    The sums run in the order the rows come (a stable sort), so every rank
-    that merges the same arrays gets the same bits. Made for the rows of a
-    few ranks, each holding an index at most once: an index repeats a few
-    times at most, and the sum adds its k-th rows for each k in turn.
-    """
-    if indices.size == 0:
-        return indices, rows
-    order = np.argsort(indices, kind="stable")
-    ordered = indices[order]
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    lengths = np.diff(np.append(starts, ordered.size))
-    summed = rows[order[starts]]
-    for k in range(1, int(lengths.max())):
-        repeated = lengths > k
-        summed[repeated] += rows[order[starts[repeated] + k]]
-    return ordered[starts], summed
-
-
 @dataclass
 class Traffic:
     """Bytes one rank sent over the exchanges so far, and what the dense path would have sent.
@@ -260,7 +239,7 @@ class GradientExchange:
         The wire dtype of gradient values (dense gradients and rows); the
         loss and metric states always travel exactly.
     shards : RankShards, optional
-        The rank's shards of sharded tables (``training.sharding``): those
+        The rank's shards of sharded tables (``training.tables``): those
         tables' rows go to their owners, exactly, and come back to the step
         as no rows; when an owner's sum is not finite, the result's
         ``finite`` is 0 on every rank, so that no rank applies the step.

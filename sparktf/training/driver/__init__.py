@@ -1,0 +1,29 @@
+"""The driver's side of training: what ``TFOptimizer`` hands a training call to.
+
+``run``: a training call, segment by segment (:class:`TrainingRun`), and the
+driver's evaluation; ``segment_job``: one segment's barrier job and its relaunch;
+``membership``: the workers of a call, elastic ones included; ``watchdog``:
+the job channel's reports, stalls and failures; ``preflight``: the checks
+before any job; ``checkpoint_writer``: checkpoints written beside training;
+``callbacks`` and ``anatomy``: what a call reports (Keras callbacks, progress,
+stragglers); ``evaluation``: record-weighted evaluation as a job; ``inputs``:
+a call's training layout of the data.
+
+This package is the only part of :mod:`sparktf.training` the public modules
+need; its names below are that surface.
+"""
+
+from sparktf.training.checkpoint import find_checkpoint, latest_checkpoint, load_checkpoint
+from sparktf.training.driver.callbacks import default_verbose
+from sparktf.training.driver.preflight import (check_labels, check_membership, check_optimize, check_settings,
+                                               checked_profile_steps, compile_with_loss, recompile)
+from sparktf.training.driver.run import RunRequest, RunSettings, RunState, TrainingRun, evaluate_model
+from sparktf.training.tables.driver_tables import DriverTables
+from sparktf.training.tables.update_form import log_table_updates
+from sparktf.training.worker.single_pass import SinglePass
+from sparktf.training.worker.step import GradientClipping
+
+__all__ = ["DriverTables", "GradientClipping", "RunRequest", "RunSettings", "RunState", "SinglePass", "TrainingRun",
+           "check_labels", "check_membership", "check_optimize", "check_settings", "checked_profile_steps",
+           "compile_with_loss", "default_verbose", "evaluate_model", "find_checkpoint", "latest_checkpoint",
+           "load_checkpoint", "log_table_updates", "recompile"]

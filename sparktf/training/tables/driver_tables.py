@@ -1,0 +1,160 @@
+"""The driver's side of sharded tables: its optimizer without their optimizer state, where that optimizer state live, and the states
+it holds and checkpoints without them.
+
+The driver holds the model the user built, its full tables included, but
+never a sharded table's optimizer state: its optimizer is built without the
+sharded tables (:meth:`DriverTables.build_optimizer`), the ranks keep the
+slots in files between segments (:mod:`~sparktf.training.tables.optimizer_state_store`)
+and the driver's states and checkpoints name the folder of their iteration
+instead (``ModelState.optimizer_state_folder``). After ``optimize`` the model's optimizer
+therefore knows no sharded table: ``model.fit`` needs ``model.compile`` again
+(fresh optimizer state), while prediction, ``save`` and export need nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from sparktf.errors import ConfigurationError
+from sparktf.training.checkpoint import ModelState, checkpoint_iterations
+from sparktf.training.tables.plan import ShardPlan, ShardingRequest, embedding_layers
+from sparktf.training.tables.optimizer_state_store import prune_optimizer_state_folders, read_optimizer_state_rows, remove_temporary_root, optimizer_state_root
+from sparktf.training.tables.sharded_tables import apply_without_optimizer_state, optimizer_state_positions
+
+__all__ = ["DriverTables"]
+
+_LOG = logging.getLogger("sparktf.optimizer")  # where training tells the user what happens
+
+
+class DriverTables:
+    """One ``TFOptimizer``'s sharded tables on the driver: the plan for ``num_workers`` and the optimizer-state root folder.
+
+    Parameters
+    ----------
+    plan : ShardPlan
+        The tables sharded (none: every table replicated, and this does nothing).
+    root : str, optional
+        Where the ranks write the optimizer-state folders; None when nothing is sharded or the optimizer has no optimizer state
+        (plain SGD).
+    temporary : bool
+        ``root`` is a temporary folder, deleted with this object.
+    """
+
+    def __init__(self, plan: ShardPlan, root: Optional[str] = None, temporary: bool = False):
+        self.plan, self.root = plan, root
+        if temporary:
+            weakref.finalize(self, remove_temporary_root, root)
+
+    @classmethod
+    def of(cls, model: Any, session: Any, num_workers: int, model_dir: Optional[str],
+           sharded_tables: Any = "session") -> "DriverTables":
+        """``sharded_tables`` (by default the session's sharding settings) applied to ``model`` (see
+        ``ShardingRequest.of_keyword``), its optimizer built.
+
+        Raises
+        ------
+        ConfigurationError
+            A table cannot be sharded as asked; the optimizer has optimizer state and no folder every executor reaches
+            can hold them (no ``model_dir`` on a cluster); or the optimizer was built with a sharded table's optimizer state.
+        """
+        plan = ShardingRequest.of_keyword(sharded_tables, session).plan(model, num_workers)
+        root, temporary = None, False
+        if plan.tables and _has_optimizer_state(model.optimizer, plan.tables[0].row_shape):
+            root, temporary = optimizer_state_root(model_dir, session.master)
+        tables = cls(plan, root, temporary)
+        tables.build_optimizer(model)
+        return tables
+
+    @property
+    def optimizer_state_tables(self) -> Tuple[str, ...]:
+        """The layers whose optimizer state live in files (none without a root)."""
+        return tuple(table.layer for table in self.plan.tables) if self.root else ()
+
+    def build_optimizer(self, model: Any) -> None:
+        """Build ``model``'s optimizer for every trainable variable but the sharded tables.
+
+        Raises
+        ------
+        ConfigurationError
+            It is built already, with optimizer state of a sharded table, or without optimizer state of a variable this optimizer
+            trains replicated (an earlier ``optimize`` sharded it).
+        """
+        layers = embedding_layers(model)
+        tables = {id(layers[table.layer].embeddings) for table in self.plan.tables}
+        optimizer = model.optimizer
+        if not optimizer.built:
+            optimizer.build([v for v in model.trainable_variables if id(v) not in tables])
+            return
+        known = {id(v) for v in optimizer._trainable_variables}
+        if self.root and tables & known:
+            raise ConfigurationError(
+                f"the model's optimizer was built (by fit, or build) with optimizer state for the sharded tables "
+                f"{list(self.optimizer_state_tables)}, which the driver must not hold: compile the model again before making "
+                "the TFOptimizer, or keep the tables replicated")
+        unknown = [v.path for v in model.trainable_variables if id(v) not in known and id(v) not in tables]
+        if unknown and any(len(v.shape) for v in optimizer.variables):
+            raise ConfigurationError(
+                f"the model's optimizer has no optimizer state for {unknown} (an earlier optimize sharded them), and this "
+                "TFOptimizer trains them replicated: compile the model again (fresh optimizer state), or shard them again "
+                "(spark.sparktf.shardTables)")
+
+    def capture(self, model: Any, iteration: int, folder: Optional[str]) -> ModelState:
+        """The driver's state: ``model``'s, with ``folder``, the folder of the sharded tables' optimizer state."""
+        state = ModelState.capture(model, iteration)
+        state.optimizer_state_folder, state.optimizer_state_tables = (folder, self.optimizer_state_tables) if self.root else (None, ())
+        return state
+
+    def load(self, state: ModelState, model: Any) -> Optional[str]:
+        """Give ``model`` a checkpoint's ``state``; return the folder of the optimizer state the next segment starts from.
+
+        A checkpoint whose tables' optimizer state is in files loads into an optimizer that holds every optimizer variable (the tables
+        replicated): that optimizer state is read whole from the files.
+
+        Raises
+        ------
+        ConfigurationError
+            The checkpoint holds optimizer state this optimizer keeps in files, or keeps others than this one does.
+        StorageError
+            The checkpoint's optimizer-state files cannot be read.
+        """
+        mine = self.optimizer_state_tables
+        if set(state.optimizer_state_tables) == set(mine):
+            state.apply_to(model)
+            return state.optimizer_state_folder
+        if mine:
+            raise ConfigurationError(
+                f"the checkpoint of iteration {state.iteration} holds the optimizer state of tables "
+                f"{sorted(state.optimizer_state_tables) or 'in itself'}, but this TFOptimizer keeps those of {sorted(mine)} in "
+                "files: load it with the same sharded tables (spark.sparktf.shardTables, shardTableBytes) or with "
+                "none sharded")
+        positions = optimizer_state_positions(model, state.optimizer_state_tables)
+        apply_without_optimizer_state(state, model, positions)
+        for index, (layer, kind) in positions.items():
+            variable = model.optimizer.variables[index - len(model.weights)]
+            variable.assign(read_optimizer_state_rows(state.optimizer_state_folder, layer, 0, int(variable.shape[0]), [kind])[kind])
+        return None
+
+    def prune(self, folder: Optional[str], model_dir: Optional[str]) -> None:
+        """Delete the optimizer-state folders that neither ``folder`` (the current one) nor a checkpoint names; a failure only
+        warns (the next segment's end tries again)."""
+        if not self.root:
+            return
+        try:
+            prune_optimizer_state_folders(self.root, checkpoint_iterations(model_dir) if model_dir else (), folder)
+        except OSError as error:  # StorageError included
+            _LOG.warning("old folders of the sharded tables' optimizer state in %s could not be deleted (%s); the "
+                         "next segment's end tries again", self.root, error)
+
+
+def _has_optimizer_state(optimizer: Any, row_shape: Tuple[int, ...]) -> bool:
+    """Whether ``optimizer``'s kind keeps per-row state for a table of ``row_shape`` rows."""
+    import keras
+
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss-scaled: refused later, by name
+    probe = type(optimizer).from_config(optimizer.get_config())
+    probe.build([keras.Variable(np.zeros((1, *row_shape), np.float32))])
+    return any(len(variable.shape) for variable in probe.variables)

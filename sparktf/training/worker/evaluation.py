@@ -1,0 +1,101 @@
+"""A worker's side of distributed evaluation: one partition's metric states (see :mod:`sparktf.training.driver.evaluation`).
+
+The task streams its partition batch by batch through Keras' own ``evaluate``
+(fresh metric state, the last batch may be short) and yields the state
+variables of the model's metrics; the driver sums them over partitions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any, Iterable, Iterator, List, Optional
+
+import numpy as np
+
+from sparktf.collective.channel_client import DONE, NoHeartbeat
+from sparktf.data.batch_maps import MappedElements
+from sparktf.data.sparse import model_values
+from sparktf.errors import FailureRecord, SparkTFError
+from sparktf.training.metric_state import metric_variables
+from sparktf.training.state_source import StateSource
+
+__all__ = ["evaluate_partition", "keras_arrays", "unkeyed"]
+
+
+def evaluate_partition(
+    payload: Any,
+    state: Optional[StateSource],
+    elements: MappedElements,
+    element_structure: tuple,
+    batch_size: int,
+    gpus: Any,
+    blocks: Iterable[tuple],
+) -> Iterator[List[np.ndarray]]:
+    """One evaluation task: ``model.evaluate`` over its partition's ``blocks``, yielding its metrics' state variables.
+
+    The weights come from ``state`` (the driver's job channel or a broadcast) or the payload's own; the task
+    reports its phase and batch to the channel's heartbeat, and a sparktf error's record before it raises.
+    """
+    import keras
+    from pyspark import TaskContext
+
+    from sparktf.data.batching import inference_batches
+    from sparktf.data.specs import pack
+    from sparktf.models.cache import batch_mapper, load_cached
+    from sparktf.spark.task_devices import prepare_tensorflow_task
+
+    partition = TaskContext.get().partitionId()
+    heartbeat = state.heartbeat(partition) if state is not None else NoHeartbeat()
+    try:
+        prepare_tensorflow_task(gpus)  # reported: starting TensorFlow's devices may take seconds
+        heartbeat.phase = "data"
+        batches = inference_batches(blocks, batch_size)  # one batch in memory at a time
+        first = next(batches, None)
+        totals = None
+        if first is not None:
+            heartbeat.phase = "model_load"
+            model = load_cached(payload)
+            if state is not None:
+                heartbeat.phase = "state_fetch"
+                state.fetch(partition).apply_to(model)
+            heartbeat.phase = "evaluate"
+            mapped = batch_mapper(elements, model)
+            # lists as tuples: tf.data (under Keras' generator input) takes a list for one tensor, so a
+            # list of feature columns (a multi-input model) would fail to build the input signature
+            inputs = (keras.tree.lists_to_tuples(pack(element_structure, keras_arrays(mapped(arrays),
+                                                                                       element_structure)))
+                      for arrays in itertools.chain([first], batches))
+            count_batches = keras.callbacks.LambdaCallback(
+                on_test_batch_end=lambda batch, logs: setattr(heartbeat, "iteration", batch + 1))
+            with warnings.catch_warnings():  # a generator's end is how Keras learns the number of batches
+                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                # Keras' own evaluate: a Keras Hub task's would preprocess the batches again
+                keras.Model.evaluate(model, inputs, verbose=0, callbacks=[count_batches])
+            totals = [np.array(v) for v in metric_variables(model.metrics)]
+    except SparkTFError as error:  # sparktf's own error (bad data, a store): its record reaches the driver first
+        heartbeat.stop(failure=FailureRecord.of(error, shard=partition))
+        raise
+    except BaseException:
+        heartbeat.stop()
+        raise
+    heartbeat.stop(DONE)
+    if totals is not None:
+        yield totals
+
+
+def unkeyed(task: Any, blocks: Iterable[tuple]) -> Any:
+    """``task`` over keyed Blocks without their keys (the order of records does not change metrics)."""
+    return task(block[1:] for block in blocks)
+
+
+def keras_arrays(leaves: List[np.ndarray], element_structure: tuple) -> list:
+    """The leaves as Keras' fit/evaluate take them: string (object) arrays as ``tf.string`` tensors, sparse ones
+    (:func:`~sparktf.data.sparse.model_values`) as their specs say."""
+    import tensorflow as tf
+
+    from sparktf.data.specs import flatten
+
+    leaves = model_values(flatten(element_structure), leaves)
+    return [tf.constant(leaf, tf.string) if getattr(leaf, "dtype", None) == np.dtype(object) else leaf
+            for leaf in leaves]
