@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.data.batch_maps import MappedElements
-from sparktf.errors import ConfigurationError
 from sparktf.data.specs import leaf_specs
+from sparktf.errors import ConfigurationError
 from sparktf.inference.feeds import feature_leaves, keras_feed
-from sparktf.spark.resources import ResourceProfileLike, stage_profile
+from sparktf.models.rebuild_check import check_rebuildable
 from sparktf.spark.calls import call_scope
+from sparktf.spark.resources import ResourceProfileLike, stage_profile
 from sparktf.streaming.stream_dataset import resolved_for
 from sparktf.summary import TrainSummary, ValidationSummary
-from sparktf.models.rebuild_check import check_rebuildable
 from sparktf.training.driver import (DriverTables, GradientClipping, RunRequest, RunSettings, RunState, TrainingRun,
                                      check_labels, check_membership, check_optimize, check_settings,
                                      checked_profile_steps, compile_with_loss, default_verbose, evaluate_model,

@@ -98,7 +98,8 @@ def violations(source: str, importer: str, is_package: bool = False):
         source_layer, target_layer = LAYERS[source_unit], LAYERS[target_unit]
         if target_unit == source_unit or source_layer == target_layer == PUBLIC_LAYER:
             continue
-        if int(target_layer) < int(source_layer) or (target_layer < source_layer and _family(target_unit) == _family(source_unit)):
+        same_family = _family(target_unit) == _family(source_unit)
+        if int(target_layer) < int(source_layer) or (target_layer < source_layer and same_family):
             continue
         found.append(f"line {line}: {importer} (layer {source_layer}) imports {imported} (layer {target_layer})")
     return found

@@ -12,9 +12,10 @@ import pytest
 
 from sparktf.errors import ConfigurationError, StorageError
 from sparktf.training.checkpoint import ModelState, checkpoint_path, load_checkpoint, write_checkpoint
+from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, optimizer_state_root,
+                                                           prune_optimizer_state_folders, read_optimizer_state_rows,
+                                                           write_optimizer_state_rows)
 from sparktf.training.tables.plan import ShardedTable, ShardPlan
-from sparktf.training.tables.optimizer_state_store import prune_optimizer_state_folders, read_optimizer_state_rows, optimizer_state_folder, optimizer_state_root, \
-    write_optimizer_state_rows
 
 from test_shard_plan import recommender
 

@@ -60,8 +60,8 @@ def train_ranks(rank, peers, listener, secret):
     from sparktf.training.checkpoint import ModelState
     from sparktf.training.worker.gradient_exchange import GradientExchange
     from sparktf.training.tables.plan import ShardPlan
-    from sparktf.training.tables.sharded_tables import (RankShards, apply_start_state, optimizer_state_positions, state_rows,
-                                                  working_model)
+    from sparktf.training.tables.sharded_tables import (RankShards, apply_start_state, optimizer_state_positions,
+                                                        state_rows, working_model)
     from sparktf.training.state_source import rank_upload
     from sparktf.training.worker.step import TrainStep
 
@@ -288,8 +288,8 @@ def test_a_shards_optimizer_takes_the_learning_rate_and_iterations_the_start_sta
     from sparktf.models.payload import ModelPayload
     from sparktf.training.checkpoint import ModelState
     from sparktf.training.tables.plan import ShardPlan
-    from sparktf.training.tables.sharded_tables import (RankShards, apply_start_state, optimizer_state_positions, state_rows,
-                                                  working_model)
+    from sparktf.training.tables.sharded_tables import (RankShards, apply_start_state, optimizer_state_positions,
+                                                        state_rows, working_model)
 
     model = _model("adam")  # a learning rate of 0.05 in the payload
     model.optimizer.build(model.trainable_variables)

@@ -480,7 +480,8 @@ def test_files_opened_early_are_taken_over_at_most_max_early_kept_and_dropped_wh
 
 def test_the_sharded_tables_slots_travel_through_an_object_store(s3_driver):
     """Two ranks write their rows of a slot to S3; one reads the whole table back; pruning removes an old folder."""
-    from sparktf.training.tables.optimizer_state_store import prune_optimizer_state_folders, read_optimizer_state_rows, optimizer_state_folder, write_optimizer_state_rows
+    from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, prune_optimizer_state_folders,
+                                                               read_optimizer_state_rows, write_optimizer_state_rows)
 
     root = "s3://sparktf-faults/run/tables"
     velocity = np.arange(14, dtype=np.float32).reshape(7, 2)

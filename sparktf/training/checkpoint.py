@@ -24,7 +24,8 @@ from sparktf.models.layer_state import weights_assigned
 from sparktf.storage import join, local_copy, scheme_of, store_for
 from sparktf.storage.uri import split
 
-__all__ = ["ModelState", "RowRanges", "checkpoint_iterations", "checkpoint_path", "latest_checkpoint", "find_checkpoint", "save_checkpoint",
+__all__ = ["ModelState", "RowRanges", "checkpoint_iterations", "checkpoint_path", "latest_checkpoint",
+           "find_checkpoint", "save_checkpoint",
            "write_checkpoint", "prune_checkpoints", "load_checkpoint"]
 
 #: Rows ``(start, end)`` of some of a state's arrays, by index among ``weights + optimizer_variables``: a sharded
@@ -209,14 +210,15 @@ def write_checkpoint(state: ModelState, model_dir: str) -> str:
     path = checkpoint_path(model_dir, state.iteration)
     arrays = {f"w{i}": w for i, w in enumerate(state.weights)}
     arrays.update({f"o{i}": o for i, o in enumerate(state.optimizer_variables)})
+    folder = state.optimizer_state_folder
     with store.atomic_file(path) as local:
         with open(local, "wb") as handle:
             np.savez(
                 handle,
                 iteration=np.int64(state.iteration),
                 counts=np.array([len(state.weights), len(state.optimizer_variables)]),
-                slots=np.array(_relative(state.optimizer_state_folder, model_dir) if state.optimizer_state_folder else ""),
-                optimizer_state_tables=np.array(list(state.optimizer_state_tables), dtype=str),
+                slots=np.array(_relative(folder, model_dir) if folder else ""),
+                slot_tables=np.array(list(state.optimizer_state_tables), dtype=str),  # the file format's names
                 stream_query=np.array(state.stream[0] if state.stream else ""),
                 stream_batch=np.int64(state.stream[1] if state.stream else -1),
                 **arrays,
@@ -247,8 +249,9 @@ def load_checkpoint(path: str) -> ModelState:
             [data[f"w{i}"] for i in range(num_weights)],
             [data[f"o{i}"] for i in range(num_optimizer)],
             int(data["iteration"]),
-            (folder if scheme_of(folder) or os.path.isabs(folder) else join(split(path)[0], folder)) if folder else None,
-            tuple(str(name) for name in data["optimizer_state_tables"]) if "optimizer_state_tables" in data.files else (),
+            (folder if scheme_of(folder) or os.path.isabs(folder) else join(split(path)[0], folder)) if folder
+            else None,
+            tuple(str(name) for name in data["slot_tables"]) if "slot_tables" in data.files else (),
             _stream_of(data),
         )
 

@@ -23,21 +23,21 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from sparktf.data.batch_maps import MappedElements
 from sparktf.data.sparse import model_structure
 from sparktf.errors import DataError
-from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.calls import call_scope, current_label
+from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.task_devices import gpu_plan
+from sparktf.training.checkpoint import ModelState
 from sparktf.training.driver.anatomy import CallAnatomy, Straggler
 from sparktf.training.driver.callbacks import DriverCallbacks
-from sparktf.training.checkpoint import ModelState
-from sparktf.training.tables.driver_tables import DriverTables
-from sparktf.training.tables.plan import ShardPlan, check_trainable
 from sparktf.training.driver.checkpoint_writer import CheckpointWriter
 from sparktf.training.driver.evaluation import evaluate_blocks
 from sparktf.training.driver.inputs import WorkerInputs
-from sparktf.training.worker.loop import SegmentResult, SegmentSpec
 from sparktf.training.driver.membership import Membership
 from sparktf.training.driver.segment_job import SegmentRunner
 from sparktf.training.driver.segment_records import record_segment, record_validation
+from sparktf.training.tables.driver_tables import DriverTables
+from sparktf.training.tables.plan import ShardPlan, check_trainable
+from sparktf.training.worker.loop import SegmentResult, SegmentSpec
 from sparktf.training.worker.single_pass import SinglePass
 from sparktf.training.worker.step import GradientClipping
 from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr
@@ -265,7 +265,8 @@ class TrainingRun:
                            maps=elements, gradient_compression=settings.gradient_compression,
                            gpus=gpu_plan(settings.session.conf, settings.resource_profile),
                            metric_state=self._state.metric_state, class_weight=request.class_weight,
-                           sharding=sharding, optimizer_state_root=settings.tables.root, single_pass=request.single_pass,
+                           sharding=sharding, optimizer_state_root=settings.tables.root,
+                           single_pass=request.single_pass,
                            profile_steps=request.profile_steps)
         def on_reports(reports: Dict[int, Any]) -> None:
             driver.report(reports)

@@ -34,13 +34,13 @@ from sparktf.collective import JobChannel
 from sparktf.errors import SparkTFError, TrainingError
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
-from sparktf.training.worker.failures import relaunch_helps
 from sparktf.training.driver.inputs import WorkerInputs
+from sparktf.training.driver.membership import Membership
+from sparktf.training.driver.watchdog import JobWatchdog
+from sparktf.training.state_source import joined_uploads
+from sparktf.training.worker.failures import relaunch_helps
 from sparktf.training.worker.loop import SegmentResult, SegmentSpec, run_segment
 from sparktf.training.worker.step_clock import RankAnatomy
-from sparktf.training.driver.membership import Membership
-from sparktf.training.state_source import joined_uploads
-from sparktf.training.driver.watchdog import JobWatchdog
 from sparktf.triggers import EveryEpoch, TriggerOr
 
 __all__ = ["SegmentRunner", "run_segment_job", "job_channel"]

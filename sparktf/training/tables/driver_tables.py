@@ -1,5 +1,5 @@
-"""The driver's side of sharded tables: its optimizer without their optimizer state, where that optimizer state live, and the states
-it holds and checkpoints without them.
+"""The driver's side of sharded tables: its optimizer without their optimizer state, where that optimizer state
+lives, and the states it holds and checkpoints without them.
 
 The driver holds the model the user built, its full tables included, but
 never a sharded table's optimizer state: its optimizer is built without the
@@ -21,8 +21,9 @@ import numpy as np
 
 from sparktf.errors import ConfigurationError
 from sparktf.training.checkpoint import ModelState, checkpoint_iterations
+from sparktf.training.tables.optimizer_state_store import (optimizer_state_root, prune_optimizer_state_folders,
+                                                           read_optimizer_state_rows, remove_temporary_root)
 from sparktf.training.tables.plan import ShardPlan, ShardingRequest, embedding_layers
-from sparktf.training.tables.optimizer_state_store import prune_optimizer_state_folders, read_optimizer_state_rows, remove_temporary_root, optimizer_state_root
 from sparktf.training.tables.sharded_tables import apply_without_optimizer_state, optimizer_state_positions
 
 __all__ = ["DriverTables"]
@@ -31,14 +32,16 @@ _LOG = logging.getLogger("sparktf.optimizer")  # where training tells the user w
 
 
 class DriverTables:
-    """One ``TFOptimizer``'s sharded tables on the driver: the plan for ``num_workers`` and the optimizer-state root folder.
+    """One ``TFOptimizer``'s sharded tables on the driver: the plan for ``num_workers`` and the optimizer-state root
+    folder.
 
     Parameters
     ----------
     plan : ShardPlan
         The tables sharded (none: every table replicated, and this does nothing).
     root : str, optional
-        Where the ranks write the optimizer-state folders; None when nothing is sharded or the optimizer has no optimizer state
+        Where the ranks write the optimizer-state folders; None when nothing is sharded or the optimizer has no
+        optimizer state
         (plain SGD).
     temporary : bool
         ``root`` is a temporary folder, deleted with this object.
@@ -59,7 +62,8 @@ class DriverTables:
         ------
         ConfigurationError
             A table cannot be sharded as asked; the optimizer has optimizer state and no folder every executor reaches
-            can hold them (no ``model_dir`` on a cluster); or the optimizer was built with a sharded table's optimizer state.
+            can hold them (no ``model_dir`` on a cluster); or the optimizer was built with a sharded table's optimizer
+            state.
         """
         plan = ShardingRequest.of_keyword(sharded_tables, session).plan(model, num_workers)
         root, temporary = None, False
@@ -80,8 +84,8 @@ class DriverTables:
         Raises
         ------
         ConfigurationError
-            It is built already, with optimizer state of a sharded table, or without optimizer state of a variable this optimizer
-            trains replicated (an earlier ``optimize`` sharded it).
+            It is built already, with optimizer state of a sharded table, or without optimizer state of a variable
+            this optimizer trains replicated (an earlier ``optimize`` sharded it).
         """
         layers = embedding_layers(model)
         tables = {id(layers[table.layer].embeddings) for table in self.plan.tables}
@@ -93,26 +97,29 @@ class DriverTables:
         if self.root and tables & known:
             raise ConfigurationError(
                 f"the model's optimizer was built (by fit, or build) with optimizer state for the sharded tables "
-                f"{list(self.optimizer_state_tables)}, which the driver must not hold: compile the model again before making "
+                f"{list(self.optimizer_state_tables)}, which the driver must not hold: compile the model again before "
+                "making "
                 "the TFOptimizer, or keep the tables replicated")
         unknown = [v.path for v in model.trainable_variables if id(v) not in known and id(v) not in tables]
         if unknown and any(len(v.shape) for v in optimizer.variables):
             raise ConfigurationError(
-                f"the model's optimizer has no optimizer state for {unknown} (an earlier optimize sharded them), and this "
-                "TFOptimizer trains them replicated: compile the model again (fresh optimizer state), or shard them again "
-                "(spark.sparktf.shardTables)")
+                f"the model's optimizer has no optimizer state for {unknown} (an earlier optimize sharded them), and "
+                "this TFOptimizer trains them replicated: compile the model again (fresh optimizer state), or shard "
+                "them again (spark.sparktf.shardTables)")
 
     def capture(self, model: Any, iteration: int, folder: Optional[str]) -> ModelState:
         """The driver's state: ``model``'s, with ``folder``, the folder of the sharded tables' optimizer state."""
         state = ModelState.capture(model, iteration)
-        state.optimizer_state_folder, state.optimizer_state_tables = (folder, self.optimizer_state_tables) if self.root else (None, ())
+        if self.root:
+            state.optimizer_state_folder, state.optimizer_state_tables = folder, self.optimizer_state_tables
         return state
 
     def load(self, state: ModelState, model: Any) -> Optional[str]:
-        """Give ``model`` a checkpoint's ``state``; return the folder of the optimizer state the next segment starts from.
+        """Give ``model`` a checkpoint's ``state``; return the folder of the optimizer state the next segment starts
+        from.
 
-        A checkpoint whose tables' optimizer state is in files loads into an optimizer that holds every optimizer variable (the tables
-        replicated): that optimizer state is read whole from the files.
+        A checkpoint whose tables' optimizer state is in files loads into an optimizer that holds every optimizer
+        variable (the tables replicated): that optimizer state is read whole from the files.
 
         Raises
         ------
@@ -128,18 +135,21 @@ class DriverTables:
         if mine:
             raise ConfigurationError(
                 f"the checkpoint of iteration {state.iteration} holds the optimizer state of tables "
-                f"{sorted(state.optimizer_state_tables) or 'in itself'}, but this TFOptimizer keeps those of {sorted(mine)} in "
+                f"{sorted(state.optimizer_state_tables) or 'in itself'}, but this TFOptimizer keeps those of "
+                f"{sorted(mine)} in "
                 "files: load it with the same sharded tables (spark.sparktf.shardTables, shardTableBytes) or with "
                 "none sharded")
         positions = optimizer_state_positions(model, state.optimizer_state_tables)
         apply_without_optimizer_state(state, model, positions)
         for index, (layer, kind) in positions.items():
             variable = model.optimizer.variables[index - len(model.weights)]
-            variable.assign(read_optimizer_state_rows(state.optimizer_state_folder, layer, 0, int(variable.shape[0]), [kind])[kind])
+            rows = read_optimizer_state_rows(state.optimizer_state_folder, layer, 0, int(variable.shape[0]), [kind])
+            variable.assign(rows[kind])
         return None
 
     def prune(self, folder: Optional[str], model_dir: Optional[str]) -> None:
-        """Delete the optimizer-state folders that neither ``folder`` (the current one) nor a checkpoint names; a failure only
+        """Delete the optimizer-state folders that neither ``folder`` (the current one) nor a checkpoint names; a
+        failure only
         warns (the next segment's end tries again)."""
         if not self.root:
             return

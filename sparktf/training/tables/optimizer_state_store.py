@@ -25,8 +25,8 @@ import numpy as np
 from sparktf.errors import ConfigurationError, StorageError
 from sparktf.storage import join, local_copy, store_for
 
-__all__ = ["optimizer_state_folder", "optimizer_state_root", "write_optimizer_state_rows", "read_optimizer_state_rows", "prune_optimizer_state_folders",
-           "remove_temporary_root"]
+__all__ = ["optimizer_state_folder", "optimizer_state_root", "write_optimizer_state_rows", "read_optimizer_state_rows",
+           "prune_optimizer_state_folders", "remove_temporary_root"]
 
 _FILE_RE = re.compile(r"^(?P<kind>[^.]+)\.(?P<start>\d+)-(?P<end>\d+)\.npy$")
 _FOLDER_RE = re.compile(r"^slots-(?P<iteration>\d+)-[0-9a-f]+$")
@@ -59,7 +59,8 @@ def remove_temporary_root(root: str) -> None:
 
 
 def optimizer_state_folder(root: str, iteration: int, launch_secret: bytes) -> str:
-    """The folder of the optimizer state the ranks of the launch of ``launch_secret`` write at ``iteration`` (a relaunch never
+    """The folder of the optimizer state the ranks of the launch of ``launch_secret`` write at ``iteration`` (a
+    relaunch never
     writes into a failed launch's folder; the name does not tell the secret)."""
     return join(root, f"slots-{int(iteration)}-{hashlib.sha256(launch_secret).hexdigest()[:12]}")
 
@@ -78,7 +79,8 @@ def write_optimizer_state_rows(folder: str, layer: str, start: int, end: int, st
             np.save(handle, np.ascontiguousarray(rows))
 
 
-def read_optimizer_state_rows(folder: str, layer: str, start: int, end: int, kinds: Sequence[str]) -> Dict[str, np.ndarray]:
+def read_optimizer_state_rows(folder: str, layer: str, start: int, end: int,
+                              kinds: Sequence[str]) -> Dict[str, np.ndarray]:
     """Rows ``[start, end)`` of ``layer``'s optimizer state of ``kinds``, from the files that hold them.
 
     Raises
@@ -104,7 +106,8 @@ def read_optimizer_state_rows(folder: str, layer: str, start: int, end: int, kin
             covered = max(covered, piece_end)
         if covered < end:
             raise StorageError(
-                f"the optimizer variable {kind!r} of sharded table {layer!r} lacks rows [{covered}, {end}) in {directory!r} "
+                f"the optimizer variable {kind!r} of sharded table {layer!r} lacks rows [{covered}, {end}) in "
+                f"{directory!r} "
                 f"(found rows {[(s, e) for s, e, _ in pieces]}): the folder must be one every executor and the driver "
                 "read and write (model_dir on HDFS, S3 or a shared file system), and its files must not be removed "
                 "while training or resuming needs them", path=directory)
@@ -121,7 +124,8 @@ def read_optimizer_state_rows(folder: str, layer: str, start: int, end: int, kin
 
 
 def prune_optimizer_state_folders(root: str, keep_iterations: Iterable[int], keep_folder: Optional[str]) -> None:
-    """Delete ``root``'s optimizer-state folders but ``keep_folder`` and those of ``keep_iterations`` (the checkpoints')."""
+    """Delete ``root``'s optimizer-state folders but ``keep_folder`` and those of ``keep_iterations`` (the
+    checkpoints')."""
     store = store_for(root, "the sharded tables' optimizer-state folder")
     if not store.exists(root):
         return

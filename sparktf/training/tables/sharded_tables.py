@@ -39,15 +39,16 @@ import tensorflow as tf
 from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
-from sparktf.training.tables.row_sums import merge_rows
 from sparktf.training.tables.lookups import input_names
+from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, read_optimizer_state_rows,
+                                                           write_optimizer_state_rows)
 from sparktf.training.tables.plan import ShardedTable, ShardPlan, embedding_layers
-from sparktf.training.tables.optimizer_state_store import read_optimizer_state_rows, optimizer_state_folder, write_optimizer_state_rows
+from sparktf.training.tables.row_sums import merge_rows
 from sparktf.training.tables.sparse_kernels import apply_rows
 from sparktf.training.tables.update_form import update_form
 
-__all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_optimizer_state", "optimizer_state_positions", "state_rows", "working_features",
-           "working_model"]
+__all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_optimizer_state",
+           "optimizer_state_positions", "state_rows", "working_features", "working_model"]
 
 #: Per sharded layer: the rank's rows of its table, from the segment's start state.
 HeldTables = Dict[str, np.ndarray]
@@ -110,8 +111,10 @@ def optimizer_state_positions(model: Any, layers: Sequence[str]) -> Dict[int, Tu
 
 def apply_without_optimizer_state(state: ModelState, model: Any, positions: Dict[int, Tuple[str, str]],
                         keep: frozenset = frozenset()) -> Dict[int, np.ndarray]:
-    """Assign a ``state`` without the optimizer state at ``positions`` (:func:`optimizer_state_positions`: the driver's) to
-    ``model``, whose optimizer has them: that optimizer state are left as they are, and so are the variables whose ``id``
+    """Assign a ``state`` without the optimizer state at ``positions`` (:func:`optimizer_state_positions`: the
+    driver's) to
+    ``model``, whose optimizer has them: that optimizer state is left as they are, and so are the variables whose
+    ``id``
     is in ``keep``, whose values are returned by ``id`` (``ModelState.apply_to``)."""
     offset = len(model.weights)
     table_state = frozenset(id(model.optimizer.variables[index - offset]) for index in positions)
@@ -123,8 +126,8 @@ def apply_start_state(state: ModelState, model: Any, plan: ShardPlan) -> HeldTab
     :func:`state_rows` says, and without their optimizer state) to the working ``model``, but for those rows, which are
     returned (:meth:`RankShards.start` keeps them)."""
     working = _working_variables(model, plan)
-    kept = apply_without_optimizer_state(state, model, optimizer_state_positions(model, [table.layer for table in plan.tables]),
-                               frozenset(working))
+    positions = optimizer_state_positions(model, [table.layer for table in plan.tables])
+    kept = apply_without_optimizer_state(state, model, positions, frozenset(working))
     return {layer: kept[variable] for variable, layer in working.items()}
 
 
@@ -183,8 +186,8 @@ class RankShards:
             count = shard.table.rows_per_rank
             shard.rows.assign(_padded(held[shard.table.layer], count))
             variables = _row_state_variables(shard.optimizer, shard.rows)
-            stored = read_optimizer_state_rows(folder, shard.table.layer, shard.start, shard.end, sorted(variables)) if (
-                folder and shard.end > shard.start) else {}
+            stored = read_optimizer_state_rows(folder, shard.table.layer, shard.start, shard.end,
+                                               sorted(variables)) if folder and shard.end > shard.start else {}
             for kind, state_variable in variables.items():
                 state_variable.assign(_padded(stored[kind], count) if kind in stored else
                             np.broadcast_to(shard.initial[kind], (count, *shard.table.row_shape)))
@@ -327,7 +330,8 @@ def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
             optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
             optimizer.build([rows])
             form = update_form(optimizer)
-            initial = {kind: np.asarray(slot.value[0], np.float32) for kind, slot in _row_state_variables(optimizer, rows).items()}
+            initial = {kind: np.asarray(variable.value[0], np.float32)
+                       for kind, variable in _row_state_variables(optimizer, rows).items()}
             kept[key] = (rows, optimizer, _update_function(optimizer, rows, form), _gather_function(rows, form),
                          initial)
         shards.append(_Shard(table, working, trainable[id(working)], start, end, *kept[key]))

@@ -26,8 +26,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from sparktf.data.specs import flatten, pack
 from sparktf.data.sample_weights import check_weights
+from sparktf.data.specs import flatten, pack
 from sparktf.errors import DataError
 
 __all__ = ["ClassWeights", "class_weights", "batch_parts"]

@@ -1,4 +1,5 @@
-"""A worker's side of distributed evaluation: one partition's metric states (see :mod:`sparktf.training.driver.evaluation`).
+"""A worker's side of distributed evaluation: one partition's metric states (see
+:mod:`sparktf.training.driver.evaluation`).
 
 The task streams its partition batch by batch through Keras' own ``evaluate``
 (fresh metric state, the last batch may be short) and yields the state

@@ -30,23 +30,23 @@ from sparktf.data.batch_maps import MappedElements
 from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.sparse import model_values
 from sparktf.data.specs import flatten
+from sparktf.errors import CollectiveError, DataError, FailureRecord, InternalError, ModelError, StorageError
 from sparktf.models.cache import batch_mapper, cached, load_cached
 from sparktf.models.payload import ModelPayload, payload_key
-from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
-from sparktf.errors import CollectiveError, DataError, FailureRecord, InternalError, ModelError, StorageError
-from sparktf.training.worker.failures import classified_failures
+from sparktf.spark.worker_gc import freeze_alive
+from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.state_source import StateSource
 from sparktf.training.tables.plan import ShardPlan
-from sparktf.training.tables.sharded_tables import (HeldTables, RankShards, apply_start_state, state_rows, working_features,
-                                              working_model)
+from sparktf.training.tables.sharded_tables import (HeldTables, RankShards, apply_start_state, state_rows,
+                                                    working_features, working_model)
+from sparktf.training.worker.class_weights import ClassWeights, batch_parts
+from sparktf.training.worker.failures import classified_failures
 from sparktf.training.worker.gradient_exchange import GradientExchange, Traffic
 from sparktf.training.worker.single_pass import SinglePass
 from sparktf.training.worker.step import GradientClipping, TrainStep
 from sparktf.training.worker.step_clock import PhaseClock, RankAnatomy
-from sparktf.training.worker.class_weights import ClassWeights, batch_parts
 from sparktf.triggers import TrainingProgress, Trigger
-from sparktf.spark.worker_gc import freeze_alive
 
 __all__ = ["SegmentSpec", "SegmentResult", "run_segment"]
 
@@ -401,7 +401,8 @@ def _prepared_step(
 
 def _rank_shards(plan: ShardPlan, held: Tuple[HeldTables, Optional[str]], kept: Optional[dict], step: TrainStep,
                  rank: int, communicator: Any) -> Optional[RankShards]:
-    """This rank's shards of the plan's tables (None: none), holding its share of the start state and its optimizer state."""
+    """This rank's shards of the plan's tables (None: none), holding its share of the start state and its optimizer
+    state."""
     step.sharded = frozenset()
     if not plan.tables:
         return None
@@ -420,7 +421,8 @@ def _final_state(spec: SegmentSpec, step: TrainStep, shards: Optional[RankShards
                  rank: int) -> Tuple[Optional[ModelState], RowRanges]:
     """What the rank hands back and the rows of it that are its share of the sharded tables (None: nothing).
 
-    Rank 0 hands back the model's state. With sharded tables, every rank writes its rows of their optimizer state to a new
+    Rank 0 hands back the model's state. With sharded tables, every rank writes its rows of their optimizer state to a
+    new
     folder (the state names it) and hands back its rows of them, which the job channel joins; without a channel,
     the ranks gather them through the ring for rank 0's.
     """

@@ -36,13 +36,13 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.errors import InternalError
-from sparktf.training.tables.compiled_update import CompiledUpdate, lowers_to_hlo
-from sparktf.training.worker.failures import exchange_failure
-from sparktf.training.worker.gradient_exchange import ExchangedParts, GradientExchange, GradientLayout
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
+from sparktf.training.tables.compiled_update import CompiledUpdate, lowers_to_hlo
 from sparktf.training.tables.sparse_kernels import apply_rows
 from sparktf.training.tables.update_form import update_form
+from sparktf.training.worker.failures import exchange_failure
+from sparktf.training.worker.gradient_exchange import ExchangedParts, GradientExchange, GradientLayout
 
 __all__ = ["GradientClipping", "StepResult", "TrainStep"]
 
