@@ -5,8 +5,8 @@ driver's evaluation; ``segment_job``: one segment's barrier job and its relaunch
 ``membership``: the workers of a call, elastic ones included; ``watchdog``:
 the job channel's reports, stalls and failures; ``preflight``: the checks
 before any job; ``checkpoint_writer``: checkpoints written beside training;
-``callbacks`` and ``anatomy``: what a call reports (Keras callbacks, progress,
-stragglers); ``evaluation``: record-weighted evaluation as a job; ``inputs``:
+``callbacks``, ``progress`` and ``anatomy``: what a call reports (Keras
+callbacks, the progress display, stragglers); ``evaluation``: record-weighted evaluation as a job; ``inputs``:
 a call's training layout of the data.
 
 This package is the only part of :mod:`sparktf.training` the public modules

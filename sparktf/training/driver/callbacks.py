@@ -1,4 +1,4 @@
-"""Keras callbacks and live progress on the driver while barrier tasks train.
+"""Keras callbacks on the driver while barrier tasks train.
 
 :class:`DriverCallbacks` runs standard ``keras.callbacks`` (and user
 subclasses) on the driver with Keras' own hook names and ``logs``:
@@ -27,13 +27,9 @@ the display prints a line whenever the count changes.
 callback makes to the model or its optimizer (the learning rate is an
 optimizer variable) reach the workers with the next segment's state.
 
-The same object shows progress: ``verbose=1`` a ``keras.utils.Progbar`` per
-epoch fed by rank 0's reports (iteration in the epoch, running mean loss,
-records/s, ETA), ``verbose=2`` one line per epoch; each epoch is also logged
-on the ``sparktf.optimizer`` logger. A labelled call (one of several running
-from threads of the driver: model selection) shows no bar: one line per epoch,
-``[label] Epoch 2/5 - 1.3s - loss: ...``, written whole, so the lines of
-concurrent calls never interleave.
+The same events feed the call's progress display
+(:class:`~sparktf.training.driver.progress.ProgressDisplay`); each epoch is
+also logged on the ``sparktf.optimizer`` logger.
 """
 
 from __future__ import annotations
@@ -47,6 +43,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from sparktf.errors import DataError
+from sparktf.training.driver.progress import ProgressDisplay
 from sparktf.triggers import TrainingProgress
 
 __all__ = ["DriverCallbacks", "default_verbose", "UNSUPPORTED_CALLBACKS"]
@@ -77,7 +74,7 @@ def _in_notebook() -> bool:
 
 
 class DriverCallbacks:
-    """The Keras callbacks and the progress display of one ``optimize`` call.
+    """The Keras callbacks of one ``optimize`` call, and the events its progress display shows.
 
     Parameters
     ----------
@@ -130,16 +127,13 @@ class DriverCallbacks:
             list(callbacks) + [history], model=model, verbose=verbose, epochs=epochs, steps=iterations_per_epoch
         )
         self._model = model
-        self._verbose = verbose
+        self._display = ProgressDisplay(verbose, iterations_per_epoch, epochs, label)
         self._per_epoch = iterations_per_epoch
         self._global_batch = global_batch
-        self._epochs = epochs
         self._epoch: Optional[int] = None
         self._epoch_start = 0
-        self._shown_epoch = -1
         self._epoch_losses: List[float] = []
         self._epoch_seconds = 0.0
-        self._progbar: Any = None
         self._reported = 0
         self._delivered = 0  # the last iteration on_train_batch_end was called for
         self._lock = threading.Lock()  # reports arrive on the watchdog's thread
@@ -148,9 +142,6 @@ class DriverCallbacks:
         self._num_workers = num_workers
         self._workers: Optional[int] = None  # of the last launch
         self._epoch_workers: Optional[int] = None  # the fewest in the open epoch
-        self._metric_names: set = set()  # running epoch values: shown as they are, not averaged again
-        self._label = label
-        self._bar = verbose == 1 and label is None  # a live Progbar
 
     # ------------------------------------------------------------------ optimize's hooks
 
@@ -170,8 +161,8 @@ class DriverCallbacks:
         if self._num_workers is None:
             return
         changed = workers != self._workers if self._workers is not None else workers < self._num_workers
-        if changed and self._verbose:
-            self._say(f"continuing on {workers} of {self._num_workers} workers from iteration {iteration + 1}")
+        if changed:
+            self._display.say(f"continuing on {workers} of {self._num_workers} workers from iteration {iteration + 1}")
         self._workers = workers
 
     def report(self, reports: Dict[int, Any]) -> None:
@@ -179,7 +170,7 @@ class DriverCallbacks:
 
         Its ``batches`` (the values of the iterations since its previous
         report) go to ``on_train_batch_end`` in order; the progress display
-        shows where it is.
+        shows where rank 0 is.
         """
         latest = reports.get(0)
         if latest is None:
@@ -197,25 +188,15 @@ class DriverCallbacks:
         iteration, mark = self._rate_mark
         now = time.monotonic()
         step_seconds = max(now - mark, 1e-9) / (latest.iteration - iteration)
-        rate = self._global_batch / step_seconds
         self._rate_mark = (latest.iteration, now)
-        epoch, in_epoch = divmod(latest.iteration - 1, self._per_epoch)
-        if self._bar:
-            while self._shown_epoch < epoch:  # the segment went on into the next epoch
-                self._progbar.update(self._per_epoch, finalize=True)
-                done = self._per_epoch if self._shown_epoch + 1 < epoch else in_epoch + 1
-                self._show_epoch(self._shown_epoch + 1, 0, seconds_ago=done * step_seconds)
-            metrics = [(name, value) for name, value in shown.items() if name != "loss"]
-            self._metric_names.update(name for name, _ in metrics)
-            self._progbar.stateful_metrics.update(self._metric_names)
-            self._progbar.update(in_epoch + 1, [("loss", latest.loss), *metrics, ("records/s", rate)])
+        metrics = [(name, value) for name, value in shown.items() if name != "loss"]
+        self._display.live(latest.iteration, latest.loss, metrics, self._global_batch / step_seconds)
 
     def straggler(self, straggler: Any) -> None:
         """A rank was named a straggler (see :class:`sparktf.training.driver.anatomy.Straggler`): one line, below the
         bar (called from the watchdog's thread, or after a segment)."""
-        if self._verbose:
-            with self._lock:
-                self._say(f"{chr(10) if self._bar else ''}straggler: {straggler.describe()}")
+        with self._lock:
+            self._display.say(f"straggler: {straggler.describe()}", below_bar=True)
 
     def segment_ends(self, first_iteration: int, losses: Sequence[float], step_seconds: Sequence[float],
                      progress: TrainingProgress, validation: Optional[Dict[str, float]],
@@ -228,7 +209,7 @@ class DriverCallbacks:
         callback set ``model.stop_training``.
         """
         metrics = metrics or {}
-        self._metric_names.update(metrics)
+        self._display.metrics(metrics)
         for offset, (loss, seconds) in enumerate(zip(losses, step_seconds)):
             if workers is not None:
                 self._epoch_workers = min(workers, self._epoch_workers or workers)
@@ -247,8 +228,8 @@ class DriverCallbacks:
         return bool(getattr(self._model, "stop_training", False))
 
     def train_end(self) -> None:
-        if self._bar and self._epoch is not None and self._epoch_losses:
-            self._progbar.update(len(self._epoch_losses) + self._epoch_start, finalize=True)
+        open_epoch = self._epoch is not None and self._epoch_losses
+        self._display.train_ended(len(self._epoch_losses) + self._epoch_start if open_epoch else None)
         self._list.on_train_end(self._logs)
 
     # ------------------------------------------------------------------ epochs
@@ -257,61 +238,14 @@ class DriverCallbacks:
         self._epoch, self._epoch_start, self._epoch_losses, self._epoch_seconds = epoch, start, [], 0.0
         self._epoch_workers = None
         self._list.on_epoch_begin(epoch)
-        if epoch > self._shown_epoch:  # verbose=1 may have shown it already, live
-            self._show_epoch(epoch, start)
-
-    def _show_epoch(self, epoch: int, start: int, seconds_ago: float = 0.0) -> None:
-        """Print the epoch's header and open its bar, whose clock started ``seconds_ago``."""
-        self._shown_epoch = epoch
-        if self._label is not None:  # one line at the epoch's end instead
-            return
-        if self._verbose:
-            self._say(f"Epoch {epoch + 1}{self._of_epochs()}")
-        self._progbar = self._new_progbar(seconds_ago)
-        if self._bar and start:
-            self._progbar.update(start)
-
-    def _of_epochs(self) -> str:
-        return f"/{self._epochs}" if self._epochs else ""
-
-    def _say(self, text: str) -> None:
-        """Print one line, ``[label] `` first when labelled, in one write (threads' lines do not interleave)."""
-        prefix = f"[{self._label}] " if self._label is not None else ""
-        sys.stdout.write(f"{prefix}{text}\n")
-        sys.stdout.flush()
-
-    def _new_progbar(self, seconds_ago: float) -> Any:
-        """A Keras ``Progbar`` whose elapsed time and time per step count from ``seconds_ago``.
-
-        A segment can finish several epochs between two reports (or, with
-        ``verbose=2``, before any line is printed): their bars are drawn after
-        the fact, so their clock is set back by the epoch's measured step
-        time instead of showing ~0 s (Keras' ``Progbar`` keeps its start in
-        ``_start``; there is no public setter).
-        """
-        import keras
-
-        progbar = keras.utils.Progbar(self._per_epoch, verbose=self._verbose,
-                                      stateful_metrics=["records/s", "workers", *self._metric_names])
-        if seconds_ago > 0:
-            progbar._start = progbar._time_at_epoch_start = time.time() - seconds_ago
-        return progbar
+        self._display.epoch_opened(epoch, start)
 
     def _end_epoch(self, metrics: Dict[str, float], validation: Optional[Dict[str, float]]) -> None:
         logs = {"loss": float(np.mean(self._epoch_losses)), **metrics}
         logs.update({f"val_{name}": value for name, value in (validation or {}).items()})
         if self._num_workers is not None and self._epoch_workers is not None:
             logs["workers"] = self._epoch_workers
-        if self._verbose and self._label is not None:
-            shown = " - ".join(f"{name}: {value:.4g}" for name, value in logs.items())
-            self._say(f"Epoch {self._epoch + 1}{self._of_epochs()} - {self._epoch_seconds:.1f}s - {shown}")
-        elif self._verbose and self._shown_epoch <= self._epoch:  # verbose=1 closed the epochs it moved past
-            fell_behind = self._shown_epoch < self._epoch  # no report came in this epoch
-            if fell_behind:
-                self._show_epoch(self._epoch, 0)
-            if fell_behind or self._verbose == 2:  # a bar drawn after the fact: clock from the step times
-                self._progbar = self._new_progbar(self._epoch_seconds)
-            self._progbar.update(self._per_epoch, list(logs.items()), finalize=True)
+        self._display.epoch_ended(self._epoch, logs, self._epoch_seconds)
         _LOG.info("epoch %d: %s", self._epoch + 1, ", ".join(f"{name}={value:.4g}" for name, value in logs.items()))
         self._list.on_epoch_end(self._epoch, logs)
         self._logs, self._epoch = logs, None
