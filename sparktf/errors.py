@@ -4,11 +4,13 @@ Every message names the offending thing (partition, record index, expected vs
 actual shape or dtype, worker rank) and says what to do about it.
 """
 
+import traceback as traceback_module
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Optional
 
 __all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone", "StorageError",
-           "ConfigurationError", "InternalError", "CancelledError", "FailureRecord"]
+           "ConfigurationError", "InternalError", "CancelledError", "FailureRecord", "WorkerTraceback", "task_record",
+           "record_of"]
 
 
 class SparkTFError(Exception):
@@ -71,10 +73,19 @@ class ConfigurationError(SparkTFError):
     raised at once, never relaunched."""
 
 
+class WorkerTraceback(Exception):
+    """The traceback a failed Spark task printed, as text: the one ``__cause__`` of the error sparktf raises on the
+    driver for that task's failure (Spark's and Py4J's wrappers of it are left out)."""
+
+    def __str__(self) -> str:
+        return "the worker's traceback:\n" + (self.args[0] if self.args else "")
+
+
 # A failure as data. A worker that knows why it failed sends a FailureRecord to the driver (in its last
 # heartbeat); to_error() gives back the same class with its fields, and relaunch_helps decides whether
 # training relaunches. Nothing reads an error's text to learn its class.
 _MAX_MESSAGE_CHARS = 4000  # a message longer than this is cut: it travels in a heartbeat header
+_MAX_TRACEBACK_CHARS = 8000  # a traceback keeps its last characters (the innermost frames and the error)
 _KINDS = {cls.__name__: cls for cls in (DataError, ModelError, StorageError, CollectiveError, InternalError,
                                         ConfigurationError, DriverJVMGone, CancelledError, TrainingError,
                                         SparkTFError)}
@@ -104,6 +115,9 @@ class FailureRecord:
         The training rank that failed, if one did.
     shard : int or None
         The input shard that rank read (not always its own).
+    traceback : str
+        The traceback where the error was raised, as Python prints it (its
+        last 8,000 characters); empty when it was not raised.
     """
 
     kind: str
@@ -114,13 +128,16 @@ class FailureRecord:
     retries: int = 0
     rank: Optional[int] = None
     shard: Optional[int] = None
+    traceback: str = ""
 
     @classmethod
     def of(cls, error: BaseException, rank: Optional[int] = None, shard: Optional[int] = None) -> "FailureRecord":
         """The record of ``error``; its class is the nearest sparktf error class it derives from."""
         kind = next((klass.__name__ for klass in type(error).__mro__ if _KINDS.get(klass.__name__) is klass), _UNKNOWN)
         message = str(error) if kind != _UNKNOWN else f"{type(error).__name__}: {error}"
-        record = cls(kind, message[:_MAX_MESSAGE_CHARS], rank=rank, shard=shard)
+        printed = "".join(traceback_module.format_exception(error)) if error.__traceback__ is not None else ""
+        record = cls(kind, message[:_MAX_MESSAGE_CHARS], rank=rank, shard=shard,
+                     traceback=printed[-_MAX_TRACEBACK_CHARS:])
         if isinstance(error, StorageError):
             return replace(record, transient=error.transient, path=error.path, route=error.route,
                            retries=error.retries)
@@ -140,11 +157,16 @@ class FailureRecord:
         return self.kind not in _DETERMINISTIC
 
     def to_error(self) -> SparkTFError:
-        """The error this record describes, of its class (a ``TrainingError`` for a task failure)."""
+        """The error this record describes, of its class (a ``TrainingError`` for a task failure), with the record as
+        its ``record`` and the worker's traceback (:class:`WorkerTraceback`) as its ``__cause__``."""
         if self.kind == "StorageError":
-            return StorageError(self.message, path=self.path, route=self.route, retries=self.retries,
-                                transient=self.transient)
-        return _KINDS.get(self.kind, TrainingError)(self.message)
+            error: SparkTFError = StorageError(self.message, path=self.path, route=self.route, retries=self.retries,
+                                               transient=self.transient)
+        else:
+            error = _KINDS.get(self.kind, TrainingError)(self.message)
+        error.record = self
+        error.__cause__ = WorkerTraceback(self.traceback) if self.traceback else None
+        return error
 
     def to_wire(self) -> Dict[str, Any]:
         """A JSON-able dict of the record (:meth:`from_wire` reads it back)."""
@@ -162,4 +184,17 @@ class FailureRecord:
         optional_str = (lambda value: None if value is None else str(value)[:_MAX_MESSAGE_CHARS])
         return cls(kind, str(data["message"])[:_MAX_MESSAGE_CHARS], bool(data["transient"]), optional_str(data["path"]),
                    optional_str(data["route"]), int(data["retries"]), optional_int(data["rank"]),
-                   optional_int(data["shard"]))
+                   optional_int(data["shard"]), str(data["traceback"])[-_MAX_TRACEBACK_CHARS:])
+
+
+def task_record(error: BaseException, rank: Optional[int] = None, shard: Optional[int] = None) -> Optional[FailureRecord]:
+    """What a task reports to the driver when it fails with ``error``: the record of a sparktf error (the data, the
+    model, a store, a peer, a setting: the driver decides on it), None for anything else (a lost worker, a killed
+    task: Spark's own failure tells it). The one rule of every road a failure takes to the driver."""
+    return FailureRecord.of(error, rank, shard) if isinstance(error, SparkTFError) else None
+
+
+def record_of(error: BaseException) -> FailureRecord:
+    """The record an error raised on the driver was made from (:meth:`FailureRecord.to_error`), else its own."""
+    record = getattr(error, "record", None)
+    return record if isinstance(record, FailureRecord) else FailureRecord.of(error)

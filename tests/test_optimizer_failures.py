@@ -4,6 +4,7 @@ import os
 import re
 import sys
 import time
+import traceback
 
 import keras
 import numpy as np
@@ -20,7 +21,7 @@ from sparktf import (
     TFOptimizer,
     TrainingError,
 )
-from sparktf.errors import InternalError
+from sparktf.errors import InternalError, WorkerTraceback
 from sparktf.spark.cluster import WATCHDOG_SLACK_CONF
 
 from concurrent_calls import in_threads
@@ -185,6 +186,8 @@ def test_a_bug_in_the_exchange_inside_a_spark_task_is_an_internal_error_at_once_
     with pytest.raises(InternalError, match=r"(?s)row offsets out of range.*please report it") as raised:
         optimizer.optimize(MaxIteration(2), verbose=0)
     assert not isinstance(raised.value, DataError)
+    assert isinstance(raised.value.__cause__, WorkerTraceback)  # the barrier task's traceback, down to the injection
+    assert "ValueError: injected: row offsets out of range" in str(raised.value.__cause__)
     assert open(marker).read() == "step\n"  # one step on rank 0, no relaunch although max_failures=3
     assert optimizer.iteration == 0
 
@@ -197,7 +200,7 @@ class FailEvaluationOnce(PythonHook):
         from pyspark import TaskContext
 
         from sparktf.errors import StorageError
-        from sparktf.training.driver import evaluation
+        from sparktf.training.worker import evaluation
 
         if TaskContext.get().partitionId() == 1:
             raise_once(evaluation, "metric_variables",
@@ -205,7 +208,7 @@ class FailEvaluationOnce(PythonHook):
 
 
 def test_a_sparktf_error_in_an_evaluation_task_reaches_the_driver_as_its_record_with_its_fields(sc, monkeypatch):
-    from sparktf.errors import StorageError
+    from sparktf.errors import StorageError, WorkerTraceback
     from sparktf.spark import remote_errors
 
     monkeypatch.setattr(remote_errors, "_error_in_text", lambda error: None)  # the driver cannot read Spark's text
@@ -216,6 +219,12 @@ def test_a_sparktf_error_in_an_evaluation_task_reaches_the_driver_as_its_record_
         TFOptimizer.from_keras(model, dataset).evaluate()
     # Spark's text carries neither the path nor the route: the record did
     assert (raised.value.path, raised.value.route, raised.value.transient) == ("s3://bucket/eval", "fsspec", False)
+    # its one cause is the worker's traceback, down to the frame that raised; Spark's and Py4J's wrappers are not shown
+    cause = raised.value.__cause__
+    assert isinstance(cause, WorkerTraceback) and cause.__cause__ is None and raised.value.__suppress_context__
+    assert "in evaluate_partition" in str(cause) and "in raising" in str(cause) and "injected: the store" in str(cause)
+    shown = "".join(traceback.format_exception(raised.value))
+    assert "Py4J" not in shown and "PythonException" not in shown and shown.count("the worker's traceback") == 1
 
 
 class StallRankOne(PythonHook):

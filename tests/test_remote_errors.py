@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from sparktf.collective.failure_inbox import FailureInbox, InboxAddress, new_key, send_failure
 from sparktf.dataset import TFDataset
-from sparktf.errors import DataError, FailureRecord, StorageError
+from sparktf.errors import DataError, FailureRecord, StorageError, WorkerTraceback
 from sparktf.predictor import TFPredictor
 from sparktf.spark import remote_errors
 from sparktf.spark.remote_errors import ActionFailures
@@ -57,8 +57,11 @@ def sparks_text_unread(monkeypatch):
 def test_a_bad_record_fails_the_count_and_the_prediction_as_its_record(sc, sparks_text_unread):
     rdd = sc.parallelize([(np.zeros(2), 1)] * 5 + [(np.zeros(3), 1)], 2)
     dataset = TFDataset.from_rdd(rdd, (tf.float32, [2]), (tf.int32, []))
-    with pytest.raises(DataError, match=r"partition 1, record 2 .*features has shape \[3\], expected \[2\]"):
+    with pytest.raises(DataError, match=r"partition 1, record 2 .*features has shape \[3\], expected \[2\]") as raised:
         dataset.num_records
+    # the one cause: the traceback of the task that read the record, not Spark's error chained to Py4J's
+    assert isinstance(raised.value.__cause__, WorkerTraceback) and raised.value.__suppress_context__
+    assert "DataError: partition 1, record 2" in str(raised.value.__cause__) and raised.value.__cause__.__cause__ is None
     features = TFDataset.from_rdd(rdd.map(lambda record: record[0]), (tf.float32, [2]), batch_per_thread=4)
     predictor = TFPredictor.from_keras(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]), features)
     with pytest.raises(DataError, match=r"partition 1, record 2 .*features has shape \[3\], expected \[2\]"):
@@ -79,6 +82,7 @@ def test_without_an_inbox_the_record_travels_in_sparks_text_whole(sc):
         sc.parallelize(range(4), 2).mapPartitionsWithIndex(remote_errors._ReportingFailures(failing, None)).collect()
     error = ActionFailures(None, new_key()).error_of(failed.value)
     assert type(error) is StorageError and str(error) == message
+    assert isinstance(error.__cause__, WorkerTraceback) and "in failing" in str(error.__cause__)  # the task's own
     assert (error.path, error.route, error.retries, error.transient) == ("s3://bucket/part-00001", "fsspec", 3, True)
     assert FailureRecord.of(error).relaunch_helps  # a store that broke off: training relaunches
     assert ActionFailures(None, new_key()).error_of(RuntimeError(SPARK_TEXT)) is None  # only a record counts

@@ -75,7 +75,7 @@ class ActionFailures:
         remote = self.error_of(failure)
         if remote is None:
             raise failure
-        raise remote from failure
+        raise remote from (remote.__cause__ or failure)  # the worker's traceback, not Spark's wrappers of it
 
 
 @contextlib.contextmanager
@@ -129,31 +129,34 @@ class _ReportingFailures:
     def __call__(self, *args: Any) -> Iterator[Any]:
         try:
             yield from self._function(*args)
-        except errors.SparkTFError as error:
+        except BaseException as error:
+            record = _record_of(error)
+            if record is None:  # not sparktf's: Spark's own failure tells it
+                raise
             if self._inbox is None:
-                raise RecordCarrier(_record_of(error)) from error
-            _report(self._inbox, error)
+                raise RecordCarrier(record) from error
+            _report(self._inbox, record)
             raise
 
 
-def _report(inbox: InboxAddress, error: errors.SparkTFError) -> None:
+def _report(inbox: InboxAddress, record: errors.FailureRecord) -> None:
     from pyspark import TaskContext
 
     context = TaskContext.get()
     keys = _action_keys(context.getLocalProperty(_JOB_TAGS) if context is not None else None)
     if not keys:
         return  # not run by a sparktf action (e.g. the user's own action on a derived RDD)
-    record = _record_of(error)
     if not send_failure(inbox, keys, record):
         logger.warning("could not report a %s to the driver at %s; it arrives as Spark's task failure",
                        record.kind, inbox.address)
 
 
-def _record_of(error: errors.SparkTFError) -> errors.FailureRecord:
+def _record_of(error: BaseException) -> Optional[errors.FailureRecord]:
+    """What this task reports of ``error`` (:func:`~sparktf.errors.task_record`), its partition as the shard."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    return errors.FailureRecord.of(error, shard=context.partitionId() if context is not None else None)
+    return errors.task_record(error, shard=context.partitionId() if context is not None else None)
 
 
 def _action_keys(tags: Optional[str]) -> List[str]:

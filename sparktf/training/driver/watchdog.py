@@ -111,9 +111,10 @@ class JobWatchdog:
                 reported = sorted((report.failure for _, report in sorted(reports.items()) if report.failure),
                                   key=lambda record: record.kind == "CollectiveError")
                 # e.g. a rank's collective timeout: where the task it waited for was stuck, when one sent its stack
-                if reported:
+                if reported:  # its one cause: the worker's traceback (Spark's and Py4J's wrappers left out)
                     where = self._where_stuck(reports, besides=reported[0].rank)
-                    raise _with_text(reported[0].to_error(), where) from error
+                    remote = reported[0].to_error()
+                    raise _with_text(remote, where) from (remote.__cause__ or error)
                 if self.reason is not None:  # the reason names the stuck task and wrote the stacks already
                     raise TrainingError(f"{what} was cancelled by sparktf's watchdog: {self.reason}") from error
                 raise _with_text(error, self._where_stuck(reports, besides=None))

@@ -17,7 +17,7 @@ import numpy as np
 from sparktf.collective.channel_client import DONE, NoHeartbeat
 from sparktf.data.batch_maps import MappedElements
 from sparktf.data.sparse import model_values
-from sparktf.errors import FailureRecord, SparkTFError
+from sparktf.errors import task_record
 from sparktf.training.metric_state import metric_variables
 from sparktf.training.state_source import StateSource
 
@@ -74,11 +74,8 @@ def evaluate_partition(
                 # Keras' own evaluate: a Keras Hub task's would preprocess the batches again
                 keras.Model.evaluate(model, inputs, verbose=0, callbacks=[count_batches])
             totals = [np.array(v) for v in metric_variables(model.metrics)]
-    except SparkTFError as error:  # sparktf's own error (bad data, a store): its record reaches the driver first
-        heartbeat.stop(failure=FailureRecord.of(error, shard=partition))
-        raise
-    except BaseException:
-        heartbeat.stop()
+    except BaseException as error:  # sparktf's own error (bad data, a store): its record reaches the driver first
+        heartbeat.stop(failure=task_record(error, shard=partition))
         raise
     heartbeat.stop(DONE)
     if totals is not None:

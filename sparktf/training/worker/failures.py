@@ -19,7 +19,7 @@ from typing import Iterator, Optional
 
 import tensorflow as tf
 
-from sparktf.errors import CollectiveError, DataError, FailureRecord, InternalError, ModelError, SparkTFError
+from sparktf.errors import CollectiveError, DataError, InternalError, ModelError, SparkTFError, record_of
 from sparktf.models.batch_errors import essential_line
 
 __all__ = ["classified_failures", "deterministic_failure", "exchange_failure", "relaunch_helps"]
@@ -106,7 +106,7 @@ def relaunch_helps(error: BaseException) -> bool:
     bug of sparktf's, a path its store refuses or a dead driver JVM. Those
     fail the same way again, so they are raised at once.
     """
-    return FailureRecord.of(error).relaunch_helps
+    return record_of(error).relaunch_helps
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from sparktf.data.batch_maps import MappedElements
 from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.sparse import model_values
 from sparktf.data.specs import flatten
-from sparktf.errors import CollectiveError, DataError, FailureRecord, InternalError, ModelError, StorageError
+from sparktf.errors import task_record
 from sparktf.models.cache import batch_mapper, cached, load_cached
 from sparktf.models.payload import ModelPayload, payload_key
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
@@ -256,8 +256,8 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             communicator.close()
             stream.close(wait=finished, timeout=spec.collective_timeout)  # the task's input read to its end
             watch.lap("input_close")
-    except (DataError, ModelError, StorageError, InternalError, CollectiveError) as error:
-        failure = FailureRecord.of(error, rank, shard)  # told: the driver decides on the record, not on Spark's text
+    except BaseException as error:
+        failure = task_record(error, rank, shard)  # told: the driver decides on the record, not on Spark's text
         raise
     finally:
         heartbeat.stop(failure=failure)
