@@ -34,7 +34,9 @@ from sparktf.spark.session_state import session_state
 script, RECORDS = sys.argv[1], sys.argv[2]
 conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false", "spark.executor.memory": "512m",
-        "spark.executorEnv.CUDA_VISIBLE_DEVICES": "5,7"}
+        "spark.executorEnv.CUDA_VISIBLE_DEVICES": "5,7",
+        # workers fork from a daemon that loaded TensorFlow (each job after the first runs in fresh workers)
+        "spark.python.daemon.module": "sparktf.spark.tf_daemon"}
 for scope, amount in (("worker", "2"), ("executor", "2"), ("driver", "2")):
     conf[f"spark.{scope}.resource.gpu.amount"] = amount
     conf[f"spark.{scope}.resource.gpu.discoveryScript"] = script
@@ -60,7 +62,8 @@ class RecordDevices(keras.layers.Layer):
         context = TaskContext.get()
         if context is not None:
             gpu = context.resources().get("gpu")
-            record = {"label": os.environ.get("SPARKTF_TEST_LABEL"), "stage": context.stageId(), "pid": os.getpid(),
+            record = {"label": context.getLocalProperty("sparktf.test.label"), "stage": context.stageId(),
+                      "pid": os.getpid(),
                       "task": list(gpu.addresses) if gpu else [], "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
                       "growth": os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH")}
             with open(os.path.join(RECORDS, f"{context.taskAttemptId()}.json"), "w") as out:
@@ -78,8 +81,9 @@ def model():
 
 
 def stage(label, action):
-    """Run ``action`` with the records of its tasks labelled (the label reaches workers started from now on)."""
-    session.sparkContext.environment["SPARKTF_TEST_LABEL"] = label
+    """Run ``action`` with the records of its tasks labelled (a local property of the jobs this thread starts: an
+    executor environment variable would start a Python worker daemon of its own, TensorFlow imported again)."""
+    session.sparkContext.setLocalProperty("sparktf.test.label", label)
     return action()
 
 
