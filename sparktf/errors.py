@@ -187,7 +187,8 @@ class FailureRecord:
                    optional_int(data["shard"]), str(data["traceback"])[-_MAX_TRACEBACK_CHARS:])
 
 
-def task_record(error: BaseException, rank: Optional[int] = None, shard: Optional[int] = None) -> Optional[FailureRecord]:
+def task_record(error: BaseException, rank: Optional[int] = None,
+                shard: Optional[int] = None) -> Optional[FailureRecord]:
     """What a task reports to the driver when it fails with ``error``: the record of a sparktf error (the data, the
     model, a store, a peer, a setting: the driver decides on it), None for anything else (a lost worker, a killed
     task: Spark's own failure tells it). The one rule of every road a failure takes to the driver."""

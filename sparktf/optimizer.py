@@ -480,7 +480,8 @@ class TFOptimizer:
         profile = self.resource_profile if resource_profile is None else stage_profile(self.session, resource_profile)
         with call_scope(self.session, "evaluate"):  # Ctrl-C in the driver cancels it, from any thread
             return evaluate_model(self.model, dataset, self._elements_of(dataset), int(batch),
-                                  self._payload_broadcast(), self.iteration, self.collective_timeout, profile)
+                                  self._payload_broadcast(), self.iteration, self.collective_timeout, profile,
+                                  tables=self._tables.plan)
 
     def _elements_of(self, dataset: Any) -> MappedElements:
         """How the model gets ``dataset``'s batches: traced once for the training and validation data."""

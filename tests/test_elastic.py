@@ -45,7 +45,9 @@ conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1
         "spark.ui.showConsoleProgress": "false", "spark.executor.memory": "512m",
         "spark.scheduler.minRegisteredResourcesRatio": "1.0", "spark.sparktf.watchdogSlack": "8",
         # a block cached on a just-killed executor is fetched again after 1 s, not Spark's 5 s
-        "spark.shuffle.io.retryWait": "1s"}
+        "spark.shuffle.io.retryWait": "1s",
+        # the workers that replace those a failed segment's tasks ended fork with TensorFlow loaded
+        "spark.python.daemon.module": "sparktf.spark.tf_daemon"}
 spark = sparktf.init_spark("local-cluster[3,1,1024]", conf=conf)
 sc = spark.sparkContext
 sc.setLogLevel("ERROR")

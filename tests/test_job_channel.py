@@ -289,3 +289,22 @@ def test_unauthenticated_connections_are_capped(caplog):
                 break
             except CollectiveError:
                 assert time.monotonic() < deadline
+
+
+def test_a_task_asks_for_a_tables_rows_by_id_and_bad_requests_are_dropped():
+    """Sharded evaluation: a task asks for a batch's rows of a served table by id, in its order; ids out of the
+    table, or of another dtype, end that connection (the task fails; nothing is served)."""
+    from sparktf.training.state_source import StateSource
+
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    with JobChannel(2, SECRET, "127.0.0.1") as channel:
+        channel.serve_state({"iteration": 1}, [table, np.array(3)])
+        source = StateSource(channel.address, SECRET, 2, WAIT)
+        with source.rows_by_id(1) as rows:
+            assert np.array_equal(rows(0, np.array([7, 2, 7])), table[[7, 2, 7]])
+            assert rows(0, np.zeros(0, np.int64)).shape == (0, 4)
+        for index, ids in ((0, np.array([10])), (0, np.array([-1])), (1, np.array([0]))):
+            with source.rows_by_id(1) as rows, pytest.raises(CollectiveError, match="failed"):
+                rows(index, ids)
+        with ChannelClient(channel.address, 1, 2, SECRET, WAIT) as client, pytest.raises(CollectiveError):
+            client.request({"op": "get_rows", "index": 0}, WAIT, [np.array([1.0])])  # float ids

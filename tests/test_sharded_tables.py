@@ -333,3 +333,26 @@ def test_a_sharded_tables_gradient_that_is_not_finite_stops_training_with_the_we
     assert optimizer.iteration == 0
     for got, want in zip(model.get_weights(), before):
         np.testing.assert_array_equal(got, want)
+
+
+def test_validation_and_evaluation_with_sharded_tables_hold_a_batchs_rows_never_a_whole_table(sc):
+    """Evaluation tasks build the model with working tables and fetch each batch's rows by id from the driver (a
+    task that built a whole table, 301 rows against a worker's share of 151, would fail the initializer); the
+    metrics equal Keras' own evaluate of the driver's model."""
+    from sparktf import EveryEpoch, TFDataset, TFOptimizer
+    from sparktf.triggers import MaxIteration
+
+    features, labels = [np.concatenate(parts) for parts in zip(*[f for f, _ in _batches()])], \
+        np.concatenate([labels for _, labels in _batches()])
+    held_out = tuple(f[::-1].copy() for f in features), labels[::-1].copy()
+    model = _model("adam", _NotWholeInTasks(USERS))
+    model.compile(model.optimizer, "binary_crossentropy", metrics=["binary_accuracy"])
+    dataset = TFDataset.from_ndarrays((tuple(features), labels), batch_size=GLOBAL_BATCH, val_tensors=held_out)
+    optimizer = TFOptimizer.from_keras(model, dataset, num_workers=2, sharded_tables=list(SHARDED))
+    history = optimizer.optimize(MaxIteration(STEPS), validation_trigger=EveryEpoch(), verbose=0)
+    assert len(history["val_loss"]) == 1 and np.isfinite(history["val_loss"][0])
+    evaluated = optimizer.evaluate(TFDataset.from_ndarrays(held_out, batch_per_thread=8))
+    local = keras.Model.evaluate(model, list(held_out[0]), held_out[1], batch_size=8, verbose=0, return_dict=True)
+    assert set(evaluated) == set(local) == {"loss", "binary_accuracy"}
+    for name, value in local.items():
+        np.testing.assert_allclose(evaluated[name], value, atol=1e-5, rtol=0, err_msg=name)

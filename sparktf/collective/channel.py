@@ -9,7 +9,9 @@ Every rank of a training segment talks to the driver through it:
   optimizer variables stream to the workers, and rank 0's final state streams
   back, as raw arrays (:mod:`sparktf.collective.channel_wire`), never through
   the JVM. A rank may ask for some arrays' rows only (its rows of a sharded
-  table and its slots) and then sends back those rows of its final state;
+  table and its optimizer state) and then sends back those rows of its final
+  state; an evaluation task asks for a sharded table's rows by id, a batch's
+  at a time (``get_rows``), and never holds the whole table;
 * **reports** (``report``): each rank's heartbeat with its phase and
   iteration, which the driver's watchdog reads, and rank 0's values (loss,
   metrics) of every iteration since its previous report, which the channel
@@ -50,6 +52,7 @@ _MAX_NAME_CHARS = 256
 _MAX_BATCHES_PER_REPORT = 4096  # a heartbeat sends far fewer (channel_client.MAX_REPORTED_BATCHES)
 MAX_KEPT_BATCHES = 8192  # per rank, until the driver takes them; older ones are dropped beyond that
 MAX_KEPT_WINDOWS = 64  # step windows per rank, until the driver takes them
+MAX_ROW_REQUEST_BYTES = 16 << 20  # the ids of one ``get_rows`` request (2M int64 ids)
 _MAX_WINDOW_COLUMNS = 16
 
 #: One iteration's values: ``(iteration, (loss, metric, ...))``.
@@ -209,7 +212,7 @@ class JobChannel(AuthenticatedServer):
         sock.settimeout(None)  # authenticated: close() ends a blocked read
         while not self._closing.is_set():
             try:
-                header, arrays = recv_message(sock, max_array_bytes=self._upload_limit(rank))
+                header, arrays = recv_message(sock, max_array_bytes=lambda header: self._upload_limit(rank, header))
                 self._dispatch(sock, rank, header, arrays)
             except ChannelClosed:
                 return
@@ -218,9 +221,11 @@ class JobChannel(AuthenticatedServer):
                     logger.warning("the job channel dropped rank %d at %s: %s", rank, address, exc)
                 return
 
-    def _upload_limit(self, rank: int) -> int:
-        """Rank 0 uploads at most a little more than the state it was served; another rank, the rows it asked
-        for (none when it asked for none)."""
+    def _upload_limit(self, rank: int, header: Dict[str, Any]) -> int:
+        """The ids of a ``get_rows`` request are at most ``MAX_ROW_REQUEST_BYTES``; else rank 0 uploads at most a
+        little more than the state it was served, another rank the rows it asked for (none when it asked for none)."""
+        if header.get("op") == "get_rows":
+            return MAX_ROW_REQUEST_BYTES
         with self._lock:
             return 2 * self._state_bytes + (64 << 20) if rank == 0 else 2 * self._rows_served.get(rank, 0)
 
@@ -253,6 +258,13 @@ class JobChannel(AuthenticatedServer):
                 with self._lock:
                     self._rows_served[rank] = rows_bytes
                 send_message(sock, state[0], arrays)
+        elif op == "get_rows":  # rows of one served array by id: a sharded table's rows a task's batch looks up
+            with self._lock:
+                state = self._state
+            if state is None:
+                send_message(sock, {"error": "the driver has no state for this job"})
+            else:
+                send_message(sock, {}, [_rows_by_id(state[1], int(header["index"]), arrays)])
         elif op == "put_state":
             with self._lock:
                 self._uploaded[rank] = (header.get("meta", {}), arrays)
@@ -311,6 +323,18 @@ def _rows_of(arrays: List[np.ndarray], rows: Sequence[Sequence[int]]) -> Tuple[L
         cut[index] = cut[index][start:end]
         rows_bytes += cut[index].nbytes
     return cut, rows_bytes
+
+
+def _rows_by_id(arrays: List[np.ndarray], index: int, asked: List[np.ndarray]) -> np.ndarray:
+    """The rows of served array ``index`` at the ids ``asked`` holds (one int64 array of them), in their order."""
+    if not 0 <= index < len(arrays) or not np.ndim(arrays[index]):
+        raise ValueError(f"state array {index} has no rows")
+    if len(asked) != 1 or asked[0].dtype != np.int64 or asked[0].ndim != 1:
+        raise ValueError("a row request holds one 1-D array of int64 ids")
+    ids, table = asked[0], arrays[index]
+    if ids.size and (ids.min() < 0 or ids.max() >= len(table)):
+        raise ValueError(f"ids out of the {len(table)} rows of state array {index}")
+    return np.take(table, ids, axis=0)
 
 
 def _batches(message: Any) -> Tuple[Tuple[str, ...], List[BatchValues]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -47,8 +47,11 @@ def send_message(sock: socket.socket, header: Dict[str, Any], arrays: Sequence[n
             sock.sendall(view[start : start + _CHUNK_BYTES])
 
 
-def recv_message(sock: socket.socket, max_array_bytes: Optional[int] = None) -> Tuple[Dict[str, Any], List[np.ndarray]]:
+def recv_message(sock: socket.socket, max_array_bytes: Union[None, int, Callable[[Dict[str, Any]], int]] = None
+                 ) -> Tuple[Dict[str, Any], List[np.ndarray]]:
     """Receive one message: its header (without ``"arrays"``) and its arrays.
+
+    ``max_array_bytes`` bounds the arrays' bytes: a number, or a function of the header (e.g. of its operation).
 
     Raises
     ------
@@ -72,8 +75,9 @@ def recv_message(sock: socket.socket, max_array_bytes: Optional[int] = None) -> 
         raise ValueError("a channel header must be a JSON object")
     arrays = [_empty_array(entry) for entry in header.pop("arrays", [])]
     total = sum(a.nbytes for a in arrays)
-    if max_array_bytes is not None and total > max_array_bytes:
-        raise ValueError(f"the message announces {total} bytes of arrays, over the limit of {max_array_bytes}")
+    limit = max_array_bytes(header) if callable(max_array_bytes) else max_array_bytes
+    if limit is not None and total > limit:
+        raise ValueError(f"the message announces {total} bytes of arrays, over the limit of {limit}")
     for array in arrays:
         view = memoryview(array.reshape(-1).view(np.uint8))
         for start in range(0, view.nbytes, _CHUNK_BYTES):

@@ -109,7 +109,7 @@ class MicroBatchTrainer:
         batch = TEST_BATCH_FACTOR * dataset.local_batch_size(workers)  # forward only: no gradients to hold
         return evaluate_model(optimizer.model, dataset, self._elements, batch,
                               optimizer._payload_broadcast(), optimizer.iteration, optimizer.collective_timeout,
-                              optimizer.resource_profile, layout)
+                              optimizer.resource_profile, layout, optimizer._tables.plan)
 
     def _train(self, dataset: Any, workers: int, batch_id: int) -> List[float]:
         """One pass over the micro-batch; its checkpoint records ``batch_id``. The per-iteration losses."""

@@ -13,8 +13,9 @@ the state rides in a Spark broadcast and rank 0's task result instead.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -66,6 +67,18 @@ class StateSource:
         with ChannelClient(self.address, rank, self.world_size, self.secret, self.timeout) as client:
             meta, arrays = client.request(request, self.timeout, what="fetching the model state")
         return ModelState.from_wire(meta, arrays)
+
+    @contextlib.contextmanager
+    def rows_by_id(self, rank: int) -> Iterator[Callable[[int, np.ndarray], np.ndarray]]:
+        """``rows(index, ids)``: the rows at ``ids`` of the served state's array ``index`` (a sharded table's), over
+        one connection of the task of ``rank`` to the job channel while the block runs."""
+        with ChannelClient(self.address, rank, self.world_size, self.secret, self.timeout) as client:
+            def rows(index: int, ids: np.ndarray) -> np.ndarray:
+                _, arrays = client.request({"op": "get_rows", "index": int(index)}, self.timeout,
+                                           [np.ascontiguousarray(ids, np.int64)], what="fetching a table's rows")
+                return arrays[0]
+
+            yield rows
 
     def hand_back(self, rank: int, state: ModelState, rows: RowRanges) -> Optional[ModelState]:
         """Send the rank's final ``state`` to the channel (None returned), or return it for the task's result

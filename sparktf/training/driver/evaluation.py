@@ -29,6 +29,7 @@ from sparktf.data.sparse import model_structure
 from sparktf.errors import DataError
 from sparktf.training.metric_state import build_metrics, load_metric_totals
 from sparktf.training.state_source import StateSource
+from sparktf.training.tables.plan import ShardPlan
 from sparktf.training.worker.evaluation import evaluate_partition, keras_arrays, unkeyed
 
 __all__ = ["evaluate_blocks"]
@@ -43,6 +44,7 @@ def evaluate_blocks(
     state: Optional[Any] = None,
     timeout: float = 300.0,
     profile: Any = None,
+    tables: Optional[ShardPlan] = None,
 ) -> Dict[str, float]:
     """Evaluate ``model``'s compiled loss and metrics over every record of ``blocks``.
 
@@ -69,6 +71,10 @@ def evaluate_blocks(
         gets the job cancelled.
     profile : pyspark.resource.ResourceProfile, optional
         The evaluation stage's resource profile (None: the session's defaults).
+    tables : ShardPlan, optional
+        The model's sharded tables: with a job channel, each task holds a
+        batch's rows of them, fetched by id, never a whole table
+        (:mod:`sparktf.training.tables.sharded_evaluation`).
 
     Returns
     -------
@@ -97,8 +103,9 @@ def evaluate_blocks(
         elif state is not None:
             broadcast = session.spark_context("evaluation without a job channel", "").broadcast(state)
         source = StateSource(channel and channel.address, secret, partitions, timeout, broadcast)
+        by_rows = tables if tables is not None and tables.tables and channel is not None else None
         task = partial(evaluate_partition, payload, source if state is not None else None, elements,
-                       element_structure, batch_size, gpu_plan(session.conf, profile))
+                       element_structure, batch_size, gpu_plan(session.conf, profile), by_rows)
         if blocks.keyed:
             task = partial(unkeyed, task)
         collect = lambda: blocks.collect(task, profile=profile)  # noqa: E731

@@ -295,13 +295,15 @@ class TrainingRun:
         except DataError:
             batch = self._dataset.local_batch_size(settings.num_workers)
         results = evaluate_model(self._model, validation, self._elements_of(validation), batch, self._payload(),
-                                 self._state.iteration, settings.collective_timeout, settings.resource_profile)
+                                 self._state.iteration, settings.collective_timeout, settings.resource_profile,
+                                 tables=settings.tables.plan)
         self._state.last_score = record_validation(results, progress, history, self._val_summary)
         return self._progress(), results
 
 
 def evaluate_model(model: Any, dataset: Any, elements: MappedElements, batch: int, payload: Any, iteration: int,
-                   collective_timeout: float, profile: Any, blocks: Any = None) -> Dict[str, float]:
+                   collective_timeout: float, profile: Any, blocks: Any = None,
+                   tables: Optional[ShardPlan] = None) -> Dict[str, float]:
     """The driver model's compiled loss and metrics over every record of ``dataset``, with its current weights.
 
     Parameters
@@ -324,7 +326,9 @@ def evaluate_model(model: Any, dataset: Any, elements: MappedElements, batch: in
         What each task needs.
     blocks : BlockSet, optional
         The dataset's records as other Blocks (e.g. its training layout); default ``dataset.blocks``.
+    tables : ShardPlan, optional
+        The model's sharded tables: the tasks fetch a batch's rows of them by id, never a whole table.
     """
     state = ModelState.capture(model, iteration, include_optimizer=False)
     return evaluate_blocks(model, dataset.blocks if blocks is None else blocks, elements, batch, payload, state,
-                           collective_timeout, profile)
+                           collective_timeout, profile, tables)

@@ -48,7 +48,7 @@ from sparktf.training.tables.sparse_kernels import apply_rows
 from sparktf.training.tables.update_form import update_form
 
 __all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_optimizer_state",
-           "optimizer_state_positions", "state_rows", "working_features", "working_model"]
+           "optimizer_state_positions", "state_rows", "table_indices", "working_features", "working_model"]
 
 #: Per sharded layer: the rank's rows of its table, from the segment's start state.
 HeldTables = Dict[str, np.ndarray]
@@ -96,7 +96,7 @@ def state_rows(model: Any, plan: ShardPlan, rank: int) -> RowRanges:
     """The rows of the model state's arrays (by index among the weights) that rank ``rank`` holds of the working
     ``model``'s sharded tables; the other arrays it holds whole."""
     owned = {table.layer: table.owned(rank) for table in plan.tables}
-    return {index: owned[layer] for index, layer in _table_indices(model, plan).items()}
+    return {index: owned[layer] for index, layer in table_indices(model, plan).items()}
 
 
 def optimizer_state_positions(model: Any, layers: Sequence[str]) -> Dict[int, Tuple[str, str]]:
@@ -268,7 +268,7 @@ class RankShards:
         state = ModelState.capture(self._model, iteration).without(
             optimizer_state_positions(self._model, [table.layer for table in self._plan.tables]))
         ranges = {}
-        for index, layer in _table_indices(self._model, self._plan).items():
+        for index, layer in table_indices(self._model, self._plan).items():
             shard = self._by_layer[layer]
             state.set_array(index, np.asarray(shard.rows.value, np.float32)[:shard.end - shard.start])
             ranges[index] = (shard.start, shard.end)
@@ -278,7 +278,7 @@ class RankShards:
         """The driver's state, every rank's rows of the tables gathered on every rank (a collective; without a job
         channel to take each rank's)."""
         state, _ = self.captured_state(iteration)
-        for index, layer in _table_indices(self._model, self._plan).items():
+        for index, layer in table_indices(self._model, self._plan).items():
             state.set_array(index, self._gathered(self._by_layer[layer], state.array(index)))
         return state
 
@@ -338,7 +338,7 @@ def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
     return shards
 
 
-def _table_indices(model: Any, plan: ShardPlan) -> Dict[int, str]:
+def table_indices(model: Any, plan: ShardPlan) -> Dict[int, str]:
     """``index among the weights -> layer name`` of the working ``model``'s sharded tables."""
     working = _working_variables(model, plan)
     return {k: working[id(v)] for k, v in enumerate(model.weights) if id(v) in working}

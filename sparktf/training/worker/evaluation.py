@@ -20,6 +20,8 @@ from sparktf.data.sparse import model_values
 from sparktf.errors import task_record
 from sparktf.training.metric_state import metric_variables
 from sparktf.training.state_source import StateSource
+from sparktf.training.tables.plan import ShardPlan
+from sparktf.training.tables.sharded_evaluation import BatchRows
 
 __all__ = ["evaluate_partition", "keras_arrays", "unkeyed"]
 
@@ -31,12 +33,15 @@ def evaluate_partition(
     element_structure: tuple,
     batch_size: int,
     gpus: Any,
+    tables: Optional[ShardPlan],
     blocks: Iterable[tuple],
 ) -> Iterator[List[np.ndarray]]:
     """One evaluation task: ``model.evaluate`` over its partition's ``blocks``, yielding its metrics' state variables.
 
     The weights come from ``state`` (the driver's job channel or a broadcast) or the payload's own; the task
     reports its phase and batch to the channel's heartbeat, and a sparktf error's record before it raises.
+    With sharded ``tables`` (and a channel), the model has working tables of a batch's rows, which each batch
+    fetches from the driver by id (:class:`~sparktf.training.tables.sharded_evaluation.BatchRows`).
     """
     import keras
     from pyspark import TaskContext
@@ -54,7 +59,10 @@ def evaluate_partition(
         batches = inference_batches(blocks, batch_size)  # one batch in memory at a time
         first = next(batches, None)
         totals = None
-        if first is not None:
+        if first is not None and tables is not None:
+            totals = _evaluate_with_batch_rows(payload, state, elements, element_structure, batch_size, tables,
+                                               itertools.chain([first], batches), heartbeat, partition)
+        elif first is not None:
             heartbeat.phase = "model_load"
             model = load_cached(payload)
             if state is not None:
@@ -80,6 +88,36 @@ def evaluate_partition(
     heartbeat.stop(DONE)
     if totals is not None:
         yield totals
+
+
+def _evaluate_with_batch_rows(payload: Any, state: StateSource, elements: MappedElements, element_structure: tuple,
+                              batch_size: int, tables: ShardPlan, batches: Iterator[list], heartbeat: Any,
+                              partition: int) -> List[np.ndarray]:
+    """The partition's summed metric states, each batch evaluated with the rows its ids look up in the sharded
+    tables, fetched from the driver (the task never holds a whole table)."""
+    import keras
+
+    from sparktf.data.specs import pack
+    from sparktf.models.cache import batch_mapper
+
+    heartbeat.phase = "model_load"
+    rows = BatchRows(payload, tables, batch_size)
+    heartbeat.phase = "state_fetch"
+    rows.start(state.fetch(partition, rows.no_rows))
+    heartbeat.phase = "evaluate"
+    mapped = batch_mapper(elements, rows.model)
+    totals: Optional[List[np.ndarray]] = None
+    with state.rows_by_id(partition) as rows_by_id:
+        for count, arrays in enumerate(batches, 1):
+            features, *rest = keras.tree.lists_to_tuples(
+                pack(element_structure, keras_arrays(mapped(arrays), element_structure)))
+            # Keras' own test_on_batch (a Keras Hub task's would preprocess again); it resets the metrics first,
+            # so each batch's states are added here, as the driver adds the partitions'
+            keras.Model.test_on_batch(rows.model, rows.fill(features, rows_by_id), *rest)
+            states = [np.array(v) for v in metric_variables(rows.model.metrics)]
+            totals = states if totals is None else [a + b for a, b in zip(totals, states)]
+            heartbeat.iteration = count
+    return totals
 
 
 def unkeyed(task: Any, blocks: Iterable[tuple]) -> Any:
