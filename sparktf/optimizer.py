@@ -121,7 +121,7 @@ class TFOptimizer:
         self.history: Any = None  # the last optimize call's keras.callbacks.History
         self._tables = DriverTables.of(model, self.session, self.num_workers, model_dir,  # builds the optimizer
                                        sharded_tables)
-        log_table_updates(model)
+        log_table_updates(model, self._tables.updates)
 
     # ------------------------------------------------------------------ factories
 

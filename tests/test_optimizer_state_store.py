@@ -16,8 +16,11 @@ from sparktf.training.tables.optimizer_state_store import (optimizer_state_folde
                                                            prune_optimizer_state_folders, read_optimizer_state_rows,
                                                            write_optimizer_state_rows)
 from sparktf.training.tables.plan import ShardedTable, ShardPlan
+from sparktf.training.tables.update_form import TableUpdates
 
 from test_shard_plan import recommender
+
+ADAM = TableUpdates("dense", row_state=True)  # how an Adam updates tables, as the driver probes it
 
 
 def test_slots_written_by_four_ranks_are_read_back_by_any_number_of_ranks(tmp_path):
@@ -77,7 +80,7 @@ def test_the_drivers_optimizer_has_no_slots_of_a_sharded_table_and_its_folder_go
     plan = ShardPlan.of(model, 2, None, {"users": True})
     root = str(tmp_path / "slots")
     os.mkdir(root)
-    tables = DriverTables(plan, root, temporary=True)
+    tables = DriverTables(plan, ADAM, root, temporary=True)
     tables.build_optimizer(model)
     shapes = [tuple(v.shape) for v in model.optimizer.variables]
     assert (1001, 8) not in shapes and shapes.count((50, 4)) == 2  # Adam's two slots of the replicated table only
@@ -90,7 +93,7 @@ def test_the_drivers_optimizer_has_no_slots_of_a_sharded_table_and_its_folder_go
     built.compile(keras.optimizers.Adam(), "mse")
     built.optimizer.build(built.trainable_variables)  # e.g. by fit
     with pytest.raises(ConfigurationError, match=r"built .* with optimizer state for the sharded tables \['users'\]"):
-        DriverTables(plan, root).build_optimizer(built)
+        DriverTables(plan, ADAM, root).build_optimizer(built)
 
 
 def test_an_optimizer_a_sharded_run_built_is_refused_by_a_replicated_one(tmp_path):
@@ -98,7 +101,7 @@ def test_an_optimizer_a_sharded_run_built_is_refused_by_a_replicated_one(tmp_pat
 
     model = recommender()
     model.compile(keras.optimizers.Adam(), "mse")
-    DriverTables(ShardPlan.of(model, 2, None, {"users": True}), str(tmp_path)).build_optimizer(model)
+    DriverTables(ShardPlan.of(model, 2, None, {"users": True}), ADAM, str(tmp_path)).build_optimizer(model)
     with pytest.raises(ConfigurationError, match=r"no optimizer state for \['users/embeddings'\] .* compile the model again"):
-        DriverTables(ShardPlan((), 2)).build_optimizer(model)
-    DriverTables(ShardPlan.of(model, 2, None, {"users": True}), str(tmp_path)).build_optimizer(model)  # sharded again
+        DriverTables(ShardPlan((), 2), ADAM).build_optimizer(model)
+    DriverTables(ShardPlan.of(model, 2, None, {"users": True}), ADAM, str(tmp_path)).build_optimizer(model)  # sharded again

@@ -163,17 +163,18 @@ def test_each_optimizer_gets_its_rows_in_the_form_that_updates_alike():
     import keras
 
     from sparktf.optimizers import LazyAdam, RowWiseAdagrad
-    from sparktf.training.tables.update_form import MAX_PADDED_TABLES, update_form
+    from sparktf.training.tables.update_form import MAX_PADDED_TABLES, TableUpdates
 
-    assert update_form(keras.optimizers.SGD(0.1)) == "padded"
-    assert update_form(keras.optimizers.Adagrad(0.1)) == "kernel"  # a slot per row: the touched rows' update
-    assert update_form(LazyAdam(0.1)) == "kernel"
-    assert update_form(RowWiseAdagrad(0.1)) == "kernel"  # a slot (one value) per row
-    assert update_form(keras.optimizers.SGD(0.1), tables=MAX_PADDED_TABLES + 1) == "rows"  # compiles would multiply
-    assert update_form(keras.optimizers.Adagrad(0.1, clipnorm=1.0)) == "rows"  # clipping: Keras' own
-    assert update_form(keras.optimizers.SGD(0.1, momentum=0.9)) == "dense"
-    assert update_form(keras.optimizers.Adam(0.1)) == "dense"
-    assert update_form(_lazy_momentum()(0.1, momentum=0.9)) == "rows"  # a zero row would decay its momentum: padding would not do
+    probe = TableUpdates.probe
+    assert probe(keras.optimizers.SGD(0.1)) == TableUpdates("padded", row_state=False)
+    assert probe(keras.optimizers.Adagrad(0.1)) == TableUpdates("kernel", row_state=True)  # the touched rows' update
+    assert probe(LazyAdam(0.1)).form() == "kernel"
+    assert probe(RowWiseAdagrad(0.1)) == TableUpdates("kernel", row_state=True)  # one value per row
+    assert probe(keras.optimizers.SGD(0.1)).form(tables=MAX_PADDED_TABLES + 1) == "rows"  # compiles would multiply
+    assert probe(keras.optimizers.Adagrad(0.1, clipnorm=1.0)).form() == "rows"  # clipping: Keras' own
+    assert probe(keras.optimizers.SGD(0.1, momentum=0.9)) == TableUpdates("dense", row_state=True)
+    assert probe(keras.optimizers.Adam(0.1)) == TableUpdates("dense", row_state=True)
+    assert probe(_lazy_momentum()(0.1, momentum=0.9)).form() == "rows"  # a zero row would decay its momentum
 
 
 def test_padded_rows_keep_the_rows_and_add_zero_rows_of_untouched_indices():

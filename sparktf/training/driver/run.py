@@ -265,7 +265,8 @@ class TrainingRun:
                            maps=elements, gradient_compression=settings.gradient_compression,
                            gpus=gpu_plan(settings.session.conf, settings.resource_profile),
                            metric_state=self._state.metric_state, class_weight=request.class_weight,
-                           sharding=sharding, optimizer_state_root=settings.tables.root,
+                           sharding=sharding, table_updates=settings.tables.updates,
+                           optimizer_state_root=settings.tables.root,
                            single_pass=request.single_pass,
                            profile_steps=request.profile_steps)
         def on_reports(reports: Dict[int, Any]) -> None:

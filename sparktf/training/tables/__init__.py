@@ -2,12 +2,14 @@
 (see ``docs/design/sharded-tables.md``).
 
 ``update_form``, ``sparse_kernels``, ``compiled_update``: how a table's rows are
-updated (the optimizer probed for its form, the native row kernels, the
-compiled update of padded rows); ``row_sums``: row gradients summed by id;
+updated (the optimizer probed once on the driver for its form, the native row
+kernels, the compiled update of padded rows); ``row_sums``: row gradients
+summed by id; ``keras_internals``: the Keras internals all of this reads;
 ``plan``: which tables are sharded, which rows each rank owns (pure, no
 Spark); ``lookups``: how a table's ids reach it; ``sharded_tables``: a rank's
 shards, looked up and updated each step; ``optimizer_state_store``: their
-optimizer state in files between segments; ``driver_tables``: the driver's
-optimizer and states without that state. Below the worker's and the driver's
+optimizer state in files between segments; ``sharded_evaluation``: an
+evaluation task's batch of rows; ``driver_tables``: the driver's optimizer and
+states without that state. Below the worker's and the driver's
 sides, which both use it.
 """

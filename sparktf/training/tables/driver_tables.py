@@ -17,14 +17,14 @@ import logging
 import weakref
 from typing import Any, Optional, Tuple
 
-import numpy as np
-
 from sparktf.errors import ConfigurationError
 from sparktf.training.checkpoint import ModelState, checkpoint_iterations
+from sparktf.training.tables.keras_internals import tracked_variables
 from sparktf.training.tables.optimizer_state_store import (optimizer_state_root, prune_optimizer_state_folders,
                                                            read_optimizer_state_rows, remove_temporary_root)
 from sparktf.training.tables.plan import ShardPlan, ShardingRequest, embedding_layers
 from sparktf.training.tables.sharded_tables import apply_without_optimizer_state, optimizer_state_positions
+from sparktf.training.tables.update_form import TableUpdates
 
 __all__ = ["DriverTables"]
 
@@ -32,23 +32,25 @@ _LOG = logging.getLogger("sparktf.optimizer")  # where training tells the user w
 
 
 class DriverTables:
-    """One ``TFOptimizer``'s sharded tables on the driver: the plan for ``num_workers`` and the optimizer-state root
-    folder.
+    """One ``TFOptimizer``'s tables on the driver: how its optimizer updates them, the plan of the sharded ones for
+    ``num_workers`` and their optimizer-state root folder.
 
     Parameters
     ----------
     plan : ShardPlan
-        The tables sharded (none: every table replicated, and this does nothing).
+        The tables sharded (none: every table replicated).
+    updates : TableUpdates
+        How the model's optimizer updates tables, probed here once; every
+        segment's spec carries it to the workers.
     root : str, optional
-        Where the ranks write the optimizer-state folders; None when nothing is sharded or the optimizer has no
-        optimizer state
-        (plain SGD).
+        Where the ranks write the optimizer-state folders; None when nothing is sharded or the optimizer keeps no
+        state per row (plain SGD).
     temporary : bool
         ``root`` is a temporary folder, deleted with this object.
     """
 
-    def __init__(self, plan: ShardPlan, root: Optional[str] = None, temporary: bool = False):
-        self.plan, self.root = plan, root
+    def __init__(self, plan: ShardPlan, updates: TableUpdates, root: Optional[str] = None, temporary: bool = False):
+        self.plan, self.updates, self.root = plan, updates, root
         if temporary:
             weakref.finalize(self, remove_temporary_root, root)
 
@@ -66,10 +68,11 @@ class DriverTables:
             state.
         """
         plan = ShardingRequest.of_keyword(sharded_tables, session).plan(model, num_workers)
+        updates = TableUpdates.probe(model.optimizer)
         root, temporary = None, False
-        if plan.tables and _has_optimizer_state(model.optimizer, plan.tables[0].row_shape):
+        if plan.tables and updates.row_state:
             root, temporary = optimizer_state_root(model_dir, session.master)
-        tables = cls(plan, root, temporary)
+        tables = cls(plan, updates, root, temporary)
         tables.build_optimizer(model)
         return tables
 
@@ -93,7 +96,7 @@ class DriverTables:
         if not optimizer.built:
             optimizer.build([v for v in model.trainable_variables if id(v) not in tables])
             return
-        known = {id(v) for v in optimizer._trainable_variables}
+        known = {id(v) for v in tracked_variables(optimizer)}
         if self.root and tables & known:
             raise ConfigurationError(
                 f"the model's optimizer was built (by fit, or build) with optimizer state for the sharded tables "
@@ -159,12 +162,3 @@ class DriverTables:
             _LOG.warning("old folders of the sharded tables' optimizer state in %s could not be deleted (%s); the "
                          "next segment's end tries again", self.root, error)
 
-
-def _has_optimizer_state(optimizer: Any, row_shape: Tuple[int, ...]) -> bool:
-    """Whether ``optimizer``'s kind keeps per-row state for a table of ``row_shape`` rows."""
-    import keras
-
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss-scaled: refused later, by name
-    probe = type(optimizer).from_config(optimizer.get_config())
-    probe.build([keras.Variable(np.zeros((1, *row_shape), np.float32))])
-    return any(len(variable.shape) for variable in probe.variables)

@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
+from sparktf.training.tables.keras_internals import call_nodes, column_of
+
 __all__ = ["Lookup", "lookup_of", "other_readers"]
 
 
@@ -51,7 +53,7 @@ def input_names(model: Any) -> List[str]:
 def lookup_of(model: Any, layer: Any) -> Tuple[Optional[Lookup], Optional[str]]:
     """``(lookup, None)`` when ``layer`` is called once, on a model input of integer ids or on one column of one;
     ``(None, reason)`` otherwise."""
-    nodes = list(getattr(layer, "_inbound_nodes", ()))
+    nodes = call_nodes(layer)
     if len(nodes) != 1:
         return None, f"it is called {len(nodes)} times (a sharded table is looked up by one model input)"
     tensors = list(nodes[0].input_tensors)
@@ -84,7 +86,7 @@ def other_readers(model: Any, lookups: Dict[str, Lookup]) -> Dict[str, str]:
         on_input.setdefault(input_name, set()).update(names)
     conflicts: Dict[str, str] = {}
     for operation in getattr(model, "operations", ()):
-        for node in getattr(operation, "_inbound_nodes", ()):
+        for node in call_nodes(operation):
             for tensor in node.input_tensors:
                 if id(tensor) in inputs and name_of[id(tensor)] in on_input:  # the input itself
                     whole = tables_of.get((name_of[id(tensor)], None))
@@ -109,21 +111,17 @@ def other_readers(model: Any, lookups: Dict[str, Lookup]) -> Dict[str, str]:
 def _input_column(tensor: Any, inputs: Dict[int, Any]) -> Tuple[Any, Optional[int]]:
     """``(model input, column)`` when ``tensor`` is ``input[:, column]`` of a 2-D model input; ``(None, None)``
     otherwise."""
-    history = getattr(tensor, "_keras_history", None)
-    if history is None or type(history.operation).__name__ != "GetItem":
+    found = column_of(tensor)
+    if found is None:
         return None, None
-    nodes = getattr(history.operation, "_inbound_nodes", ())
-    if history.node_index >= len(nodes):
+    source, key = found
+    if id(source) not in inputs or len(source.shape) != 2:
         return None, None
-    args = nodes[history.node_index].arguments.args
-    if len(args) != 2 or id(args[0]) not in inputs or len(args[0].shape) != 2:
-        return None, None
-    key = args[1]
     if not (isinstance(key, tuple) and len(key) == 2 and key[0] == slice(None)
             and isinstance(key[1], (int, np.integer)) and not isinstance(key[1], bool)):
         return None, None
-    width = args[0].shape[1]
+    width = source.shape[1]
     column = int(key[1])
     if width is None or not -width <= column < width:
         return None, None
-    return args[0], column % width
+    return source, column % width

@@ -26,6 +26,7 @@ import numpy as np
 
 from sparktf.errors import ConfigurationError
 from sparktf.spark.cluster import size_setting
+from sparktf.training.tables.keras_internals import nested_layers
 from sparktf.training.tables.lookups import Lookup, lookup_of, other_readers
 
 __all__ = ["ShardedTable", "ShardPlan", "ShardingRequest", "SHARD_TABLE_BYTES_CONF", "SHARD_TABLES_CONF"]
@@ -169,8 +170,7 @@ def embedding_layers(model: Any) -> Dict[str, Any]:
     """The model's ``Embedding`` layers (nested models' included), by name."""
     import keras
 
-    return {layer.name: layer for layer in model._flatten_layers(include_self=False)
-            if isinstance(layer, keras.layers.Embedding)}
+    return {layer.name: layer for layer in nested_layers(model) if isinstance(layer, keras.layers.Embedding)}
 
 
 def _refuse(name: str, reason: str, chosen: bool, table_bytes: int) -> None:

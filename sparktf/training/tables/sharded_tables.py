@@ -39,13 +39,14 @@ import tensorflow as tf
 from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
+from sparktf.training.tables.keras_internals import row_state_variables, tracked_variables
 from sparktf.training.tables.lookups import input_names
 from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, read_optimizer_state_rows,
                                                            write_optimizer_state_rows)
 from sparktf.training.tables.plan import ShardedTable, ShardPlan, embedding_layers
 from sparktf.training.tables.row_sums import merge_rows
 from sparktf.training.tables.sparse_kernels import apply_rows
-from sparktf.training.tables.update_form import update_form
+from sparktf.training.tables.update_form import TableUpdates
 
 __all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_optimizer_state",
            "optimizer_state_positions", "state_rows", "table_indices", "working_features", "working_model"]
@@ -158,11 +159,13 @@ class RankShards:
     values change, and a process never holds two ranks' shards.
     """
 
-    def __init__(self, plan: ShardPlan, model: Any, rank: int, communicator: Any, kept: Optional[dict] = None):
+    def __init__(self, plan: ShardPlan, model: Any, rank: int, communicator: Any, kept: Optional[dict] = None,
+                 updates: Optional[TableUpdates] = None):
         self._comm = communicator
         self._plan = plan
         self._model = model
-        self._shards = _shards(plan, model, rank, {} if kept is None else kept)
+        updates = updates or TableUpdates.probe(model.optimizer)  # given: as the driver probed them
+        self._shards = _shards(plan, model, rank, {} if kept is None else kept, updates.form())
         self._by_layer = {shard.table.layer: shard for shard in self._shards}
 
     @property
@@ -185,7 +188,7 @@ class RankShards:
         for shard in self._shards:
             count = shard.table.rows_per_rank
             shard.rows.assign(_padded(held[shard.table.layer], count))
-            variables = _row_state_variables(shard.optimizer, shard.rows)
+            variables = row_state_variables(shard.optimizer, shard.rows)
             stored = read_optimizer_state_rows(folder, shard.table.layer, shard.start, shard.end,
                                                sorted(variables)) if folder and shard.end > shard.start else {}
             for kind, state_variable in variables.items():
@@ -259,7 +262,7 @@ class RankShards:
         for shard in self._shards:
             write_optimizer_state_rows(folder, shard.table.layer, shard.start, shard.end, {
                 kind: np.asarray(slot.value, np.float32)[:shard.end - shard.start]
-                for kind, slot in _row_state_variables(shard.optimizer, shard.rows).items()})
+                for kind, slot in row_state_variables(shard.optimizer, shard.rows).items()})
         return folder
 
     def captured_state(self, iteration: int) -> Tuple[ModelState, RowRanges]:
@@ -313,9 +316,10 @@ class RankShards:
         return out, counts
 
 
-def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
+def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict, form: str) -> List[_Shard]:
     """Rank ``rank``'s shards of the plan's tables: their variables, optimizer clones built on them and functions
-    taken from ``kept`` (by table) or made there. Every rank's shard has ``rows_per_rank`` rows (a last rank that
+    (updates in the ``form`` of :mod:`~sparktf.training.tables.update_form`) taken from ``kept`` (by table) or made
+    there. Every rank's shard has ``rows_per_rank`` rows (a last rank that
     owns fewer leaves the rest zero and untouched), so that one set serves whichever rank the process is."""
     trainable = {id(v): i for i, v in enumerate(model.trainable_variables)}
     layers = embedding_layers(model)
@@ -329,9 +333,8 @@ def _shards(plan: ShardPlan, model: Any, rank: int, kept: dict) -> List[_Shard]:
                                   name=f"{table.layer}_shard")
             optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
             optimizer.build([rows])
-            form = update_form(optimizer)
             initial = {kind: np.asarray(variable.value[0], np.float32)
-                       for kind, variable in _row_state_variables(optimizer, rows).items()}
+                       for kind, variable in row_state_variables(optimizer, rows).items()}
             kept[key] = (rows, optimizer, _update_function(optimizer, rows, form), _gather_function(rows, form),
                          initial)
         shards.append(_Shard(table, working, trainable[id(working)], start, end, *kept[key]))
@@ -353,9 +356,9 @@ def _working_variables(model: Any, plan: ShardPlan) -> Dict[int, str]:
 def _optimizer_state_owners(optimizer: Any, working: Dict[int, str]) -> Dict[int, Tuple[str, str]]:
     """``id(slot) -> (layer, kind)`` of the optimizer state of the working tables."""
     owners = {}
-    for variable in optimizer._trainable_variables:
+    for variable in tracked_variables(optimizer):
         if id(variable) in working:
-            for kind, slot in _row_state_variables(optimizer, variable).items():
+            for kind, slot in row_state_variables(optimizer, variable).items():
                 owners[id(slot)] = (working[id(variable)], kind)
     return owners
 
@@ -376,13 +379,6 @@ def _by_owner(table: ShardedTable, ids: np.ndarray) -> Tuple[List[np.ndarray], n
     grouped = ids[order]
     bounds = np.searchsorted(owners[order], np.arange(table.world_size + 1))
     return [grouped[bounds[r]:bounds[r + 1]] for r in range(table.world_size)], order
-
-
-def _row_state_variables(optimizer: Any, variable: Any) -> Dict[str, Any]:
-    """The optimizer's per-row variables of ``variable``, by kind (``"momentum"``, ``"velocity"``, ...)."""
-    prefix = variable.path.replace("/", "_") + "_"
-    return {slot.name[len(prefix):]: slot for slot in optimizer.variables
-            if slot.name.startswith(prefix) and len(slot.shape) and slot.shape[0] == variable.shape[0]}
 
 
 def _gathered_rows(shard: _Shard, ids: np.ndarray) -> np.ndarray:

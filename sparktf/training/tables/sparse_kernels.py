@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from sparktf.optimizers import LazyAdam, RowWiseAdagrad
 from sparktf.optimizers.rows import native_variable, sum_duplicate_rows
+from sparktf.training.tables.keras_internals import optimizer_tracks
 
 __all__ = ["ADAGRAD_KERNEL", "LAZY_ADAM_KERNEL", "ROW_WISE_ADAGRAD_KERNEL", "apply_rows", "kernel_description",
            "sparse_kernel"]
@@ -134,7 +135,7 @@ def apply_rows(optimizer: Any, variable: Any, slices: tf.IndexedSlices, learning
     kernel = sparse_kernel(optimizer)
     if kernel is None:
         raise ValueError(f"{type(optimizer).__name__} has no exact sparse kernel ({_refusal(optimizer)})")
-    if not optimizer.built or optimizer._var_key(variable) not in optimizer._trainable_variables_indices:
+    if not optimizer_tracks(optimizer, variable):
         raise ValueError(f"the optimizer was not built with {getattr(variable, 'path', variable.name)}: call "
                          "optimizer.build(model.trainable_variables) before applying rows")
     if learning_rate is None:

@@ -1,4 +1,4 @@
-"""In what form an optimizer gets an ``Embedding`` table's rows, probed on copies of it; the padding of rows.
+"""In what form an optimizer gets an ``Embedding`` table's rows, probed once on the driver on copies of it.
 
 Keras hands an optimizer a ``tf.IndexedSlices`` for a gathered table, and
 TensorFlow applies it with row updates (``scatter_*``). Those switch the
@@ -31,20 +31,24 @@ finds on copies of the optimizer:
   config) gets the ``tf.IndexedSlices`` as Keras would pass them.
 
 Each form gives the update Keras' own ``optimizer.apply`` of the rows would.
-:func:`log_table_updates` says on the driver which one each table gets.
+The driver probes its optimizer once (:meth:`TableUpdates.probe`) and ships
+the result in every segment's spec, so the workers never probe;
+:func:`log_table_updates` says on the driver which form each table gets.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, List, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from sparktf.training.tables.keras_internals import nested_layers
 from sparktf.training.tables.sparse_kernels import kernel_description, sparse_kernel
 
-__all__ = ["MAX_PADDED_TABLES", "log_table_updates", "update_form"]
+__all__ = ["MAX_PADDED_TABLES", "TableUpdates", "log_table_updates"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +65,38 @@ _FORM_WORDS = {
 }
 
 
-def update_form(optimizer: Any, tables: int = 1) -> str:
-    """``"dense"``, ``"padded"``, ``"kernel"`` or ``"rows"``: how ``optimizer`` gets the rows of a model's
-    ``tables`` tables (see the module docstring)."""
+@dataclass(frozen=True)
+class TableUpdates:
+    """How an optimizer updates ``Embedding`` tables, probed on the driver and shipped to the workers.
+
+    Attributes
+    ----------
+    kind : str
+        ``"dense"``, ``"padded"``, ``"kernel"`` or ``"rows"``: the form of one
+        table's rows (see the module docstring).
+    row_state : bool
+        Whether the optimizer keeps state per row (a sharded table's lives in
+        files between segments then); True when it could not be probed.
+    """
+
+    kind: str
+    row_state: bool
+
+    @classmethod
+    def probe(cls, optimizer: Any) -> "TableUpdates":
+        """The updates of ``optimizer``, found on copies of it (about 0.1 s; the optimizer itself is untouched)."""
+        kind, row_state = _probed(optimizer)
+        inner = getattr(optimizer, "inner_optimizer", None)  # loss-scaled: refused with sharded tables, by name
+        return cls(kind, _probed(inner)[1] if inner is not None else row_state)
+
+    def form(self, tables: int = 1) -> str:
+        """The form of the rows of a model's ``tables`` tables updated together: padded tables compile once per
+        combination of their shapes, so more than :data:`MAX_PADDED_TABLES` get ``"rows"``."""
+        return "rows" if self.kind == "padded" and tables > MAX_PADDED_TABLES else self.kind
+
+
+def _probed(optimizer: Any) -> Tuple[str, bool]:
+    """``(kind, row_state)`` of ``optimizer`` (see :class:`TableUpdates`)."""
     try:
         sliced = _probe(optimizer, lambda row, value: _slices([(row, value)]))
         dense = _probe(optimizer, lambda row, value: tf.convert_to_tensor(_slices([(row, value)])))
@@ -72,26 +105,27 @@ def update_form(optimizer: Any, tables: int = 1) -> str:
     except Exception as error:  # a custom optimizer without a usable config: keep its own sparse update
         logger.debug("could not probe %s's update of rows (%r); it gets IndexedSlices",
                      type(optimizer).__name__, error)
-        return "rows"
+        return "rows", True
     (first, last), (_, dense_last), (_, padded_last) = sliced, dense, padded
     moved = not np.array_equal(first[0][0], last[0][0])  # row 0, touched by the first step only
-    if moved and all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(last, dense_last)):
-        return "dense"
     row_state = any(slot.shape[:1] == _SHAPE[:1] for slot in last[1:])  # per row: (rows, ...) or (rows,)
+    if moved and all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(last, dense_last)):
+        return "dense", row_state
     if not moved and not row_state and all(np.array_equal(a, b) for a, b in zip(last, padded_last)):
-        return "padded" if tables <= MAX_PADDED_TABLES else "rows"
-    return "kernel" if sparse_kernel(optimizer) is not None else "rows"
+        return "padded", row_state
+    return ("kernel" if sparse_kernel(optimizer) is not None else "rows"), row_state
 
 
-def log_table_updates(model: Any) -> None:
-    """Log at INFO, once, how ``model``'s optimizer updates each ``Embedding`` table (nothing without tables)."""
+def log_table_updates(model: Any, updates: TableUpdates) -> None:
+    """Log at INFO, once, how ``model``'s optimizer updates each ``Embedding`` table (``updates``: as probed;
+    nothing without tables)."""
     import keras
 
-    tables = [layer.embeddings.path for layer in model._flatten_layers()
+    tables = [layer.embeddings.path for layer in nested_layers(model, include_self=True)
               if isinstance(layer, keras.layers.Embedding) and layer.trainable]
     if not tables or model.optimizer is None:
         return
-    form = update_form(model.optimizer, len(tables))
+    form = updates.form(len(tables))
     words = kernel_description(model.optimizer) if form == "kernel" else _FORM_WORDS[form]
     for path in tables:
         logger.info("embedding table %s gets its %s update %s", path, type(model.optimizer).__name__, words)

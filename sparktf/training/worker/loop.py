@@ -40,6 +40,7 @@ from sparktf.training.state_source import StateSource
 from sparktf.training.tables.plan import ShardPlan
 from sparktf.training.tables.sharded_tables import (HeldTables, RankShards, apply_start_state, state_rows,
                                                     working_features, working_model)
+from sparktf.training.tables.update_form import TableUpdates
 from sparktf.training.worker.class_weights import ClassWeights, batch_parts
 from sparktf.training.worker.failures import classified_failures
 from sparktf.training.worker.gradient_exchange import GradientExchange, Traffic
@@ -106,6 +107,9 @@ class SegmentSpec:
     sharding : ShardPlan
         The embedding tables the launch's workers split among them (see
         :mod:`sparktf.training.tables`), planned on the driver.
+    table_updates : TableUpdates, optional
+        How the model's optimizer updates its tables, probed once on the
+        driver (None: probed here, when a table needs it).
     optimizer_state_root : str, optional
         Where the ranks write the sharded tables' slots at the end (``optimizer_state_store``).
     single_pass : SinglePass, optional
@@ -133,6 +137,7 @@ class SegmentSpec:
     class_weight: Optional[ClassWeights] = None
     maps: Optional[MappedElements] = None
     sharding: ShardPlan = ShardPlan((), 1)
+    table_updates: Optional[TableUpdates] = None
     optimizer_state_root: Optional[str] = None
     single_pass: Optional[SinglePass] = None
     profile_steps: Optional[Tuple[int, int]] = None
@@ -240,7 +245,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         try:
             heartbeat.phase = "train"
             batches = itertools.chain([first_batch], stream)
-            shards = _rank_shards(spec.sharding, held, kept, step, rank, communicator)
+            shards = _rank_shards(spec, held, kept, step, rank, communicator)
             held = None  # the shards hold their copy now
             result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
@@ -399,14 +404,15 @@ def _prepared_step(
     return step, held, kept
 
 
-def _rank_shards(plan: ShardPlan, held: Tuple[HeldTables, Optional[str]], kept: Optional[dict], step: TrainStep,
+def _rank_shards(spec: SegmentSpec, held: Tuple[HeldTables, Optional[str]], kept: Optional[dict], step: TrainStep,
                  rank: int, communicator: Any) -> Optional[RankShards]:
-    """This rank's shards of the plan's tables (None: none), holding its share of the start state and its optimizer
-    state."""
+    """This rank's shards of the spec's sharded tables (None: none), holding its share of the start state and its
+    optimizer state."""
     step.sharded = frozenset()
+    plan = spec.sharding
     if not plan.tables:
         return None
-    shards = RankShards(plan, step.model, rank, communicator, kept)
+    shards = RankShards(plan, step.model, rank, communicator, kept, spec.table_updates)
     shards.start(*held)
     step.sharded = shards.positions
     return shards
@@ -489,10 +495,11 @@ def _cached_step(spec: SegmentSpec) -> Tuple[TrainStep, Optional[dict]]:
     plan = spec.sharding
     if not plan.tables:
         model = load_cached(spec.payload)  # the key names the model object: a reloaded model gets a new step
-        return cached(f"{key}/{id(model)}", lambda: TrainStep(model, spec.clipping)), None
+        return cached(f"{key}/{id(model)}", lambda: TrainStep(model, spec.clipping, spec.table_updates)), None
     local_batch = max(spec.local_batches)
     return cached(f"{key}/sharded/{plan!r}/{local_batch}", lambda: (
-        TrainStep(working_model(ModelPayload.from_bytes(spec.payload.value), plan, local_batch), spec.clipping), {}))
+        TrainStep(working_model(ModelPayload.from_bytes(spec.payload.value), plan, local_batch), spec.clipping,
+                  spec.table_updates), {}))
 
 
 def _average_non_trainable(model: Any, communicator: Any) -> None:

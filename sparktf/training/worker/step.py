@@ -40,7 +40,7 @@ from sparktf.training.metric_state import (build_metrics, metric_results, metric
                                            training_metrics)
 from sparktf.training.tables.compiled_update import CompiledUpdate, lowers_to_hlo
 from sparktf.training.tables.sparse_kernels import apply_rows
-from sparktf.training.tables.update_form import update_form
+from sparktf.training.tables.update_form import TableUpdates
 from sparktf.training.worker.failures import exchange_failure
 from sparktf.training.worker.gradient_exchange import ExchangedParts, GradientExchange, GradientLayout
 
@@ -122,8 +122,10 @@ class TrainStep:
         Clipping of the global gradient before the update.
     """
 
-    def __init__(self, model: Any, clipping: Optional[GradientClipping] = None):
+    def __init__(self, model: Any, clipping: Optional[GradientClipping] = None,
+                 table_updates: Optional[TableUpdates] = None):
         self.model = model
+        self._table_updates = table_updates  # as the driver probed them (None: probed here when a table needs it)
         self.optimizer = model.optimizer
         self.variables = list(model.trainable_variables)
         if not self.optimizer.built:
@@ -382,7 +384,9 @@ class TrainStep:
         def update(dense: tf.Tensor, sparse: list) -> tf.Tensor:
             return self._update(layout, dense, sparse)
 
-        form = update_form(self.optimizer, len(layout.sparse)) if layout.sparse else "dense"
+        if layout.sparse and self._table_updates is None:
+            self._table_updates = TableUpdates.probe(self.optimizer)
+        form = self._table_updates.form(len(layout.sparse)) if layout.sparse else "dense"
         if form == "kernel":  # the touched rows alone, with the optimizer's exact row update
             return _Update(tf.function(lambda dense, sparse: self._update(layout, dense, sparse, row_kernels=True),
                                        input_signature=[dense_spec, rows], autograph=False), False)

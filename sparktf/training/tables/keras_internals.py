@@ -1,0 +1,61 @@
+"""The parts of Keras that are not public API and that table handling reads, in one place.
+
+Keras 3 has no public way to list a model's nested layers, the variables an
+optimizer was built for, the per-variable state it keeps, or how a functional
+graph's layers are called. Table handling needs each: which ``Embedding``
+layers a model has, which optimizer variables are a table's state (and of
+which kind: ``"momentum"``, ``"velocity"``, ...), and whether a table's ids
+are a model input or a column of one (``ids[:, i]``, Keras' ``GetItem``).
+When Keras changes one of these, this module is what changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["call_nodes", "column_of", "nested_layers", "optimizer_tracks", "row_state_variables", "tracked_variables"]
+
+
+def nested_layers(model: Any, include_self: bool = False) -> List[Any]:
+    """Every layer of ``model``, nested models' included (``Model._flatten_layers``)."""
+    return list(model._flatten_layers(include_self=include_self))
+
+
+def tracked_variables(optimizer: Any) -> List[Any]:
+    """The variables ``optimizer`` was built for (``_trainable_variables``)."""
+    return list(optimizer._trainable_variables)
+
+
+def optimizer_tracks(optimizer: Any, variable: Any) -> bool:
+    """Whether ``optimizer`` was built for ``variable`` (and so holds its state)."""
+    return optimizer.built and optimizer._var_key(variable) in optimizer._trainable_variables_indices
+
+
+def row_state_variables(optimizer: Any, variable: Any) -> Dict[str, Any]:
+    """The optimizer's variables holding ``variable``'s state per row, by kind (``"momentum"``, ``"velocity"``, ...).
+
+    Keras names a state variable ``<variable path with "/" as "_">_<kind>``
+    (``add_variable_from_reference``); its first dimension is the rows'.
+    """
+    prefix = variable.path.replace("/", "_") + "_"
+    return {state.name[len(prefix):]: state for state in optimizer.variables
+            if state.name.startswith(prefix) and len(state.shape) and state.shape[0] == variable.shape[0]}
+
+
+def call_nodes(operation: Any) -> List[Any]:
+    """The calls of a layer or operation in functional graphs (``_inbound_nodes``): each has ``input_tensors``,
+    ``output_tensors`` and ``arguments``."""
+    return list(getattr(operation, "_inbound_nodes", ()))
+
+
+def column_of(tensor: Any) -> Optional[Tuple[Any, Any]]:
+    """``(source tensor, key)`` when ``tensor`` is ``source[key]`` in a functional graph (Keras' ``GetItem``
+    operation, which ``ids[:, i]`` makes); None otherwise."""
+    history = getattr(tensor, "_keras_history", None)
+    if history is None or type(history.operation).__name__ != "GetItem":
+        return None
+    nodes = call_nodes(history.operation)
+    if history.node_index >= len(nodes):
+        return None
+    args = nodes[history.node_index].arguments.args
+    return (args[0], args[1]) if len(args) == 2 else None
