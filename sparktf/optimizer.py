@@ -18,7 +18,7 @@ from sparktf.spark.calls import call_scope
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
 from sparktf.streaming.stream_dataset import resolved_for
 from sparktf.summary import TrainSummary, ValidationSummary
-from sparktf.training.driver import (DriverTables, GradientClipping, RunRequest, RunSettings, RunState, TrainingRun,
+from sparktf.training.driver import (GradientClipping, RunRequest, RunSettings, RunState, TableStrategy, TrainingRun,
                                      check_labels, check_membership, check_optimize, check_settings,
                                      checked_profile_steps, compile_with_loss, default_verbose, evaluate_model,
                                      find_checkpoint, load_checkpoint, log_table_updates, recompile)
@@ -119,7 +119,7 @@ class TFOptimizer:
         self._state = RunState()  # where training stands: what the next optimize resumes from
         self._payload = None
         self.history: Any = None  # the last optimize call's keras.callbacks.History
-        self._tables = DriverTables.of(model, self.session, self.num_workers, model_dir,  # builds the optimizer
+        self._tables = TableStrategy.of(model, self.session, self.num_workers, model_dir,  # builds the optimizer
                                        sharded_tables)
         log_table_updates(model, self._tables.updates)
 

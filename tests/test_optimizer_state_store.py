@@ -73,14 +73,14 @@ def test_a_checkpoint_names_its_slots_folder_relative_to_model_dir(tmp_path):
 
 
 def test_the_drivers_optimizer_has_no_slots_of_a_sharded_table_and_its_folder_goes_with_it(tmp_path):
-    from sparktf.training.tables.driver_tables import DriverTables
+    from sparktf.training.tables.strategy import ReplicatedTables, ShardedTables
 
     model = recommender()
     model.compile(keras.optimizers.Adam(), "mse")
     plan = ShardPlan.of(model, 2, None, {"users": True})
     root = str(tmp_path / "slots")
     os.mkdir(root)
-    tables = DriverTables(plan, ADAM, root, temporary=True)
+    tables = ShardedTables(plan, ADAM, root, temporary=True)
     tables.build_optimizer(model)
     shapes = [tuple(v.shape) for v in model.optimizer.variables]
     assert (1001, 8) not in shapes and shapes.count((50, 4)) == 2  # Adam's two slots of the replicated table only
@@ -93,15 +93,15 @@ def test_the_drivers_optimizer_has_no_slots_of_a_sharded_table_and_its_folder_go
     built.compile(keras.optimizers.Adam(), "mse")
     built.optimizer.build(built.trainable_variables)  # e.g. by fit
     with pytest.raises(ConfigurationError, match=r"built .* with optimizer state for the sharded tables \['users'\]"):
-        DriverTables(plan, ADAM, root).build_optimizer(built)
+        ShardedTables(plan, ADAM, root).build_optimizer(built)
 
 
 def test_an_optimizer_a_sharded_run_built_is_refused_by_a_replicated_one(tmp_path):
-    from sparktf.training.tables.driver_tables import DriverTables
+    from sparktf.training.tables.strategy import ReplicatedTables, ShardedTables
 
     model = recommender()
     model.compile(keras.optimizers.Adam(), "mse")
-    DriverTables(ShardPlan.of(model, 2, None, {"users": True}), ADAM, str(tmp_path)).build_optimizer(model)
+    ShardedTables(ShardPlan.of(model, 2, None, {"users": True}), ADAM, str(tmp_path)).build_optimizer(model)
     with pytest.raises(ConfigurationError, match=r"no optimizer state for \['users/embeddings'\] .* compile the model again"):
-        DriverTables(ShardPlan((), 2), ADAM).build_optimizer(model)
-    DriverTables(ShardPlan.of(model, 2, None, {"users": True}), ADAM, str(tmp_path)).build_optimizer(model)  # sharded again
+        ReplicatedTables(ShardPlan((), 2), ADAM).build_optimizer(model)
+    ShardedTables(ShardPlan.of(model, 2, None, {"users": True}), ADAM, str(tmp_path)).build_optimizer(model)  # sharded again

@@ -18,12 +18,12 @@ from sparktf.training.driver.callbacks import default_verbose
 from sparktf.training.driver.preflight import (check_labels, check_membership, check_optimize, check_settings,
                                                checked_profile_steps, compile_with_loss, recompile)
 from sparktf.training.driver.run import RunRequest, RunSettings, RunState, TrainingRun, evaluate_model
-from sparktf.training.tables.driver_tables import DriverTables
+from sparktf.training.tables.strategy import TableStrategy
 from sparktf.training.tables.update_form import log_table_updates
 from sparktf.training.worker.single_pass import SinglePass
 from sparktf.training.worker.step import GradientClipping
 
-__all__ = ["DriverTables", "GradientClipping", "RunRequest", "RunSettings", "RunState", "SinglePass", "TrainingRun",
+__all__ = ["GradientClipping", "RunRequest", "RunSettings", "RunState", "SinglePass", "TableStrategy", "TrainingRun",
            "check_labels", "check_membership", "check_optimize", "check_settings", "checked_profile_steps",
            "compile_with_loss", "default_verbose", "evaluate_model", "find_checkpoint", "latest_checkpoint",
            "load_checkpoint", "log_table_updates", "recompile"]

@@ -35,7 +35,7 @@ from sparktf.training.driver.inputs import WorkerInputs
 from sparktf.training.driver.membership import Membership
 from sparktf.training.driver.segment_job import SegmentRunner
 from sparktf.training.driver.segment_records import record_segment, record_validation
-from sparktf.training.tables.driver_tables import DriverTables
+from sparktf.training.tables.strategy import TableStrategy
 from sparktf.training.tables.plan import ShardPlan, check_trainable
 from sparktf.training.worker.loop import SegmentResult, SegmentSpec
 from sparktf.training.worker.single_pass import SinglePass
@@ -59,7 +59,7 @@ class RunSettings:
     resource_profile: Any
     model_dir: Optional[str]
     keep_checkpoints: Optional[int]
-    tables: DriverTables
+    tables: TableStrategy
 
 
 @dataclass

@@ -9,7 +9,7 @@ summed by id; ``keras_internals``: the Keras internals all of this reads;
 Spark); ``lookups``: how a table's ids reach it; ``sharded_tables``: a rank's
 shards, looked up and updated each step; ``optimizer_state_store``: their
 optimizer state in files between segments; ``sharded_evaluation``: an
-evaluation task's batch of rows; ``driver_tables``: the driver's optimizer and
-states without that state. Below the worker's and the driver's
-sides, which both use it.
+evaluation task's batch of rows; ``strategy``: replicated or sharded, as one
+``TableStrategy`` on the driver (its optimizer, states and checkpoints). Below
+the worker's and the driver's sides, which both use it.
 """

@@ -1,14 +1,22 @@
-"""The driver's side of sharded tables: its optimizer without their optimizer state, where that optimizer state
-lives, and the states it holds and checkpoints without them.
+"""How one ``TFOptimizer``'s ``Embedding`` tables train, as one strategy: replicated, or sharded.
 
-The driver holds the model the user built, its full tables included, but
-never a sharded table's optimizer state: its optimizer is built without the
-sharded tables (:meth:`DriverTables.build_optimizer`), the ranks keep the
-slots in files between segments (:mod:`~sparktf.training.tables.optimizer_state_store`)
-and the driver's states and checkpoints name the folder of their iteration
-instead (``ModelState.optimizer_state_folder``). After ``optimize`` the model's optimizer
-therefore knows no sharded table: ``model.fit`` needs ``model.compile`` again
-(fresh optimizer state), while prediction, ``save`` and export need nothing.
+Every worker holds a **replicated** table whole, with its optimizer state,
+as it holds every other variable. A **sharded** table is split among the
+workers (:mod:`~sparktf.training.tables.sharded_tables`): each rank holds its
+rows and their optimizer state. The driver holds the model the user built,
+its full tables included, but never a sharded table's optimizer state: its
+optimizer is built without the sharded tables (:meth:`TableStrategy.build_optimizer`),
+the ranks keep that state in files between segments
+(:mod:`~sparktf.training.tables.optimizer_state_store`) and the driver's
+states and checkpoints name the folder of their iteration instead
+(``ModelState.optimizer_state_folder``). After ``optimize`` the model's
+optimizer therefore knows no sharded table: ``model.fit`` needs
+``model.compile`` again (fresh optimizer state), while prediction, ``save``
+and export need nothing.
+
+:meth:`TableStrategy.of` picks the strategy and probes, once, how the
+optimizer updates tables (:class:`~sparktf.training.tables.update_form.TableUpdates`,
+shipped to the workers in every segment's spec).
 """
 
 from __future__ import annotations
@@ -26,59 +34,53 @@ from sparktf.training.tables.plan import ShardPlan, ShardingRequest, embedding_l
 from sparktf.training.tables.sharded_tables import apply_without_optimizer_state, optimizer_state_positions
 from sparktf.training.tables.update_form import TableUpdates
 
-__all__ = ["DriverTables"]
+__all__ = ["ReplicatedTables", "ShardedTables", "TableStrategy"]
 
 _LOG = logging.getLogger("sparktf.optimizer")  # where training tells the user what happens
 
 
-class DriverTables:
-    """One ``TFOptimizer``'s tables on the driver: how its optimizer updates them, the plan of the sharded ones for
-    ``num_workers`` and their optimizer-state root folder.
+class TableStrategy:
+    """The driver's side of one ``TFOptimizer``'s tables: how its optimizer updates them (``updates``), the sharded
+    ones' plan (``plan``, empty when replicated) and where their optimizer state lives between segments
+    (``root``, None when the driver's states hold it all).
 
-    Parameters
-    ----------
-    plan : ShardPlan
-        The tables sharded (none: every table replicated).
-    updates : TableUpdates
-        How the model's optimizer updates tables, probed here once; every
-        segment's spec carries it to the workers.
-    root : str, optional
-        Where the ranks write the optimizer-state folders; None when nothing is sharded or the optimizer keeps no
-        state per row (plain SGD).
-    temporary : bool
-        ``root`` is a temporary folder, deleted with this object.
+    The two strategies differ only in where a table's optimizer state lives:
+    :class:`ReplicatedTables` keeps it in the model's optimizer,
+    :class:`ShardedTables` (with an optimizer that keeps state per row) in
+    the ranks' files.
     """
 
-    def __init__(self, plan: ShardPlan, updates: TableUpdates, root: Optional[str] = None, temporary: bool = False):
-        self.plan, self.updates, self.root = plan, updates, root
-        if temporary:
-            weakref.finalize(self, remove_temporary_root, root)
+    plan: ShardPlan
+    updates: TableUpdates
+    root: Optional[str] = None
 
-    @classmethod
-    def of(cls, model: Any, session: Any, num_workers: int, model_dir: Optional[str],
-           sharded_tables: Any = "session") -> "DriverTables":
-        """``sharded_tables`` (by default the session's sharding settings) applied to ``model`` (see
+    @staticmethod
+    def of(model: Any, session: Any, num_workers: int, model_dir: Optional[str],
+           sharded_tables: Any = "session") -> "TableStrategy":
+        """The strategy ``sharded_tables`` (by default the session's sharding settings) asks for ``model`` (see
         ``ShardingRequest.of_keyword``), its optimizer built.
 
         Raises
         ------
         ConfigurationError
-            A table cannot be sharded as asked; the optimizer has optimizer state and no folder every executor reaches
-            can hold them (no ``model_dir`` on a cluster); or the optimizer was built with a sharded table's optimizer
-            state.
+            A table cannot be sharded as asked; the optimizer keeps state per row and no folder every executor
+            reaches can hold it (no ``model_dir`` on a cluster); or the optimizer was built with a sharded table's
+            optimizer state.
         """
         plan = ShardingRequest.of_keyword(sharded_tables, session).plan(model, num_workers)
         updates = TableUpdates.probe(model.optimizer)
-        root, temporary = None, False
-        if plan.tables and updates.row_state:
-            root, temporary = optimizer_state_root(model_dir, session.master)
-        tables = cls(plan, updates, root, temporary)
-        tables.build_optimizer(model)
-        return tables
+        if not plan.tables:
+            strategy: TableStrategy = ReplicatedTables(plan, updates)
+        elif updates.row_state:
+            strategy = ShardedTables(plan, updates, *optimizer_state_root(model_dir, session.master))
+        else:
+            strategy = ShardedTables(plan, updates)  # e.g. plain SGD: no state per row, no files
+        strategy.build_optimizer(model)
+        return strategy
 
     @property
     def optimizer_state_tables(self) -> Tuple[str, ...]:
-        """The layers whose optimizer state live in files (none without a root)."""
+        """The layers whose optimizer state lives in files (none without a root)."""
         return tuple(table.layer for table in self.plan.tables) if self.root else ()
 
     def build_optimizer(self, model: Any) -> None:
@@ -101,8 +103,7 @@ class DriverTables:
             raise ConfigurationError(
                 f"the model's optimizer was built (by fit, or build) with optimizer state for the sharded tables "
                 f"{list(self.optimizer_state_tables)}, which the driver must not hold: compile the model again before "
-                "making "
-                "the TFOptimizer, or keep the tables replicated")
+                "making the TFOptimizer, or keep the tables replicated")
         unknown = [v.path for v in model.trainable_variables if id(v) not in known and id(v) not in tables]
         if unknown and any(len(v.shape) for v in optimizer.variables):
             raise ConfigurationError(
@@ -112,10 +113,7 @@ class DriverTables:
 
     def capture(self, model: Any, iteration: int, folder: Optional[str]) -> ModelState:
         """The driver's state: ``model``'s, with ``folder``, the folder of the sharded tables' optimizer state."""
-        state = ModelState.capture(model, iteration)
-        if self.root:
-            state.optimizer_state_folder, state.optimizer_state_tables = folder, self.optimizer_state_tables
-        return state
+        return ModelState.capture(model, iteration)
 
     def load(self, state: ModelState, model: Any) -> Optional[str]:
         """Give ``model`` a checkpoint's ``state``; return the folder of the optimizer state the next segment starts
@@ -139,9 +137,8 @@ class DriverTables:
             raise ConfigurationError(
                 f"the checkpoint of iteration {state.iteration} holds the optimizer state of tables "
                 f"{sorted(state.optimizer_state_tables) or 'in itself'}, but this TFOptimizer keeps those of "
-                f"{sorted(mine)} in "
-                "files: load it with the same sharded tables (spark.sparktf.shardTables, shardTableBytes) or with "
-                "none sharded")
+                f"{sorted(mine)} in files: load it with the same sharded tables (spark.sparktf.shardTables, "
+                "shardTableBytes) or with none sharded")
         positions = optimizer_state_positions(model, state.optimizer_state_tables)
         apply_without_optimizer_state(state, model, positions)
         for index, (layer, kind) in positions.items():
@@ -151,9 +148,47 @@ class DriverTables:
         return None
 
     def prune(self, folder: Optional[str], model_dir: Optional[str]) -> None:
+        """Delete the optimizer-state folders that neither ``folder`` (the current one) nor a checkpoint names."""
+
+
+class ReplicatedTables(TableStrategy):
+    """Every table whole on every worker, with its optimizer state: nothing on the driver's side but a checkpoint
+    of sharded tables, whose optimizer state is read whole from their files (:meth:`TableStrategy.load`)."""
+
+    def __init__(self, plan: ShardPlan, updates: TableUpdates):
+        self.plan, self.updates = plan, updates
+
+
+class ShardedTables(TableStrategy):
+    """The ``plan``'s tables split among the workers, their optimizer state in files under ``root`` between
+    segments (None: the optimizer keeps no state per row, e.g. plain SGD).
+
+    Parameters
+    ----------
+    plan : ShardPlan
+        The tables sharded.
+    updates : TableUpdates
+        How the optimizer updates tables, as probed.
+    root : str, optional
+        Where the ranks write the optimizer-state folders.
+    temporary : bool
+        ``root`` is a temporary folder, deleted with this object.
+    """
+
+    def __init__(self, plan: ShardPlan, updates: TableUpdates, root: Optional[str] = None, temporary: bool = False):
+        self.plan, self.updates, self.root = plan, updates, root
+        if temporary:
+            weakref.finalize(self, remove_temporary_root, root)
+
+    def capture(self, model: Any, iteration: int, folder: Optional[str]) -> ModelState:
+        state = ModelState.capture(model, iteration)
+        if self.root:
+            state.optimizer_state_folder, state.optimizer_state_tables = folder, self.optimizer_state_tables
+        return state
+
+    def prune(self, folder: Optional[str], model_dir: Optional[str]) -> None:
         """Delete the optimizer-state folders that neither ``folder`` (the current one) nor a checkpoint names; a
-        failure only
-        warns (the next segment's end tries again)."""
+        failure only warns (the next segment's end tries again)."""
         if not self.root:
             return
         try:
