@@ -15,7 +15,7 @@ from sparktf.spark.session_state import session_state
 from sparktf.spark.cluster import TaskSlots
 from sparktf.training.driver import membership as membership_module
 from sparktf.training.driver import segment_job
-from sparktf.training.worker.loop import SegmentResult, SegmentSpec
+from sparktf.training.worker.segment_spec import SegmentResult, SegmentSpec
 from sparktf.training.driver.membership import FLAP_LIMIT, FLAP_WINDOW, Membership
 from sparktf.training.driver.preflight import check_membership
 from sparktf.training.driver.segment_job import SegmentRunner

@@ -37,7 +37,7 @@ from sparktf.training.driver.segment_job import SegmentRunner
 from sparktf.training.driver.segment_records import record_segment, record_validation
 from sparktf.training.tables.strategy import TableStrategy
 from sparktf.training.tables.plan import ShardPlan, check_trainable
-from sparktf.training.worker.loop import SegmentResult, SegmentSpec
+from sparktf.training.worker.segment_spec import SegmentResult, SegmentSpec
 from sparktf.training.worker.single_pass import SinglePass
 from sparktf.training.worker.step import GradientClipping
 from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr

@@ -39,7 +39,8 @@ from sparktf.training.driver.membership import Membership
 from sparktf.training.driver.watchdog import JobWatchdog
 from sparktf.training.state_source import joined_uploads
 from sparktf.training.worker.failures import relaunch_helps
-from sparktf.training.worker.loop import SegmentResult, SegmentSpec, run_segment
+from sparktf.training.worker.loop import run_segment
+from sparktf.training.worker.segment_spec import SegmentResult, SegmentSpec
 from sparktf.training.worker.step_clock import RankAnatomy
 from sparktf.triggers import EveryEpoch, TriggerOr
 
