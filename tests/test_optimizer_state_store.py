@@ -4,6 +4,7 @@ writers), checkpoints that name their folder, and a driver optimizer that never 
 from __future__ import annotations
 
 import gc
+import json
 import os
 
 import keras
@@ -12,9 +13,9 @@ import pytest
 
 from sparktf.errors import ConfigurationError, StorageError
 from sparktf.training.checkpoint import ModelState, checkpoint_path, load_checkpoint, write_checkpoint
-from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, optimizer_state_root,
+from sparktf.training.tables.optimizer_state_store import (MANIFEST, optimizer_state_folder, optimizer_state_root,
                                                            prune_optimizer_state_folders, read_optimizer_state_rows,
-                                                           write_optimizer_state_rows)
+                                                           write_manifest, write_optimizer_state_rows)
 from sparktf.training.tables.plan import ShardedTable, ShardPlan
 from sparktf.training.tables.update_form import TableUpdates
 
@@ -23,14 +24,21 @@ from test_shard_plan import recommender
 ADAM = TableUpdates("dense", row_state=True)  # how an Adam updates tables, as the driver probes it
 
 
-def test_slots_written_by_four_ranks_are_read_back_by_any_number_of_ranks(tmp_path):
+def test_optimizer_state_written_by_four_ranks_is_read_back_by_any_number_of_ranks_through_its_manifest(tmp_path):
     rng = np.random.default_rng(0)
     slots = {"momentum": rng.normal(size=(10, 3)).astype(np.float32), "velocity": rng.random((10, 3), np.float32)}
     folder = optimizer_state_folder(str(tmp_path), 7, b"launch")
     written = ShardedTable("users", "user", 10, (3,), 4)
+    pieces = []
     for rank in range(4):  # 3, 3, 3 and 1 rows
         start, end = written.owned(rank)
-        write_optimizer_state_rows(folder, "users", start, end, {kind: rows[start:end] for kind, rows in slots.items()})
+        pieces.append(write_optimizer_state_rows(folder, "users", start, end,
+                                                 {kind: rows[start:end] for kind, rows in slots.items()}))
+    with pytest.raises(StorageError, match="has no manifest.json: .* the segment that wrote it did not finish"):
+        read_optimizer_state_rows(folder, "users", 0, 10, ["momentum"])  # the ranks wrote, the manifest is not yet
+    write_manifest(folder, 7, [piece for rank_pieces in pieces for piece in rank_pieces])
+    with open(os.path.join(folder, MANIFEST)) as handle:
+        assert json.load(handle)["iteration"] == 7
     for ranks in (1, 2, 3):
         table = ShardedTable("users", "user", 10, (3,), ranks)
         for rank in range(ranks):
@@ -38,8 +46,8 @@ def test_slots_written_by_four_ranks_are_read_back_by_any_number_of_ranks(tmp_pa
             read = read_optimizer_state_rows(folder, "users", start, end, ["momentum", "velocity"])
             for kind, rows in slots.items():
                 np.testing.assert_array_equal(read[kind], rows[start:end], err_msg=f"{ranks} ranks, rank {rank}")
-    os.remove(os.path.join(folder, "users", "velocity.3-6.npy"))  # a writer's file lost
-    with pytest.raises(StorageError, match=r"optimizer variable 'velocity' of sharded table 'users' lacks rows \[3, 10\)"):
+    write_manifest(folder, 7, [piece for rank_pieces in pieces[:1] + pieces[2:] for piece in rank_pieces])  # rank 1's
+    with pytest.raises(StorageError, match=r"optimizer variable 'momentum' of sharded table 'users' lacks rows \[3, 10\)"):
         read_optimizer_state_rows(folder, "users", 0, 10, ["momentum", "velocity"])
 
 

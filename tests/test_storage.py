@@ -481,14 +481,15 @@ def test_files_opened_early_are_taken_over_at_most_max_early_kept_and_dropped_wh
 def test_the_sharded_tables_slots_travel_through_an_object_store(s3_driver):
     """Two ranks write their rows of a slot to S3; one reads the whole table back; pruning removes an old folder."""
     from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, prune_optimizer_state_folders,
-                                                               read_optimizer_state_rows, write_optimizer_state_rows)
+                                                               read_optimizer_state_rows, write_manifest,
+                                                               write_optimizer_state_rows)
 
     root = "s3://sparktf-faults/run/tables"
     velocity = np.arange(14, dtype=np.float32).reshape(7, 2)
     old, current = optimizer_state_folder(root, 2, b"first"), optimizer_state_folder(root, 4, b"second")
     for folder in (old, current):
-        write_optimizer_state_rows(folder, "users", 0, 4, {"velocity": velocity[:4]})
-        write_optimizer_state_rows(folder, "users", 4, 7, {"velocity": velocity[4:]})
+        write_manifest(folder, 4, write_optimizer_state_rows(folder, "users", 0, 4, {"velocity": velocity[:4]}) +
+                       write_optimizer_state_rows(folder, "users", 4, 7, {"velocity": velocity[4:]}))
     np.testing.assert_array_equal(read_optimizer_state_rows(current, "users", 0, 7, ["velocity"])["velocity"], velocity)
     prune_optimizer_state_folders(root, keep_iterations=[], keep_folder=current)
     assert store_for(root).listdir(root) == [current.rsplit("/", 1)[1]]

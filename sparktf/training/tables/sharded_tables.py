@@ -42,7 +42,7 @@ from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, CompiledUpd
 from sparktf.training.tables.keras_internals import row_state_variables, tracked_variables
 from sparktf.training.tables.lookups import input_names
 from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, read_optimizer_state_rows,
-                                                           write_optimizer_state_rows)
+                                                           write_manifest, write_optimizer_state_rows)
 from sparktf.training.tables.plan import ShardedTable, ShardPlan, embedding_layers
 from sparktf.training.tables.row_sums import merge_rows
 from sparktf.training.tables.sparse_kernels import apply_rows
@@ -255,14 +255,19 @@ class RankShards:
 
     def save_optimizer_state(self, root: Optional[str], iteration: int, launch_secret: bytes) -> Optional[str]:
         """Write this rank's rows of the tables' optimizer state to the launch's folder of ``iteration`` under
-        ``root`` (the segment's end), and return it (None: no ``root``, the optimizer has no optimizer state)."""
+        ``root`` (the segment's end), rank 0 the folder's manifest once every rank has, and return the folder
+        (None: no ``root``, the optimizer keeps no state per row)."""
         if root is None:
             return None
         folder = optimizer_state_folder(root, iteration, launch_secret)
+        pieces = []
         for shard in self._shards:
-            write_optimizer_state_rows(folder, shard.table.layer, shard.start, shard.end, {
-                kind: np.asarray(slot.value, np.float32)[:shard.end - shard.start]
-                for kind, slot in row_state_variables(shard.optimizer, shard.rows).items()})
+            pieces += write_optimizer_state_rows(folder, shard.table.layer, shard.start, shard.end, {
+                kind: np.asarray(variable.value, np.float32)[:shard.end - shard.start]
+                for kind, variable in row_state_variables(shard.optimizer, shard.rows).items()})
+        everyone = self._comm.allgather_object(pieces)  # returns once every rank has written its pieces
+        if self._comm.rank == 0:
+            write_manifest(folder, iteration, [piece for rank_pieces in everyone for piece in rank_pieces])
         return folder
 
     def captured_state(self, iteration: int) -> Tuple[ModelState, RowRanges]:
