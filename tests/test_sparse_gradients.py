@@ -99,7 +99,8 @@ def train_ranks(rank, peers, listener, secret):
     """Every case on this rank's half of each global batch: its weights, their digest and the traffic."""
     from sparktf.collective import Communicator
     from sparktf.training.worker.gradient_exchange import GradientExchange
-    from sparktf.training.worker.step import GradientClipping, TrainStep
+    from sparktf.training.clipping import GradientClipping
+    from sparktf.training.worker.step import TrainStep
 
     results = {}
     half = slice(rank * GLOBAL_BATCH // 2, (rank + 1) * GLOBAL_BATCH // 2)

@@ -14,6 +14,7 @@ need; its names below are that surface.
 """
 
 from sparktf.training.checkpoint import find_checkpoint, latest_checkpoint, load_checkpoint
+from sparktf.training.clipping import GradientClipping
 from sparktf.training.driver.callbacks import default_verbose
 from sparktf.training.driver.preflight import (check_labels, check_membership, check_optimize, check_settings,
                                                checked_profile_steps, compile_with_loss, recompile)
@@ -21,7 +22,6 @@ from sparktf.training.driver.run import RunRequest, RunSettings, RunState, Train
 from sparktf.training.tables.strategy import TableStrategy
 from sparktf.training.tables.update_form import log_table_updates
 from sparktf.training.worker.single_pass import SinglePass
-from sparktf.training.worker.step import GradientClipping
 
 __all__ = ["GradientClipping", "RunRequest", "RunSettings", "RunState", "SinglePass", "TableStrategy", "TrainingRun",
            "check_labels", "check_membership", "check_optimize", "check_settings", "checked_profile_steps",

@@ -27,6 +27,7 @@ from sparktf.spark.calls import call_scope, current_label
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.training.checkpoint import ModelState
+from sparktf.training.clipping import GradientClipping
 from sparktf.training.driver.anatomy import CallAnatomy, Straggler
 from sparktf.training.driver.callbacks import DriverCallbacks
 from sparktf.training.driver.checkpoint_writer import CheckpointWriter
@@ -35,11 +36,10 @@ from sparktf.training.driver.inputs import WorkerInputs
 from sparktf.training.driver.membership import Membership
 from sparktf.training.driver.segment_job import SegmentRunner
 from sparktf.training.driver.segment_records import record_segment, record_validation
-from sparktf.training.tables.strategy import TableStrategy
 from sparktf.training.tables.plan import ShardPlan, check_trainable
+from sparktf.training.tables.strategy import TableStrategy
 from sparktf.training.worker.segment_spec import SegmentResult, SegmentSpec
 from sparktf.training.worker.single_pass import SinglePass
-from sparktf.training.worker.step import GradientClipping
 from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr
 
 __all__ = ["RunSettings", "RunState", "RunRequest", "TrainingRun", "evaluate_model"]

@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
+from sparktf.training.clipping import GradientClipping
 from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
 from sparktf.training.tables.keras_internals import row_state_variables, tracked_variables
 from sparktf.training.tables.lookups import input_names
@@ -242,13 +243,12 @@ class RankShards:
             finite = finite and bool(np.isfinite(summed).all())
         return finite
 
-    def apply(self, clip: Optional[Tuple[float, float]] = None) -> None:
-        """Apply the step's summed rows to this rank's shards (every step, also without rows)."""
+    def apply(self, clipping: GradientClipping = GradientClipping()) -> None:
+        """Apply the step's summed rows, clipped, to this rank's shards (every step, also without rows)."""
         for shard in self._shards:
             ids, rows = shard.pending if shard.pending is not None else (
                 np.zeros(0, np.int64), np.zeros((0, *shard.table.row_shape), np.float32))
-            if clip is not None:
-                rows = np.clip(rows, *clip)
+            rows = clipping.apply_to_rows(rows)
             shard.update(tf.IndexedSlices(tf.constant(rows, tf.float32), tf.constant(ids, tf.int64),
                                           tf.constant([shard.table.rows_per_rank, *shard.table.row_shape], tf.int64)))
             shard.pending = None

@@ -142,8 +142,6 @@ def _train(
     progress = spec.start
     non_finite_iteration = None
     exchange = _TimedExchange(communicator, spec.gradient_compression, watch, shards)
-    clip = spec.clipping
-    clip_rows = None if clip.min_value is None else (clip.min_value, clip.max_value)
     weight = spec.local_batches[shard] / sum(spec.local_batches)  # this rank's share of the global batch
     per_epoch = progress.iterations_per_epoch
     mapped = batch_mapper(spec.maps, step.model)  # once a segment, not a cache lookup per batch
@@ -171,7 +169,7 @@ def _train(
             non_finite_iteration = iteration
             break
         if shards is not None:
-            shards.apply(clip_rows)
+            shards.apply(spec.clipping)
         ended = watch.lap("apply")
         learning_rates.append(outcome.learning_rate)
         losses.append(outcome.loss)

@@ -12,12 +12,12 @@ import numpy as np
 from sparktf.data.batch_maps import MappedElements
 from sparktf.spark.task_devices import GpuPlan
 from sparktf.training.checkpoint import ModelState
+from sparktf.training.clipping import GradientClipping
 from sparktf.training.tables.plan import ShardPlan
 from sparktf.training.tables.update_form import TableUpdates
 from sparktf.training.worker.class_weights import ClassWeights
 from sparktf.training.worker.gradient_exchange import Traffic
 from sparktf.training.worker.single_pass import SinglePass
-from sparktf.training.worker.step import GradientClipping
 from sparktf.training.worker.step_clock import RankAnatomy
 from sparktf.triggers import TrainingProgress, Trigger
 

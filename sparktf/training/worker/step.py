@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.errors import InternalError
+from sparktf.training.clipping import GradientClipping, map_values
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
 from sparktf.training.tables.compiled_update import CompiledUpdate, lowers_to_hlo
@@ -51,38 +52,6 @@ _LOG = logging.getLogger("sparktf.training")
 COMPILE_AFTER_UPDATES = 32
 #: A model without tables and with at most this many trainable variables updates inside its step.
 FUSED_UPDATE_MAX_VARIABLES = 32
-
-
-@dataclass(frozen=True)
-class GradientClipping:
-    """Clipping applied to the all-reduced (global) gradient.
-
-    Attributes
-    ----------
-    min_value, max_value : float, optional
-        Element-wise bounds (``set_constant_gradient_clipping``).
-    clip_norm : float, optional
-        Bound on the global L2 norm of all gradients together
-        (``set_gradient_clipping_by_l2_norm``).
-    """
-
-    min_value: Optional[float] = None
-    max_value: Optional[float] = None
-    clip_norm: Optional[float] = None
-
-    @property
-    def active(self) -> bool:
-        """Whether any clipping is set."""
-        return self.min_value is not None or self.clip_norm is not None
-
-    def apply(self, gradients: List[Any]) -> List[Any]:
-        """Return the clipped gradients, tensors or ``tf.IndexedSlices`` (inside a ``tf.function``)."""
-        if self.min_value is not None:
-            gradients = [_map_values(lambda v: tf.clip_by_value(v, self.min_value, self.max_value), g)
-                         for g in gradients]
-        if self.clip_norm is not None:
-            gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm)
-        return list(gradients)
 
 
 @dataclass(frozen=True)
@@ -402,14 +371,14 @@ class TrainStep:
                 row_kernels: bool = False) -> tf.Tensor:
         """Clip the global gradients and apply them: all through ``optimizer.apply``, or (``row_kernels``) each
         table's rows through :func:`~sparktf.training.tables.sparse_kernels.apply_rows` first, then the rest."""
-        gradients = [None if position in self.sharded else _map_values(lambda v: tf.cast(v, variable.dtype), g)
+        gradients = [None if position in self.sharded else map_values(lambda v: tf.cast(v, variable.dtype), g)
                      for position, (g, variable) in enumerate(zip(layout.gradients(dense, sparse), self.variables))]
         if not self._loss_scaled:
             gradients = self.clipping.apply(gradients)
         elif self.clipping.active:  # clip the true gradients; the optimizer takes scaled ones
             scale = self.optimizer.scale_loss(tf.constant(1.0, tf.float32))
-            unscaled = self.clipping.apply([_map_values(lambda v: v / scale, g) for g in gradients])
-            gradients = [_map_values(lambda v: v * scale, g) for g in unscaled]
+            unscaled = self.clipping.apply([map_values(lambda v: v / scale, g) for g in gradients])
+            gradients = [map_values(lambda v: v * scale, g) for g in unscaled]
         if not row_kernels:
             kept = [(g, v) for position, (g, v) in enumerate(zip(gradients, self.variables))
                     if position not in self.sharded]
@@ -472,12 +441,3 @@ def _input_signature(value: Any) -> Any:
     """What a step's trace depends on of one input: its shape and dtype (a Python value as itself)."""
     shape = getattr(value, "shape", None)
     return value if shape is None else (tuple(shape), str(value.dtype))
-
-
-def _map_values(function: Callable[[tf.Tensor], tf.Tensor], gradient: Any) -> Any:
-    """``function`` applied to a dense gradient, or to the rows of a ``tf.IndexedSlices`` one (None: None)."""
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(function(gradient.values), gradient.indices, gradient.dense_shape)
-    return function(gradient)
