@@ -40,9 +40,9 @@ _LOG = logging.getLogger("sparktf.optimizer")  # where training tells the user w
 
 
 class TableStrategy:
-    """The driver's side of one ``TFOptimizer``'s tables: how its optimizer updates them (``updates``), the sharded
-    ones' plan (``plan``, empty when replicated) and where their optimizer state lives between segments
-    (``root``, None when the driver's states hold it all).
+    """The driver's side of one ``TFOptimizer``'s tables: how its optimizer updates them (``updates``; None for a
+    model without ``Embedding`` tables), the sharded ones' plan (``plan``, empty when replicated) and where their
+    optimizer state lives between segments (``root``, None when the driver's states hold it all).
 
     The two strategies differ only in where a table's optimizer state lives:
     :class:`ReplicatedTables` keeps it in the model's optimizer,
@@ -51,7 +51,7 @@ class TableStrategy:
     """
 
     plan: ShardPlan
-    updates: TableUpdates
+    updates: Optional[TableUpdates]
     root: Optional[str] = None
 
     @staticmethod
@@ -68,7 +68,8 @@ class TableStrategy:
             optimizer state.
         """
         plan = ShardingRequest.of_keyword(sharded_tables, session).plan(model, num_workers)
-        updates = TableUpdates.probe(model.optimizer)
+        # a model without Embedding tables is not probed (a worker that meets rows probes for itself)
+        updates = TableUpdates.probe(model.optimizer) if embedding_layers(model) else None
         if not plan.tables:
             strategy: TableStrategy = ReplicatedTables(plan, updates)
         elif updates.row_state:
@@ -155,7 +156,7 @@ class ReplicatedTables(TableStrategy):
     """Every table whole on every worker, with its optimizer state: nothing on the driver's side but a checkpoint
     of sharded tables, whose optimizer state is read whole from their files (:meth:`TableStrategy.load`)."""
 
-    def __init__(self, plan: ShardPlan, updates: TableUpdates):
+    def __init__(self, plan: ShardPlan, updates: Optional[TableUpdates]):
         self.plan, self.updates = plan, updates
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -116,14 +116,14 @@ def _probed(optimizer: Any) -> Tuple[str, bool]:
     return ("kernel" if sparse_kernel(optimizer) is not None else "rows"), row_state
 
 
-def log_table_updates(model: Any, updates: TableUpdates) -> None:
+def log_table_updates(model: Any, updates: Optional[TableUpdates]) -> None:
     """Log at INFO, once, how ``model``'s optimizer updates each ``Embedding`` table (``updates``: as probed;
     nothing without tables)."""
     import keras
 
     tables = [layer.embeddings.path for layer in nested_layers(model, include_self=True)
               if isinstance(layer, keras.layers.Embedding) and layer.trainable]
-    if not tables or model.optimizer is None:
+    if not tables or model.optimizer is None or updates is None:
         return
     form = updates.form(len(tables))
     words = kernel_description(model.optimizer) if form == "kernel" else _FORM_WORDS[form]
