@@ -248,22 +248,17 @@ class JobChannel(AuthenticatedServer):
                 send_message(sock, {"ok": True})
         elif op == "register":
             self._register(sock, rank, str(header["peer"]), checked_claim(header.get("claim"), self._world_size))
-        elif op == "get_state":
+        elif op in ("get_state", "get_rows"):
             with self._lock:
                 state = self._state
             if state is None:
                 send_message(sock, {"error": "the driver has no state for this job"})
-            else:
-                arrays, rows_bytes = _rows_of(state[1], header.get("rows") or ())
+            elif op == "get_state":
+                cut, rows_bytes = _rows_of(state[1], header.get("rows") or ())
                 with self._lock:
                     self._rows_served[rank] = rows_bytes
-                send_message(sock, state[0], arrays)
-        elif op == "get_rows":  # rows of one served array by id: a sharded table's rows a task's batch looks up
-            with self._lock:
-                state = self._state
-            if state is None:
-                send_message(sock, {"error": "the driver has no state for this job"})
-            else:
+                send_message(sock, state[0], cut)
+            else:  # rows of one served array by id: a sharded table's rows a task's batch looks up
                 send_message(sock, {}, [_rows_by_id(state[1], int(header["index"]), arrays)])
         elif op == "put_state":
             with self._lock:

@@ -157,8 +157,7 @@ class ShardPlan:
 
     def on(self, world_size: int) -> "ShardPlan":
         """The same tables split among ``world_size`` ranks (a lone worker holds them whole, its optimizer state in
-        files as
-        ever)."""
+        files as ever)."""
         return ShardPlan(tuple(dataclasses.replace(table, world_size=world_size) for table in self.tables), world_size)
 
     def capacities(self, local_batch: int) -> Dict[str, int]:

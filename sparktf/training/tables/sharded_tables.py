@@ -112,12 +112,10 @@ def optimizer_state_positions(model: Any, layers: Sequence[str]) -> Dict[int, Tu
 
 
 def apply_without_optimizer_state(state: ModelState, model: Any, positions: Dict[int, Tuple[str, str]],
-                        keep: frozenset = frozenset()) -> Dict[int, np.ndarray]:
+                                  keep: frozenset = frozenset()) -> Dict[int, np.ndarray]:
     """Assign a ``state`` without the optimizer state at ``positions`` (:func:`optimizer_state_positions`: the
-    driver's) to
-    ``model``, whose optimizer has them: that optimizer state is left as they are, and so are the variables whose
-    ``id``
-    is in ``keep``, whose values are returned by ``id`` (``ModelState.apply_to``)."""
+    driver's) to ``model``, whose optimizer has it: that optimizer state is left as it is, and so are the variables
+    whose ``id`` is in ``keep``, whose values are returned by ``id`` (``ModelState.apply_to``)."""
     offset = len(model.weights)
     table_state = frozenset(id(model.optimizer.variables[index - offset]) for index in positions)
     return state.with_placeholders(list(positions)).apply_to(model, keep | table_state)
@@ -146,7 +144,7 @@ class _Shard:
     optimizer: Any  # the model optimizer's clone, built on ``rows``
     update: Any  # tf.function(slices) -> None
     gather: Any  # tf.function(local ids) -> their rows
-    initial: Dict[str, np.ndarray]  # a fresh slot's row, by kind
+    initial: Dict[str, np.ndarray]  # a fresh optimizer-state row, by kind
     ids: Optional[np.ndarray] = None  # the step's unique ids: working-table position -> id
     pending: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the step's summed rows: local ids, rows
 
@@ -194,7 +192,7 @@ class RankShards:
                                                sorted(variables)) if folder and shard.end > shard.start else {}
             for kind, state_variable in variables.items():
                 state_variable.assign(_padded(stored[kind], count) if kind in stored else
-                            np.broadcast_to(shard.initial[kind], (count, *shard.table.row_shape)))
+                                      np.broadcast_to(shard.initial[kind], (count, *shard.table.row_shape)))
             for variable in shard.optimizer.variables:
                 if len(variable.shape) == 0:  # the shard is 2-D: its optimizer's scalars are its own, not per-row state
                     variable.assign(own[variable.name])
@@ -271,8 +269,8 @@ class RankShards:
         return folder
 
     def captured_state(self, iteration: int) -> Tuple[ModelState, RowRanges]:
-        """The model's state as the driver holds it (without the sharded tables' slots) with this rank's rows of
-        each sharded table in place of the working tables, and those arrays' rows (:func:`state_rows`)."""
+        """The model's state as the driver holds it (without the sharded tables' optimizer state) with this rank's
+        rows of each sharded table in place of the working tables, and those arrays' rows (:func:`state_rows`)."""
         state = ModelState.capture(self._model, iteration).without(
             optimizer_state_positions(self._model, [table.layer for table in self._plan.tables]))
         ranges = {}

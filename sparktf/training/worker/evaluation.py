@@ -47,7 +47,6 @@ def evaluate_partition(
     from pyspark import TaskContext
 
     from sparktf.data.batching import inference_batches
-    from sparktf.data.specs import pack
     from sparktf.models.cache import batch_mapper, load_cached
     from sparktf.spark.task_devices import prepare_tensorflow_task
 
@@ -70,10 +69,7 @@ def evaluate_partition(
                 state.fetch(partition).apply_to(model)
             heartbeat.phase = "evaluate"
             mapped = batch_mapper(elements, model)
-            # lists as tuples: tf.data (under Keras' generator input) takes a list for one tensor, so a
-            # list of feature columns (a multi-input model) would fail to build the input signature
-            inputs = (keras.tree.lists_to_tuples(pack(element_structure, keras_arrays(mapped(arrays),
-                                                                                       element_structure)))
+            inputs = (_keras_element(mapped(arrays), element_structure)
                       for arrays in itertools.chain([first], batches))
             count_batches = keras.callbacks.LambdaCallback(
                 on_test_batch_end=lambda batch, logs: setattr(heartbeat, "iteration", batch + 1))
@@ -97,7 +93,6 @@ def _evaluate_with_batch_rows(payload: Any, state: StateSource, elements: Mapped
     tables, fetched from the driver (the task never holds a whole table)."""
     import keras
 
-    from sparktf.data.specs import pack
     from sparktf.models.cache import batch_mapper
 
     heartbeat.phase = "model_load"
@@ -109,8 +104,7 @@ def _evaluate_with_batch_rows(payload: Any, state: StateSource, elements: Mapped
     totals: Optional[List[np.ndarray]] = None
     with state.rows_by_id(partition) as rows_by_id:
         for count, arrays in enumerate(batches, 1):
-            features, *rest = keras.tree.lists_to_tuples(
-                pack(element_structure, keras_arrays(mapped(arrays), element_structure)))
+            features, *rest = _keras_element(mapped(arrays), element_structure)
             # Keras' own test_on_batch (a Keras Hub task's would preprocess again); it resets the metrics first,
             # so each batch's states are added here, as the driver adds the partitions'
             keras.Model.test_on_batch(rows.model, rows.fill(features, rows_by_id), *rest)
@@ -118,6 +112,19 @@ def _evaluate_with_batch_rows(payload: Any, state: StateSource, elements: Mapped
             totals = states if totals is None else [a + b for a, b in zip(totals, states)]
             heartbeat.iteration = count
     return totals
+
+
+def _keras_element(leaves: List[np.ndarray], element_structure: tuple) -> tuple:
+    """A mapped batch's leaves as the element Keras evaluates: ``(features, labels[, weights])``.
+
+    Lists become tuples: tf.data (under Keras' generator input) takes a list for one tensor, so a list of feature
+    columns (a multi-input model) would fail to build the input signature.
+    """
+    import keras
+
+    from sparktf.data.specs import pack
+
+    return keras.tree.lists_to_tuples(pack(element_structure, keras_arrays(leaves, element_structure)))
 
 
 def unkeyed(task: Any, blocks: Iterable[tuple]) -> Any:

@@ -280,10 +280,9 @@ def _final_state(spec: SegmentSpec, step: TrainStep, shards: Optional[RankShards
                  rank: int) -> Tuple[Optional[ModelState], RowRanges]:
     """What the rank hands back and the rows of it that are its share of the sharded tables (None: nothing).
 
-    Rank 0 hands back the model's state. With sharded tables, every rank writes its rows of their optimizer state to a
-    new
-    folder (the state names it) and hands back its rows of them, which the job channel joins; without a channel,
-    the ranks gather them through the ring for rank 0's.
+    Rank 0 hands back the model's state. With sharded tables, every rank writes its rows of their optimizer state
+    to a new folder (the state names it) and hands back its rows of them, which the job channel joins; without a
+    channel, the ranks gather them through the ring for rank 0's.
     """
     if shards is None:
         return (ModelState.capture(step.model, iteration) if rank == 0 else None), {}
