@@ -44,7 +44,7 @@ demo: check-java $(STAMP)
 	$(PY) examples/train_digits.py
 
 test: check-java $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 # The oldest supported Spark (3.5), in an environment of its own: training, evaluate, both predict
 # paths, the ML stage, sparktf.run and a SparseVector column (.ci/run runs it after `make test`).
