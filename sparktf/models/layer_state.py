@@ -31,6 +31,7 @@ from typing import Any, Dict, Iterator, Set, Tuple
 import numpy as np
 
 from sparktf.errors import ModelError
+from sparktf.models.keras_internals import nested_layers
 
 __all__ = ["LayerState", "capture", "restore", "weights_assigned"]
 
@@ -130,7 +131,7 @@ def weights_assigned(model: Any) -> None:
     every layer that overrides ``load_own_variables``, has weights and a
     ``finalize_state`` gets that call here.
     """
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in nested_layers(model):
         if _derives_from_weights(layer):
             layer.finalize_state()
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from sparktf.errors import DataError, InternalError
 from sparktf.models import layer_state, rebuild
+from sparktf.models.keras_internals import nested_layers
 from sparktf.models.layer_state import LayerState
 from sparktf.spark.user_code import pickle_by_value
 
@@ -301,7 +302,7 @@ def _serializable_target(obj: Any) -> Any:
 
 def _referenced_objects(model: Any) -> Iterator[Any]:
     """Layers, their attribute values, the compile arguments and the optimizer."""
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in nested_layers(model, include_self=True):
         yield layer
         yield from _nested_values(vars(layer).values())
     compile_config = getattr(model, "_compile_config", None)
@@ -337,7 +338,7 @@ def _replace_lambdas(model: Any, config: Any) -> Dict[str, Any]:
     import keras
 
     by_config: Dict[str, Tuple[str, Any]] = {}
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in nested_layers(model, include_self=True):
         if not isinstance(layer, keras.layers.Lambda):
             continue
         for attribute in _LAMBDA_ATTRIBUTES:

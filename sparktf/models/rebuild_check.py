@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, List
 
 from sparktf.errors import DataError, ModelError
+from sparktf.models.keras_internals import is_functional, nested_layers
 from sparktf.models.payload import ModelPayload
 
 __all__ = ["check_rebuildable"]
@@ -39,13 +40,11 @@ def check_rebuildable(model: Any) -> None:
 def _asset_layers_in_graph(model: Any) -> List[str]:
     """The layers of ``model``'s functional graph that hold (or are) a Keras Hub layer loading assets (a tokenizer),
     as ``name (Class)``."""
-    from keras.src.models.functional import Functional
-
-    if not isinstance(model, Functional) or getattr(model, "preprocessor", None) is not None:
+    if not is_functional(model) or getattr(model, "preprocessor", None) is not None:
         return []  # a subclassed model rebuilds by its own code; a Keras Hub task runs its preprocessor apart
     found = []
     for layer in model.layers:
-        inner = [layer] + list(layer._flatten_layers(include_self=False))
+        inner = nested_layers(layer, include_self=True)
         if any(callable(getattr(sub, "load_assets", None)) and type(sub).__module__.startswith("keras_hub.")
                for sub in inner):  # Keras' own lookups keep their vocabularies in the payload (layer_state)
             found.append(f"{layer.name} ({type(layer).__name__})")

@@ -4,8 +4,8 @@
 ``update_form``, ``sparse_kernels``, ``compiled_update``: how a table's rows are
 updated (the optimizer probed once on the driver for its form, the native row
 kernels, the compiled update of padded rows); ``row_sums``: row gradients
-summed by id; ``keras_internals``: the Keras internals all of this reads;
-``plan``: which tables are sharded, which rows each rank owns (pure, no
+summed by id (the Keras internals all of this reads are in
+``sparktf.models.keras_internals``); ``plan``: which tables are sharded, which rows each rank owns (pure, no
 Spark); ``lookups``: how a table's ids reach it; ``sharded_tables``: a rank's
 shards, looked up and updated each step; ``optimizer_state_store``: their
 optimizer state in files between segments; ``sharded_evaluation``: an

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from sparktf.training.tables.keras_internals import call_nodes, column_of
+from sparktf.models.keras_internals import call_nodes, column_of
 
 __all__ = ["Lookup", "lookup_of", "other_readers"]
 

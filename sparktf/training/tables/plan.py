@@ -26,7 +26,7 @@ import numpy as np
 
 from sparktf.errors import ConfigurationError
 from sparktf.spark.cluster import size_setting
-from sparktf.training.tables.keras_internals import nested_layers
+from sparktf.models.keras_internals import nested_layers
 from sparktf.training.tables.lookups import Lookup, lookup_of, other_readers
 
 __all__ = ["ShardedTable", "ShardPlan", "ShardingRequest", "SHARD_TABLE_BYTES_CONF", "SHARD_TABLES_CONF"]

@@ -40,7 +40,7 @@ from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.clipping import GradientClipping
 from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
-from sparktf.training.tables.keras_internals import row_state_variables, tracked_variables
+from sparktf.models.keras_internals import row_state_variables, tracked_variables
 from sparktf.training.tables.lookups import input_names
 from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, read_optimizer_state_rows,
                                                            write_manifest, write_optimizer_state_rows)

@@ -45,7 +45,7 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from sparktf.training.tables.keras_internals import nested_layers
+from sparktf.models.keras_internals import nested_layers
 from sparktf.training.tables.sparse_kernels import kernel_description, sparse_kernel
 
 __all__ = ["MAX_PADDED_TABLES", "TableUpdates", "log_table_updates"]

@@ -1,24 +1,34 @@
-"""The parts of Keras that are not public API and that table handling reads, in one place.
+"""The parts of Keras that are not public API and that sparktf reads, in one place.
 
-Keras 3 has no public way to list a model's nested layers, the variables an
-optimizer was built for, the per-variable state it keeps, or how a functional
-graph's layers are called. Table handling needs each: which ``Embedding``
-layers a model has, which optimizer variables are a table's state (and of
-which kind: ``"momentum"``, ``"velocity"``, ...), and whether a table's ids
-are a model input or a column of one (``ids[:, i]``, Keras' ``GetItem``).
-When Keras changes one of these, this module is what changes.
+Keras 3 has no public way to list a model's nested layers, to tell a
+functional model, the variables an optimizer was built for, the per-variable
+state it keeps, or how a functional graph's layers are called. The model
+payload needs the first two (every layer's state and code travels; a graph
+that cannot be rebuilt is refused), table handling the rest: which
+``Embedding`` layers a model has, which optimizer variables are a table's
+state (and of which kind: ``"momentum"``, ``"velocity"``, ...), and whether a
+table's ids are a model input or a column of one (``ids[:, i]``, Keras'
+``GetItem``). When Keras changes one of these, this module is what changes.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["call_nodes", "column_of", "nested_layers", "optimizer_tracks", "row_state_variables", "tracked_variables"]
+__all__ = ["call_nodes", "column_of", "is_functional", "nested_layers", "optimizer_tracks", "row_state_variables",
+           "tracked_variables"]
 
 
 def nested_layers(model: Any, include_self: bool = False) -> List[Any]:
     """Every layer of ``model``, nested models' included (``Model._flatten_layers``)."""
     return list(model._flatten_layers(include_self=include_self))
+
+
+def is_functional(model: Any) -> bool:
+    """Whether ``model`` is a functional model (``Sequential`` included), rebuilt from its graph's config."""
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, Functional)
 
 
 def tracked_variables(optimizer: Any) -> List[Any]:
