@@ -25,8 +25,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from sparktf.errors import ConfigurationError
-from sparktf.spark.cluster import size_setting
 from sparktf.models.keras_internals import nested_layers
+from sparktf.spark.cluster import size_setting
 from sparktf.training.tables.lookups import Lookup, lookup_of, other_readers
 
 __all__ = ["ShardedTable", "ShardPlan", "ShardingRequest", "SHARD_TABLE_BYTES_CONF", "SHARD_TABLES_CONF"]

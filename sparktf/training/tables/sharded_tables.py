@@ -36,11 +36,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.models.keras_internals import row_state_variables, tracked_variables
 from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.clipping import GradientClipping
 from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
-from sparktf.models.keras_internals import row_state_variables, tracked_variables
 from sparktf.training.tables.lookups import input_names
 from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, read_optimizer_state_rows,
                                                            write_manifest, write_optimizer_state_rows)

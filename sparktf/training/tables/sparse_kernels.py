@@ -40,9 +40,9 @@ from typing import Any, Optional
 import keras
 import tensorflow as tf
 
+from sparktf.models.keras_internals import optimizer_tracks
 from sparktf.optimizers import LazyAdam, RowWiseAdagrad
 from sparktf.optimizers.rows import native_variable, sum_duplicate_rows
-from sparktf.models.keras_internals import optimizer_tracks
 
 __all__ = ["ADAGRAD_KERNEL", "LAZY_ADAM_KERNEL", "ROW_WISE_ADAGRAD_KERNEL", "apply_rows", "kernel_description",
            "sparse_kernel"]

@@ -26,8 +26,8 @@ import weakref
 from typing import Any, Optional, Tuple
 
 from sparktf.errors import ConfigurationError
-from sparktf.training.checkpoint import ModelState, checkpoint_iterations
 from sparktf.models.keras_internals import tracked_variables
+from sparktf.training.checkpoint import ModelState, checkpoint_iterations
 from sparktf.training.tables.optimizer_state_store import (optimizer_state_root, prune_optimizer_state_folders,
                                                            read_optimizer_state_rows, remove_temporary_root)
 from sparktf.training.tables.plan import ShardPlan, ShardingRequest, embedding_layers
