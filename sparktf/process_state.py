@@ -23,6 +23,9 @@ entry                   owner                          holds, and until when
                                                        when nobody takes it within ``IDLE_SECONDS``
 ``stores``              ``storage.routes``             the Hadoop and fsspec stores made so far, by
                                                        scheme (and JVM, or storage environment)
+``frozen_since``        ``spark.worker_gc``            the frozen object count and resident memory
+                                                       after the last full collection, which decide
+                                                       when a model load collects in full again
 ======================  =============================  ==============================================
 
 The ``models`` entry also holds, beside each loaded model, its traced

@@ -207,10 +207,11 @@ def test_loaded_model_is_frozen_out_of_the_workers_garbage_collections(sc):
     assert all(frozen > 10_000 for _, frozen in rows), rows  # TensorFlow, Keras and the model
 
 
-def test_a_load_frees_cycles_that_earlier_frozen_loads_left_behind():
+def test_a_load_frees_cycles_that_earlier_frozen_loads_left_behind_once_the_frozen_objects_grew_by_a_quarter():
     import gc
     import weakref
 
+    from sparktf import process_state
     from sparktf.spark.worker_gc import frozen_after
 
     class Node:
@@ -222,15 +223,19 @@ def test_a_load_frees_cycles_that_earlier_frozen_loads_left_behind():
         return node
 
     try:
+        process_state.reset()  # forgets the last full collection: the first load collects in full
         model = frozen_after(cyclic_model)()
         evicted = weakref.ref(model)
         del model
         gc.collect()
         assert evicted() is not None  # frozen: full collections skip it
-        frozen_after(lambda: None)()  # the next load
-        assert evicted() is None
+        frozen_after(lambda: None)()  # a small load only freezes its own objects (2 ms, not a full collection)
+        assert evicted() is not None
+        grown = frozen_after(lambda: [Node() for _ in range(gc.get_freeze_count() // 3)])()  # a third more objects
+        assert evicted() is None and len(grown) > 0
     finally:
         gc.unfreeze()
+        process_state.reset()
 
 
 def test_model_is_loaded_once_per_worker_and_reused_across_jobs(sc):
