@@ -229,7 +229,7 @@ def test_a_load_frees_cycles_that_earlier_frozen_loads_left_behind_once_the_froz
         del model
         gc.collect()
         assert evicted() is not None  # frozen: full collections skip it
-        frozen_after(lambda: None)()  # a small load only freezes its own objects (2 ms, not a full collection)
+        frozen_after(lambda: None)()  # a small load only freezes its own objects (about 1 ms, not a full collection)
         assert evicted() is not None
         grown = frozen_after(lambda: [Node() for _ in range(gc.get_freeze_count() // 3)])()  # a third more objects
         assert evicted() is None and len(grown) > 0

@@ -12,7 +12,7 @@ Objects frozen this way are still freed by reference counting, but cycles
 among them (a Keras model is full of them) are not: a model evicted from the
 worker's cache stays in memory until a full collection that unfreezes first.
 That collection walks everything the process holds, TensorFlow's own objects
-included (0.16-0.19 s, against 2 ms for freezing a small model's objects
+included (0.16-0.27 s, against about 1 ms for freezing a small model's objects
 alone), so a load pays for it only once the frozen objects or the process's
 resident memory grew by more than a quarter since the last one: the rule
 CPython's own collector uses for its full collections. What evicted models
@@ -38,27 +38,30 @@ FULL_COLLECTION_GROWTH = 0.25
 
 
 class FrozenSince:
-    """The frozen object count and resident bytes right after this process's last full collection."""
+    """How many objects were frozen, and the resident bytes, right after this process's last full collection; and
+    how many objects were frozen since (counted as they are frozen: counting the frozen ones walks them all)."""
 
     def __init__(self) -> None:
         self.objects: Optional[int] = None
         self.resident: Optional[int] = None
+        self.added = 0
 
     def outgrown(self) -> bool:
         """Whether a full collection is due (none happened yet, or either size grew by more than the fraction)."""
         if self.objects is None:
             return True
-        limit = 1.0 + FULL_COLLECTION_GROWTH
         resident = _resident_bytes()
-        return gc.get_freeze_count() > self.objects * limit or (
-            resident is not None and self.resident is not None and resident > self.resident * limit)
+        return self.added > self.objects * FULL_COLLECTION_GROWTH or (
+            resident is not None and self.resident is not None
+            and resident > self.resident * (1.0 + FULL_COLLECTION_GROWTH))
 
     def mark(self) -> None:
-        self.objects, self.resident = gc.get_freeze_count(), _resident_bytes()
+        self.objects, self.resident, self.added = gc.get_freeze_count(), _resident_bytes(), 0
 
     def clear(self) -> None:
         """Forget the sizes: the next load collects in full."""
         self.objects = self.resident = None
+        self.added = 0
 
 
 def frozen_after(loader: Callable[[], T]) -> Callable[[], T]:
@@ -88,6 +91,7 @@ def freeze_alive() -> None:
     """Collect and freeze what is alive; unfreeze first (freeing what earlier freezes kept) when that is due."""
     since = process_cache("frozen_since", FrozenSince)
     gc.collect()
+    since.added += len(gc.get_objects())  # what the freeze below moves: the objects outside the frozen set
     gc.freeze()
     if since.outgrown():
         gc.unfreeze()
