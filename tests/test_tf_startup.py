@@ -53,13 +53,18 @@ def test_standard_error_is_filtered_inside_the_block_only(capfd):
 
 
 def test_the_worker_daemon_preloads_tensorflow_without_its_start_up_lines_or_a_runtime():
+    # and a load after the preload (a forked worker's first) only freezes its own objects: the preload's full
+    # collection counts as the last one (none of its objects are walked again)
     code = ("import sys; from sparktf.spark import tf_daemon; tf_daemon.preload(); "
             "from tensorflow.python.eager import context; c = context.context_safe(); "
-            "print(c is None or not c._initialized, 'keras' in sys.modules)")
+            "from sparktf.process_state import process_cache; from sparktf.spark import worker_gc; "
+            "worker_gc.frozen_after(lambda: [[] for _ in range(100)])(); "
+            "since = process_cache('frozen_since', worker_gc.FrozenSince); "
+            "print(c is None or not c._initialized, 'keras' in sys.modules, since.objects > 100_000, since.added > 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert done.stdout.split() == [b"True", b"True"]
+    assert done.stdout.split() == [b"True"] * 4
     keep = StartupLineFilter(has_nvidia_driver=False).keep  # drops exactly TensorFlow's start-up lines
     assert all(keep(line) for line in done.stderr.splitlines()), done.stderr.decode()
 

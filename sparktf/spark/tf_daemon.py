@@ -19,18 +19,21 @@ any file a session ships), with the session setting::
 
 from __future__ import annotations
 
-import gc
-
 __all__ = ["preload", "main"]
 
 
 def preload() -> None:
-    """Import TensorFlow and Keras (quietly) and freeze the objects they made into the permanent generation."""
+    """Import TensorFlow and Keras (quietly) and freeze the objects they made into the permanent generation.
+
+    The freeze is a full collection of :mod:`sparktf.spark.worker_gc`'s, so the
+    workers forked from here inherit its sizes: their first model load only
+    freezes the model's objects instead of collecting everything again.
+    """
     from sparktf import tf_startup
+    from sparktf.spark.worker_gc import freeze_alive
 
     tf_startup.import_without_devices()
-    gc.collect()
-    gc.freeze()
+    freeze_alive()
 
 
 def main() -> None:
