@@ -91,9 +91,7 @@ def save_module_with_two_signatures(module, method, directory):
 # The longest test files first: `make test` runs two pytest-xdist processes that take one file at a
 # time (--no-loadscope-reorder keeps this order; xdist's own puts the files with the most tests first,
 # i.e. these few-test slow ones last), so the short files left at the end even out their finish: the
-# two processes' test time differed by 50-66 s that way, by 12 s with this order. The files that mostly
-# wait (executors killed and given back, timeouts, watchdogs) alternate with ones that keep the CPU busy:
-# test_elastic beside test_optimizer_failures left both cores 40-90 % idle for 90 s.
+# two processes' test time differed by 50-66 s that way, by 12 s with this order.
 LONG_FILES_FIRST = (
     "test_connect.py", "test_elastic.py", "test_examples.py", "test_optimizer_failures.py", "test_keras_hub.py",
     "test_seed_scale.py",
@@ -101,6 +99,29 @@ LONG_FILES_FIRST = (
     "test_context.py", "test_storage_programs.py", "test_predictor.py", "test_standalone_cluster.py",
     "test_optimizer.py", "test_notebook.py", "test_ml_pipeline.py",
 )
+# Files that mostly wait (executors killed and given back, servers starting, watchdogs, timeouts): 15-41 %
+# of both cores stayed idle while each ran beside another file. Files that keep both cores busy by themselves
+# (two training workers and a driver, all computing) left 0-4 % idle beside them. Two waiting files side by
+# side, or one beside small tests, left the cores a quarter to a third idle for minutes: xdist_pairing runs
+# each waiting file beside a busy one where the queue allows.
+WAITING_FILES = (
+    "test_connect.py", "test_elastic.py", "test_optimizer_failures.py", "test_generation.py", "test_launch_run.py",
+    "test_step_anatomy.py", "test_membership.py", "test_storage.py",
+)
+BUSY_FILES = (
+    "test_keras_hub.py", "test_seed_scale.py", "test_storage_programs.py", "test_sharded_tables.py",
+    "test_sparse_gradients.py", "test_standalone_cluster.py", "test_notebook.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` that runs ``WAITING_FILES`` beside ``BUSY_FILES`` (see ``xdist_pairing``)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist_pairing import WaitingBesideBusy
+
+    return WaitingBesideBusy(config, log, WAITING_FILES, BUSY_FILES)
 
 
 def pytest_collection_modifyitems(items):

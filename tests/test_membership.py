@@ -407,6 +407,7 @@ def test_a_request_beyond_the_cluster_fails_at_once_and_a_wait_past_slot_wait_na
 
 def test_an_interrupted_call_stops_waiting_and_has_its_jobs_cancelled():
     import threading
+    import time
 
     kind = PlannerKind(total=1)
     errors = []
@@ -426,8 +427,13 @@ def test_an_interrupted_call_stops_waiting_and_has_its_jobs_cancelled():
             pass
         interrupts.interrupt_every_call()  # what Ctrl-C's handler does
         thread.join(10)
-        for cancelling in [t for t in threading.enumerate() if t.name == "sparktf-interrupt"]:
-            cancelling.join(10)
+        deadline = time.monotonic() + 10
+        while first.tag not in kind.cancelled and time.monotonic() < deadline:  # the background cancel's first round
+            time.sleep(0.01)
         assert first.interrupted
+    cancelling = [t for t in threading.enumerate() if t.name == "sparktf-interrupt"]
+    for background in cancelling:
+        background.join(10)  # it cancels again until the interrupted calls end: both have
+    assert cancelling and not any(background.is_alive() for background in cancelling)
     assert errors and "cancelled: Ctrl-C" in errors[0][0]
     assert errors[0][1] in kind.cancelled and first.tag in kind.cancelled
