@@ -28,6 +28,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 REPLACE_WAIT = 5
+# 3 and 2 workers sum a batch's gradients in different orders, and Adam's first steps divide each gradient by
+# its own size: weights of the same steps differ by up to ~1.4e-5 (seen once); a step taken twice moves them ~0.05
+SAME_STEPS_ATOL = 1e-4
 
 DRIVER = r'''
 import json, logging, os, sys, threading, time
@@ -269,7 +272,7 @@ def test_training_goes_on_with_fewer_workers_and_grows_back_with_exact_counts(ru
 def test_the_elastic_run_computes_the_weights_of_an_undisturbed_full_batch_run(run):
     result, _, _ = run
     assert result["moved"] > 1e-3
-    assert result["max_error"] < 1e-5, result["max_error"]
+    assert result["max_error"] < SAME_STEPS_ATOL, result["max_error"]
 
 
 def test_the_new_layout_is_built_while_waiting_and_every_training_rdd_is_unpersisted(run):
@@ -295,7 +298,7 @@ def test_a_stream_micro_batch_that_loses_an_executor_is_trained_again_from_its_s
     assert result["stream_error"] is None, result["stream_error"]
     assert "stream_kill" in result  # the executor was lost in the middle of micro-batch 1's training
     assert result["stream_batches"] == [0, 1]
-    assert result["stream_max_error"] < 1e-5, result["stream_max_error"]
+    assert result["stream_max_error"] < SAME_STEPS_ATOL, result["stream_max_error"]
 
 
 def test_not_elastic_a_short_cluster_fails_at_once_and_a_loss_after_replace_wait(run):
