@@ -164,6 +164,33 @@ def test_a_failing_worker_fails_the_job_with_its_traceback_and_leaves_no_process
     assert _wait_for(lambda: all(_ended(pid) for pid in pids)), f"left running: {pids}"
 
 
+def _watch_the_rank_that_returned(folder, ctx):
+    """Rank 1 returns at once; rank 0 then watches rank 1's process for 1 s: True if it stayed up."""
+    mine = Path(folder, f"rank{ctx.worker_num}")
+    Path(f"{mine}.tmp").write_text(str(os.getpid()))
+    os.rename(f"{mine}.tmp", mine)
+    if ctx.worker_num == 1:
+        return None
+    other = Path(folder, "rank1")
+    deadline = time.monotonic() + 60
+    while not other.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stat = Path(f"/proc/{int(other.read_text())}/stat")
+    watched_until = time.monotonic() + 1  # rank 1 returns right after its file: gone in milliseconds if not held
+    while time.monotonic() < watched_until:
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_rank_whose_program_returned_stays_up_until_every_rank_has_and_then_ends(sc, tmp_path):
+    # a peer may still pull the last collective's buffers from its TensorFlow server (MultiWorkerMirroredStrategy)
+    assert sparktf.run(_watch_the_rank_that_returned, args=str(tmp_path), num_workers=2, timeout=120) is True
+    pids = [int((tmp_path / f"rank{rank}").read_text()) for rank in (0, 1)]
+    assert _wait_for(lambda: all(_ended(pid) for pid in pids)), f"left running: {pids}"
+
+
 def _hang(pid_file, ctx):
     Path(pid_file).write_text(str(os.getpid()))
     time.sleep(300)

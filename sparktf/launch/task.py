@@ -12,6 +12,7 @@ import pickle
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -26,6 +27,10 @@ from sparktf.launch.tf_config import build_tf_config
 from sparktf.spark.task_devices import inherited_visible_devices, visible_devices
 
 __all__ = ["TaskSpec", "run_barrier_task", "child_environment"]
+
+_DONE_POLL_S = 0.05
+#: Seconds a child gets to exit once released (it polls for the release every 20 ms).
+_EXIT_AFTER_RELEASE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -70,23 +75,49 @@ def _task_gpus(barrier: BarrierTaskContext) -> List[str]:
     return list(gpu.addresses) if gpu is not None else []
 
 
-def _run_child(spec: TaskSpec, ctx: RunContext) -> Optional[bytes]:
+def _wait_for_every_rank(child: ChildProcess, barrier: BarrierTaskContext, done_path: str, release_path: str,
+                         timeout: Optional[float]) -> Tuple[Optional[int], Optional[str]]:
+    """The child's exit code and why it failed, if it did, once every rank's ``main_fun`` returned.
+
+    A child whose program returned waits for the release (see ``bootstrap``):
+    the task creates it after Spark's barrier, which every task reaches once
+    its own child's program returned. A failed child fails its task, and
+    Spark then ends the barrier stage's other tasks.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    exit_code = None
+    while exit_code is None and not os.path.exists(done_path):
+        left = _DONE_POLL_S if deadline is None else min(_DONE_POLL_S, deadline - time.monotonic())
+        if left <= 0:
+            return None, f"timeout: still running after {timeout:g} s; killed"
+        exit_code = child.wait(left)
+    if exit_code not in (None, 0):
+        return exit_code, None
+    barrier.barrier()
+    open(release_path, "w").close()
+    exit_code = child.wait(_EXIT_AFTER_RELEASE_S) if exit_code is None else exit_code
+    if exit_code is None:
+        return None, f"still running {_EXIT_AFTER_RELEASE_S:g} s after its program returned; killed"
+    return exit_code, None
+
+
+def _run_child(spec: TaskSpec, ctx: RunContext, barrier: BarrierTaskContext) -> Optional[bytes]:
     """Run ``main_fun`` in a child; rank 0's pickled return value, None on other ranks."""
     scratch = tempfile.mkdtemp(prefix="sparktf-run-")
     try:
-        program_path = os.path.join(scratch, "program.pkl")
-        result_path = os.path.join(scratch, "result.pkl")
+        program_path, result_path, done_path, release_path = (
+            os.path.join(scratch, name) for name in ("program.pkl", "result.pkl", "done", "release"))
         with open(program_path, "wb") as file:
             pickle.dump((ctx, spec.program), file)
         log = LogClient(spec.log_address, spec.log_secret)
         try:
-            child = ChildProcess([program_path, result_path], child_environment(ctx, spec.env), ctx.role, log)
+            child = ChildProcess([program_path, result_path, done_path, release_path],
+                                 child_environment(ctx, spec.env), ctx.role, log)
             try:
-                exit_code = child.wait(spec.timeout)
+                exit_code, reason = _wait_for_every_rank(child, barrier, done_path, release_path, spec.timeout)
             finally:
                 child.close()
             if exit_code != 0:
-                reason = None if exit_code is not None else f"timeout: still running after {spec.timeout:g} s; killed"
                 message = failures.failure_message(ctx.role, exit_code, list(child.tail), reason)
                 log.report_failure(message)  # the driver raises it; Spark's copy of the text is for its own logs
                 raise RuntimeError(message)
@@ -121,4 +152,4 @@ def run_barrier_task(spec: TaskSpec, _partition: Iterable[int]) -> Iterator[Opti
             log_dir=spec.log_dir,
             gpus=_task_gpus(barrier),
         )
-        yield _run_child(spec, ctx)
+        yield _run_child(spec, ctx, barrier)
