@@ -91,13 +91,14 @@ def freeze_alive() -> None:
     """Collect and freeze what is alive; unfreeze first (freeing what earlier freezes kept) when that is due."""
     since = process_cache("frozen_since", FrozenSince)
     gc.collect()
-    since.added += len(gc.get_objects())  # what the freeze below moves: the objects outside the frozen set
-    gc.freeze()
+    since.added += len(gc.get_objects())  # what a freeze now moves: the objects outside the frozen set
     if since.outgrown():
         gc.unfreeze()
         gc.collect()
         gc.freeze()
         since.mark()
+    else:
+        gc.freeze()
 
 
 def _resident_bytes() -> Optional[int]:
