@@ -175,10 +175,10 @@ def _watch_the_rank_that_returned(folder, ctx):
     deadline = time.monotonic() + 60
     while not other.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    stat = Path(f"/proc/{int(other.read_text())}/stat")
+    pid = int(other.read_text())
     watched_until = time.monotonic() + 1  # rank 1 returns right after its file: gone in milliseconds if not held
     while time.monotonic() < watched_until:
-        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+        if _ended(pid):
             return False
         time.sleep(0.05)
     return True

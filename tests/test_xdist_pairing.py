@@ -34,8 +34,7 @@ def finish(scheduler, node, file):
 
 def test_a_waiting_file_starts_beside_a_busy_one_and_never_beside_another_waiting_one_while_others_are_queued():
     config = SimpleNamespace(getvalue={"tx": ["2*popen"]}.get, option=SimpleNamespace(loadscopereorder=False))
-    scheduler = WaitingBesideBusy(config, None,
-                                  waiting_files=FILES[:2], busy_files=FILES[3:])
+    scheduler = WaitingBesideBusy(config, None, waiting_files=FILES[:2], busy_files=FILES[3:])
     collection = [f"tests/{file}::test_{index}" for file in FILES for index in range(3)]
     first, second = Node("gw0"), Node("gw1")
     for node in (first, second):
