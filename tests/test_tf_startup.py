@@ -1,6 +1,7 @@
 """sparktf.tf_startup drops TensorFlow's start-up lines and nothing else."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -70,11 +71,31 @@ def test_the_worker_daemon_preloads_tensorflow_without_its_start_up_lines_or_a_r
 
 
 def test_the_shared_sessions_python_workers_fork_from_the_preloading_daemon(sc):
+    # and their pyspark is the installed package's compiled copy, not the same files compiled from Spark's zip
     def daemon_of_this_worker(_):
         import os
 
+        import pyspark
+
         parent = os.getppid()
         with open(f"/proc/{parent}/cmdline", "rb") as cmdline, open(f"/proc/{parent}/maps") as maps:
-            yield b"sparktf.spark.tf_daemon" in cmdline.read().split(b"\0"), "_pywrap_tensorflow_internal" in maps.read()
+            yield (b"sparktf.spark.tf_daemon" in cmdline.read().split(b"\0"), "_pywrap_tensorflow_internal" in maps.read(),
+                   pyspark.__file__)
 
-    assert sc.parallelize([0], 1).mapPartitions(daemon_of_this_worker).collect() == [(True, True)]
+    import pyspark
+
+    assert sc.parallelize([0], 1).mapPartitions(daemon_of_this_worker).collect() == [(True, True, pyspark.__file__)]
+
+
+def test_the_daemon_keeps_the_zip_of_another_spark_first(tmp_path):
+    import pyspark
+
+    other_spark = tmp_path / "spark" / "python" / "lib"
+    other_spark.mkdir(parents=True)
+    shutil.copy(os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip"), other_spark)
+    code = ("from sparktf.spark import tf_daemon; moved = tf_daemon.prefer_installed_pyspark(); "
+            "import pyspark; print(moved, pyspark.__file__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(other_spark / "pyspark.zip")})
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().split() == ["False", str(other_spark / "pyspark.zip" / "pyspark" / "__init__.py")]
