@@ -20,6 +20,7 @@ test session's ``local[2]`` JVM) runs every scenario on one session:
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -304,7 +305,8 @@ def test_a_stream_micro_batch_that_loses_an_executor_is_trained_again_from_its_s
 def test_not_elastic_a_short_cluster_fails_at_once_and_a_loss_after_replace_wait(run):
     result, _, _ = run
     name, message, seconds = result["short_start"]
-    assert name == "SparkTFError" and "num_workers=3" in message and "only 2 free" in message
+    # (the free count may still hold a task of the job before: Spark's status store lags the scheduler)
+    assert name == "SparkTFError" and "num_workers=3" in message and re.search(r"only \d free \(of 2 in total", message)
     assert seconds < 10
     message, seconds, iteration = result["strict_loss"]
     assert "min_workers=2 free task slots, but has only 1 (of the 2 it wants)" in message

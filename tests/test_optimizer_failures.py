@@ -267,7 +267,7 @@ class SleepOnce(PythonHook):
     def hook(self):
         from pyspark import TaskContext
 
-        task = TaskContext.get()  # None on the driver, which evaluates one record to build its metrics
+        task = TaskContext.get()
         if task is not None and task.partitionId() == self.rank and not os.path.exists(self.marker):
             with open(self.marker, "w") as handle:
                 handle.write(str(os.getpid()))

@@ -90,3 +90,17 @@ def test_metrics_are_built_once_however_often_validation_asks(caplog):
             build_metrics(model, features, labels)
     assert [v.shape for v in model.metrics[1].variables] == [(), ()]  # accuracy's total and count, built
     assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+
+
+def test_the_metrics_of_many_models_in_one_process_build_without_tensorflows_retracing_warning(caplog):
+    """Parallel trials build a model's metrics on the driver per trial: TensorFlow warned from the sixth on."""
+    from sparktf.training.metric_state import build_metrics
+
+    features, labels = np.zeros((1, 3), np.float32), np.zeros((1,), np.int32)
+    with caplog.at_level("WARNING"):
+        for _ in range(7):
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+            model.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
+            build_metrics(model, features, labels)
+            assert [v.shape for v in model.metrics[1].variables] == [(), ()]
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]

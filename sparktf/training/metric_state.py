@@ -36,12 +36,14 @@ def training_metrics(model: Any) -> list:
 def build_metrics(model: Any, features: Any, labels: Any) -> None:
     """Create the state variables of the compiled metrics (built lazily by Keras) from one batch.
 
-    Runs the model, its loss and its metrics on the batch in a graph (as the
-    training and evaluation steps will: a batch that does not fit fails with
-    the same message), then resets the model's metric states. A model whose
-    compiled loss and metrics are built already is left as it is: the
-    driver's model takes every validation's totals, and a new graph each
-    time would make TensorFlow warn about retracing.
+    Traces the model, its loss and its metrics on the batch into a graph (as
+    the training and evaluation steps will: a batch that does not fit fails
+    with the same message) without running it, then resets the model's
+    metric states. A model whose compiled loss and metrics are built already
+    is left as it is: the driver's model takes every validation's totals.
+    Only tracing, never calling, keeps TensorFlow from counting these graphs
+    (one per model, all of the same Python function) as retracing and
+    warning about it from the sixth model of a process on.
     """
     import tensorflow as tf
 
@@ -55,7 +57,7 @@ def build_metrics(model: Any, features: Any, labels: Any) -> None:
         model.compute_metrics(features, labels, predictions, sample_weight=None)
         return loss
 
-    tf.function(build, autograph=False)(features, labels)
+    tf.function(build, autograph=False).get_concrete_function(features, labels)
     model.reset_metrics()
 
 
