@@ -425,12 +425,16 @@ def test_an_update_without_tables_is_compiled_only_after_enough_steps_and_trains
     reference, trained = nonlinear_model(), nonlinear_model()
     trained.set_weights(reference.get_weights())
     train_step = step_module.TrainStep(trained)
-    compiled = []
+    compiled, xla_in_graph = [], []
     for _ in range(4):
         reference.train_on_batch(x, y)
         train_step.run(x, y, GradientExchange())
         compiled.append(train_step.last_update_compiled)
-    # two updates as TensorFlow ops, then XLA-compiled ones: a short job never pays the compile
+        step_graph = train_step._traced_step(x, y, None)[0].graph.as_graph_def()  # the step the next run takes
+        xla_in_graph.append(any(f.attr["_XlaMustCompile"].b for f in step_graph.library.function))
+    # two updates as TensorFlow ops, then XLA-compiled ones: a short job never pays the compile, nor a trace of the
+    # compiled form (the step is traced again with it once the second update is applied)
     assert compiled == [False, False, True, True]
+    assert xla_in_graph == [False, True, True, True]
     for got, want in zip(trained.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-6)

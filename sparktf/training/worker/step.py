@@ -108,8 +108,7 @@ class TrainStep:
         self._exchange_call = _ExchangeCall()  # the traced step calls it; each run gives it that run's exchange
         self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
         self.sharded: frozenset = frozenset()  # positions of sharded tables: their owners update them (sharding/)
-        self._take_compiled = tf.Variable(False, trainable=False)  # an update in the step: its XLA branch runs
-        self._taking_compiled = False  # its value, known without reading it back (0.3-0.4 ms after a step)
+        self._xla_update: Optional[Any] = None  # an update in the step: its XLA-compiled function, once it takes it
         self._last_compiled = False  # whether the last iteration's update ran XLA-compiled
         self._updates = 0  # applied in this process, warm-up included
         # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
@@ -198,16 +197,15 @@ class TrainStep:
             raise
         loss, learning_rate, finite, *metrics = outcome.numpy().tolist()
         if finite:  # never apply an update that would poison the weights (the step's own applied it only then)
-            if trace.in_step_compiled is None:
+            if trace.update_in_step:
+                self._last_compiled = self._xla_update is not None
+            else:
                 built = self._update_function(trace.layout)
                 built.function(update, sparse)
                 self._last_compiled = built.compiled
-            else:
-                self._last_compiled = self._taking_compiled
             self._updates += 1
-            if trace.in_step_compiled is not None and self._updates == COMPILE_AFTER_UPDATES:
-                self._taking_compiled = _compiles(trace.in_step_compiled, trace.layout)
-                self._take_compiled.assign(self._taking_compiled)
+            if trace.update_in_step and self._updates == COMPILE_AFTER_UPDATES:
+                self._compile_update_in_step(trace.layout)
         return StepResult(loss, learning_rate, bool(finite), tuple(metrics))
 
     def _traced_step(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[Any, "_StepTrace"]:
@@ -274,15 +272,16 @@ class TrainStep:
         if self._metrics:
             outcome = tf.concat([outcome, self._epoch_metrics(layout.metric_states(fused))], axis=0)
         if layout.sparse or len(self.variables) > FUSED_UPDATE_MAX_VARIABLES:
-            self._found = _StepTrace(layout, None)
+            self._found = _StepTrace(layout, update_in_step=False)
             return outcome, update, sparse
-        applied, compiled = self._applied_in_step(layout, update, finite)
-        self._found = _StepTrace(layout, compiled)
+        function = self._xla_update or self._update_in_step(layout, jit_compile=False)
+        applied = tf.cond(finite, lambda: function(update, []), lambda: tf.constant(False))
+        self._found = _StepTrace(layout, update_in_step=True)
         with tf.control_dependencies([applied]):
             return tf.identity(outcome), None, None
 
-    def _applied_in_step(self, layout: GradientLayout, update: tf.Tensor, finite: tf.Tensor) -> Tuple[tf.Tensor, Any]:
-        """The update of a small model without tables in the step's graph, when ``finite``; its XLA branch.
+    def _update_in_step(self, layout: GradientLayout, jit_compile: bool) -> Any:
+        """The update of a small model without tables, as a ``tf.function`` the step's graph calls when finite.
 
         One call per iteration instead of two saves about 0.3 ms a step,
         which counts on a small model; on a large one the update in the
@@ -290,18 +289,28 @@ class TrainStep:
         ``docs/design/training.md``), so it keeps a call of its own
         (:data:`FUSED_UPDATE_MAX_VARIABLES`). The update runs as TensorFlow
         ops until the process has applied :data:`COMPILE_AFTER_UPDATES`,
-        XLA-compiled from then on where XLA can compile it (:meth:`run`
-        switches branches; XLA compiles its branch when it first runs).
+        XLA-compiled from then on where XLA can compile it
+        (:meth:`_compile_update_in_step`).
         """
         def apply(dense: tf.Tensor, sparse: list) -> tf.Tensor:
             return self._update(layout, dense, sparse)
 
         spec = [tf.TensorSpec([layout.gradient_size], tf.float32), []]
-        plain = tf.function(apply, input_signature=spec, autograph=False)
-        compiled = tf.function(apply, input_signature=spec, jit_compile=True, autograph=False)
-        return tf.cond(finite, lambda: tf.cond(self._take_compiled, lambda: compiled(update, []),
-                                               lambda: plain(update, [])),
-                       lambda: tf.constant(False)), compiled
+        return tf.function(apply, input_signature=spec, jit_compile=jit_compile, autograph=False)
+
+    def _compile_update_in_step(self, layout: GradientLayout) -> None:
+        """From the next run on, the step's update is XLA-compiled, where XLA lowers it to HLO.
+
+        The step is traced again for it, once per process, here: a step
+        holding both forms behind a switch would trace and instantiate the
+        update twice in every process, while short jobs never switch.
+        """
+        compiled = self._update_in_step(layout, jit_compile=True)
+        if not _compiles(compiled, layout):
+            return
+        self._xla_update = compiled
+        self._step_fn = tf.function(self._step, autograph=False)
+        self._traces.clear()
 
     def _epoch_metrics(self, global_states: tf.Tensor) -> tf.Tensor:
         """Add the global batch's metric states to the epoch's; the metrics' values on the sum, flat."""
@@ -401,7 +410,7 @@ class _StepTrace:
     """What tracing the step found, kept on its graph: a retrace has its own."""
 
     layout: GradientLayout  # which gradients travel dense, which as rows
-    in_step_compiled: Any  # the XLA branch of an update in the step; None: the update is a call of its own
+    update_in_step: bool  # False: the update is a call of its own
 
 
 @dataclass(frozen=True)
