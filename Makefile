@@ -27,8 +27,11 @@ $(STAMP): $(PY) setup.cfg pyproject.toml
 	$(EDITABLE) $(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 
+# The suite's JVMs share an archive of Spark's classes (tests/jvm_class_archive.py): it is dumped here, with
+# the install, rather than by the first test run (~20 s of one Spark session before any test starts).
 $(TEST_STAMP): $(STAMP)
 	$(EDITABLE) $(PY) -m pip install --quiet -e ".[test]"
+	$(PY) tests/jvm_class_archive.py >/dev/null
 	touch $(TEST_STAMP)
 
 check-java:

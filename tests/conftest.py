@@ -14,11 +14,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Every JVM the tests start (sessions, executors, a standalone master and workers) lives seconds to
 # minutes and moves little data: the C2 JIT compiler and G1's threads were a third of their CPU time
 # (test_context: 65 -> 44 CPU-s with these). The suite is CPU-bound on 2 cores. They also share one archive
-# of Spark's classes (see jvm_class_archive; dumped by the first run, inherited by pytest-xdist's workers).
+# of Spark's classes (see jvm_class_archive; dumped by make test's install step, or else by the first run;
+# inherited by pytest-xdist's workers).
 if "JAVA_TOOL_OPTIONS" not in os.environ:
-    from jvm_class_archive import java_tool_options
+    from jvm_class_archive import TEST_JVM_OPTIONS, java_tool_options
 
-    os.environ["JAVA_TOOL_OPTIONS"] = java_tool_options("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    os.environ["JAVA_TOOL_OPTIONS"] = java_tool_options(TEST_JVM_OPTIONS)
 
 SPARK_TEST_CONF = {
     "spark.driver.host": "127.0.0.1",

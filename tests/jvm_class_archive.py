@@ -21,6 +21,8 @@ import subprocess
 import sys
 from typing import Optional
 
+#: The options of every JVM the tests start (see ``tests/conftest.py``), before the archive's.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 #: Seconds the dumping program may take (a Spark session, two jobs, the dump).
 DUMP_SECONDS = 180
 #: No JVM complains about an archive it cannot use (the launcher's class path differs).
@@ -72,3 +74,7 @@ def _dump(path: str, base: str) -> bool:
         if os.path.exists(partial):
             os.remove(partial)
         return False
+
+
+if __name__ == "__main__":  # `make test`'s install step: the archive is dumped there, not in the first test run
+    print(java_tool_options(TEST_JVM_OPTIONS))
