@@ -52,8 +52,7 @@ def prefer_installed_pyspark() -> bool:
     zips = [entry for entry in sys.path if os.path.basename(entry) == "pyspark.zip"]
     if not zips:
         return False
-    others = [entry for entry in sys.path if not _is_zip_in(entry, os.path.dirname(zips[0]))]
-    spec = importlib.machinery.PathFinder.find_spec("pyspark", others)
+    spec = importlib.machinery.PathFinder.find_spec("pyspark", [entry for entry in sys.path if entry not in zips])
     if spec is None or not spec.origin:
         return False
     bundled = os.path.join(os.path.dirname(spec.origin), "python", "lib")
