@@ -12,6 +12,8 @@ Every rank of a training segment talks to the driver through it:
   table and its optimizer state) and then sends back those rows of its final
   state; an evaluation task asks for a sharded table's rows by id, a batch's
   at a time (``get_rows``), and never holds the whole table;
+* **orders** (``next_order``): a resident job's ranks report the pass they
+  finished and wait for the next one (:meth:`JobChannel.give_orders`);
 * **reports** (``report``): each rank's heartbeat with its phase and
   iteration, which the driver's watchdog reads, and rank 0's values (loss,
   metrics) of every iteration since its previous report, which the channel
@@ -31,7 +33,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -54,7 +56,10 @@ MAX_KEPT_BATCHES = 8192  # per rank, until the driver takes them; older ones are
 MAX_KEPT_WINDOWS = 64  # step windows per rank, until the driver takes them
 MAX_ROW_REQUEST_BYTES = 16 << 20  # the ids of one ``get_rows`` request (2M int64 ids)
 _MAX_WINDOW_COLUMNS = 16
+MAX_ORDER_REPORT_BYTES = 64 << 20  # a resident rank's report of a pass: metric totals, per-iteration values
 
+#: A resident job's orders: ``(rank, header, arrays) -> answer`` (see :meth:`JobChannel.give_orders`).
+Orders = Callable[[int, Dict[str, Any], List[np.ndarray]], Dict[str, Any]]
 #: One iteration's values: ``(iteration, (loss, metric, ...))``.
 BatchValues = Tuple[int, Tuple[float, ...]]
 
@@ -161,6 +166,7 @@ class JobChannel(AuthenticatedServer):
         self._batches: Dict[int, Deque[BatchValues]] = {}
         self._batch_names: Dict[int, Tuple[str, ...]] = {}
         self._windows: Dict[int, Deque[StepWindow]] = {}
+        self._orders: Optional[Orders] = None
         super().__init__(world_size, secret, host)
 
     # ------------------------------------------------------------------ driver API
@@ -170,6 +176,16 @@ class JobChannel(AuthenticatedServer):
         with self._lock:
             self._state = (dict(meta), list(arrays))
             self._state_bytes = sum(np.asarray(a).nbytes for a in arrays)
+
+    def give_orders(self, orders: "Orders") -> None:
+        """Answer the ranks' ``next_order`` requests with ``orders(rank, header, arrays)`` (a resident job's passes).
+
+        ``orders`` runs on the rank's connection thread and may wait, a bounded
+        time, for the next order; the header and arrays carry what the rank
+        reports of the order it finished.
+        """
+        with self._lock:
+            self._orders = orders
 
     def take_uploaded(self) -> Dict[int, Tuple[Dict[str, Any], List[np.ndarray]]]:
         """The uploaded states by rank (rank 0's whole, the others' rows), handed over once."""
@@ -226,6 +242,8 @@ class JobChannel(AuthenticatedServer):
         little more than the state it was served, another rank the rows it asked for (none when it asked for none)."""
         if header.get("op") == "get_rows":
             return MAX_ROW_REQUEST_BYTES
+        if header.get("op") == "next_order":
+            return MAX_ORDER_REPORT_BYTES
         with self._lock:
             return 2 * self._state_bytes + (64 << 20) if rank == 0 else 2 * self._rows_served.get(rank, 0)
 
@@ -260,6 +278,10 @@ class JobChannel(AuthenticatedServer):
                 send_message(sock, state[0], cut)
             else:  # rows of one served array by id: a sharded table's rows a task's batch looks up
                 send_message(sock, {}, [_rows_by_id(state[1], int(header["index"]), arrays)])
+        elif op == "next_order":
+            with self._lock:
+                orders = self._orders
+            send_message(sock, {"error": "this job takes no orders"} if orders is None else orders(rank, header, arrays))
         elif op == "put_state":
             with self._lock:
                 self._uploaded[rank] = (header.get("meta", {}), arrays)

@@ -29,11 +29,13 @@ from sparktf.collective.rendezvous import HANDSHAKE_SECONDS, checked_claim, conn
 from sparktf.errors import CollectiveError, FailureRecord
 
 __all__ = ["ChannelClient", "directory_peers", "Heartbeat", "NoHeartbeat", "start_heartbeat", "HEARTBEAT_SECONDS",
-           "GUARD_GRACE_SECONDS", "MAX_REPORTED_BATCHES", "DONE"]
+           "GUARD_GRACE_SECONDS", "MAX_REPORTED_BATCHES", "DONE", "IDLE"]
 
 HEARTBEAT_SECONDS = 1.0
 #: The phase a task reports last: it is finished, not stalled (the driver's watchdog waits for no more).
 DONE = "done"
+#: The phase of a rank of a resident job waiting for the driver's next order: waiting on the driver, not stuck.
+IDLE = "idle"
 
 #: A rank in the same phase and iteration this long (at most a fifth of the collective timeout) sends its task thread's
 #: stack with each report.

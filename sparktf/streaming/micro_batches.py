@@ -21,13 +21,12 @@ from typing import Any, Dict, List, Optional, Sequence
 from sparktf.errors import ConfigurationError
 from sparktf.models.published import prune_versions, publish
 from sparktf.training.driver import RunRequest, SinglePass, evaluate_model
+from sparktf.training.worker.resident import TEST_BATCH_FACTOR
 from sparktf.triggers import MaxIteration, TrainingProgress
 
 __all__ = ["MicroBatchTrainer"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
-#: The test pass's batches hold this many local training batches (a forward pass keeps no gradients).
-TEST_BATCH_FACTOR = 4
 #: Seconds a micro-batch waits for ``start()`` to hand over the query's id.
 _QUERY_ID_WAIT = 120.0
 
@@ -55,20 +54,37 @@ class MicroBatchTrainer:
         self._since_publish = 0
         self.progress: List[Dict[str, Any]] = []
 
+    @property
+    def error(self) -> Optional[BaseException]:
+        """What stopped training beside the query (None: nothing; each micro-batch trains inside its call here)."""
+        return None
+
+    def finish(self) -> None:
+        """After the query ended: train what it handed over and did not train yet (nothing, here)."""
+
+    def stop(self) -> None:
+        """The query is stopping: stop training (nothing runs beside the query, here)."""
+
     def started(self, query_id: str) -> None:
         """The query started: its id marks what the checkpoints record."""
         self._query_id = query_id
         self._started.set()
 
-    def __call__(self, batch: Any, batch_id: int) -> None:
+    def _trained_already(self, batch_id: int) -> bool:
+        """Wait for the query's id; whether the model's checkpoint holds micro-batch ``batch_id`` of this query."""
         if not self._started.wait(_QUERY_ID_WAIT):
             raise ConfigurationError(f"micro-batch {batch_id} did not learn its query's id within "
                                      f"{_QUERY_ID_WAIT:.0f} s of its start; restart the query")
-        optimizer, batch_id = self._optimizer, int(batch_id)
-        done = optimizer._state.stream
+        done = self._optimizer._state.stream
         if done is not None and done[0] == self._query_id and batch_id <= done[1]:
             _LOG.info("micro-batch %d of query %s is in the model's checkpoint already (trained before the query "
                       "committed it): skipped", batch_id, self._query_id)
+            return True
+        return False
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        optimizer, batch_id = self._optimizer, int(batch_id)
+        if self._trained_already(batch_id):
             return
         dataset = optimizer.dataset.micro_batch(batch)
         records = dataset.num_records
@@ -88,11 +104,16 @@ class MicroBatchTrainer:
         finally:
             if cached_here:
                 layout.unpersist()
-        logs: Dict[str, Any] = {"loss": float(sum(losses) / len(losses)) if losses else float("nan"),
+        self._record(batch_id, began, losses, tested, records)
+
+    def _record(self, batch_id: int, began: float, losses: Sequence[float], tested: Dict[str, float],
+                records: int) -> None:
+        """A trained micro-batch: its progress entry, version (when one is due), summaries and callbacks."""
+        logs: Dict[str, Any] = {"loss": float(sum(losses) / len(losses)) if len(losses) else float("nan"),
                                 **{f"test_{name}": float(value) for name, value in tested.items()},
                                 "records": records}
         ended = time.time()
-        entry = {"batchId": batch_id, "iteration": optimizer.iteration, "started": began, "ended": ended,
+        entry = {"batchId": batch_id, "iteration": self._optimizer.iteration, "started": began, "ended": ended,
                  "seconds": ended - began, **logs}
         version = self._publish(batch_id, logs)
         if version is not None:

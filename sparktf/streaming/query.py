@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import numbers
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -13,6 +14,8 @@ from sparktf.streaming.micro_batches import MicroBatchTrainer
 from sparktf.training.driver import latest_checkpoint
 
 __all__ = ["TrainingQuery", "start_training_query", "check_trigger"]
+
+_LOG = logging.getLogger("sparktf.optimizer")
 
 #: ``DataStreamWriter.trigger``'s keywords that ``foreachBatch`` runs with (continuous processing has no batches).
 _TRIGGERS = ("processingTime", "once", "availableNow")
@@ -34,6 +37,35 @@ class TrainingQuery(StreamingQuery):
     def __init__(self, query: StreamingQuery, trainer: MicroBatchTrainer):
         super().__init__(query._jsq)
         self._trainer = trainer
+
+    def awaitTermination(self, timeout: Optional[int] = None) -> Optional[bool]:
+        """Wait for the query to end (as ``StreamingQuery``'s), then for the micro-batches it staged to train.
+
+        Raises
+        ------
+        StreamingQueryException
+            The query failed (a ``foreachBatch`` call raised).
+        SparkTFError
+            The resident training job failed (its error, naming the micro-batch).
+        """
+        try:
+            ended = super().awaitTermination(timeout)
+        except BaseException:
+            self._trainer.stop()
+            raise
+        if ended is None or ended:
+            self._trainer.finish()
+        return ended
+
+    def stop(self) -> None:
+        """Stop the query; a resident training job ends after the micro-batch it trains, its checkpoint written
+        (the micro-batches staged after it train when the query starts again)."""
+        super().stop()
+        self._trainer.stop()
+
+    def exception(self) -> Any:
+        """The query's exception, else the resident training job's error, else None."""
+        return super().exception() or self._trainer.error
 
     @property
     def training_progress(self) -> List[Dict[str, Any]]:
@@ -67,6 +99,28 @@ def check_trigger(trigger: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return {key: value}
 
 
+def _trainer(optimizer: Any, publish_every: Optional[int], callbacks: Sequence[Any]) -> MicroBatchTrainer:
+    """A resident training job's trainer when the session has a task slot beside the training workers for the
+    stream's own jobs (and nothing else rules it out); else the per-micro-batch one, said once in the log."""
+    from sparktf.streaming.resident import ResidentTrainer
+
+    workers = optimizer.num_workers
+    slots = optimizer.session.slots(optimizer.resource_profile).total
+    reason = None
+    if slots < workers + 1:
+        reason = (f"the session's {slots} task slots leave none beside the {workers} training workers for the "
+                  f"stream's own jobs (a resident job needs {workers + 1}; use fewer workers or more slots)")
+    elif optimizer._tables.plan.tables:
+        reason = "the model has sharded tables, which the resident job does not train yet"
+    elif optimizer.session.rendezvous_host() is None:
+        reason = "spark.sparktf.rendezvous=barrier: the resident job takes its orders through the job channel"
+    if reason is None:
+        _LOG.info("optimize_stream trains in a resident job of %d workers (%d task slots in all)", workers, slots)
+        return ResidentTrainer(optimizer, publish_every, callbacks)
+    _LOG.info("optimize_stream trains each micro-batch with jobs of its own: %s", reason)
+    return MicroBatchTrainer(optimizer, publish_every, callbacks)
+
+
 def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publish_every: Optional[int],
                          checkpoint_location: Optional[str], callbacks: Sequence[Any]) -> TrainingQuery:
     """Check ``optimize_stream``'s settings, resume the model from ``model_dir`` and start the query.
@@ -96,7 +150,7 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
     dataset.local_batch_size(optimizer.num_workers)  # batch_size is set, and fits the workers
     if latest_checkpoint(optimizer.model_dir) is not None:  # where the model stands, committed micro-batches included
         optimizer.load_checkpoint()
-    trainer = MicroBatchTrainer(optimizer, publish_every, callbacks)
+    trainer = _trainer(optimizer, publish_every, callbacks)
     for callback in callbacks:
         callback.set_model(optimizer.model)
         callback.on_train_begin()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import secrets
 from functools import partial
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from sparktf.training.state_source import StateSource
 from sparktf.training.tables.plan import ShardPlan
 from sparktf.training.worker.evaluation import evaluate_partition, keras_arrays, unkeyed
 
-__all__ = ["evaluate_blocks"]
+__all__ = ["evaluate_blocks", "metrics_of_totals"]
 
 
 def evaluate_blocks(
@@ -120,7 +120,12 @@ def evaluate_blocks(
                 broadcast.destroy()
     if not per_partition:
         raise DataError("cannot evaluate: the dataset has no records")
-    totals = [np.sum(values, axis=0) for values in zip(*per_partition)]
+    return metrics_of_totals(model, element_structure, [np.sum(values, axis=0) for values in zip(*per_partition)])
+
+
+def metrics_of_totals(model: Any, element_structure: tuple, totals: List[np.ndarray]) -> Dict[str, float]:
+    """The compiled loss and metrics of summed metric states ``totals`` (the tasks' or ranks', added up), as
+    ``model.evaluate(..., return_dict=True)``; ``element_structure`` as the model takes its batches."""
     _build_metrics(model, element_structure)
     return load_metric_totals(model, totals)
 

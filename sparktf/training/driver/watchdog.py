@@ -29,7 +29,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional, TypeVar
 
-from sparktf.collective.channel_client import DONE
+from sparktf.collective.channel_client import DONE, IDLE
 from sparktf.errors import TrainingError
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.spark.jobs import run_job
@@ -142,7 +142,7 @@ class JobWatchdog:
     def _stall(self, now: float, started: float) -> Optional[str]:
         reports = self._channel.reports()
         for task, report in sorted(reports.items()):
-            if report.phase != DONE and now - report.changed_at > self._stall_seconds:
+            if report.phase not in (DONE, IDLE) and now - report.changed_at > self._stall_seconds:
                 return (f"{self._task} {task} made no progress for {now - report.changed_at:.0f} s in phase "
                         f"{report.phase!r} at {self._counter} {report.iteration}{self._stacks(task, reports)}")
         if self._barrier:

@@ -23,7 +23,7 @@ from sparktf.training.state_source import StateSource
 from sparktf.training.tables.plan import ShardPlan
 from sparktf.training.tables.sharded_evaluation import BatchRows
 
-__all__ = ["evaluate_partition", "keras_arrays", "unkeyed"]
+__all__ = ["evaluate_partition", "keras_arrays", "keras_element", "unkeyed"]
 
 
 def evaluate_partition(
@@ -69,7 +69,7 @@ def evaluate_partition(
                 state.fetch(partition).apply_to(model)
             heartbeat.phase = "evaluate"
             mapped = batch_mapper(elements, model)
-            inputs = (_keras_element(mapped(arrays), element_structure)
+            inputs = (keras_element(mapped(arrays), element_structure)
                       for arrays in itertools.chain([first], batches))
             count_batches = keras.callbacks.LambdaCallback(
                 on_test_batch_end=lambda batch, logs: setattr(heartbeat, "iteration", batch + 1))
@@ -104,7 +104,7 @@ def _evaluate_with_batch_rows(payload: Any, state: StateSource, elements: Mapped
     totals: Optional[List[np.ndarray]] = None
     with state.rows_by_id(partition) as rows_by_id:
         for count, arrays in enumerate(batches, 1):
-            features, *rest = _keras_element(mapped(arrays), element_structure)
+            features, *rest = keras_element(mapped(arrays), element_structure)
             # Keras' own test_on_batch (a Keras Hub task's would preprocess again); it resets the metrics first,
             # so each batch's states are added here, as the driver adds the partitions'
             keras.Model.test_on_batch(rows.model, rows.fill(features, rows_by_id), *rest)
@@ -114,7 +114,7 @@ def _evaluate_with_batch_rows(payload: Any, state: StateSource, elements: Mapped
     return totals
 
 
-def _keras_element(leaves: List[np.ndarray], element_structure: tuple) -> tuple:
+def keras_element(leaves: List[np.ndarray], element_structure: tuple) -> tuple:
     """A mapped batch's leaves as the element Keras evaluates: ``(features, labels[, weights])``.
 
     Lists become tuples: tf.data (under Keras' generator input) takes a list for one tensor, so a list of feature

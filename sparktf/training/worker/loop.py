@@ -45,7 +45,7 @@ from sparktf.training.worker.step import TrainStep
 from sparktf.training.worker.step_clock import PhaseClock
 from sparktf.triggers import TrainingProgress
 
-__all__ = ["run_segment"]
+__all__ = ["run_segment", "train_iterations", "prepared_step", "state_source", "average_non_trainable"]
 
 
 def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentResult]:
@@ -85,7 +85,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             )
             opening = pool.submit(_open_input, spec, rank, blocks, connecting)
             try:
-                step, held, kept = _prepared_step(spec, opening, watch, heartbeat, rank, world_size)
+                step, held, kept = prepared_step(spec, opening, watch, heartbeat, rank, world_size)
                 heartbeat.phase = "data_cache"
                 stream, first_batch, shard = opening.result()
                 watch.lap("data_cache")
@@ -102,14 +102,14 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             batches = itertools.chain([first_batch], stream)
             shards = _rank_shards(spec, held, kept, step, rank, communicator)
             held = None  # the shards hold their copy now
-            result = _train(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
+            result = train_iterations(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
             heartbeat.phase = "finish"
-            _average_non_trainable(step.model, communicator)
+            average_non_trainable(step.model, communicator)
             final, rows = _final_state(spec, step, shards, result.iteration, rank)
             watch.lap("finish")
             if final is not None:
                 heartbeat.phase = "state_upload"
-                result.state = _state_source(spec, world_size).hand_back(rank, final, rows)
+                result.state = state_source(spec, world_size).hand_back(rank, final, rows)
                 watch.lap("state_upload")
             finished = True
         finally:
@@ -127,7 +127,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     yield watch.anatomy(rank, address, address.rsplit(":", 1)[0])
 
 
-def _train(
+def train_iterations(
     spec: SegmentSpec,
     rank: int,
     shard: int,
@@ -216,7 +216,7 @@ class _TimedExchange(GradientExchange):
         return summed
 
 
-def _prepared_step(
+def prepared_step(
     spec: SegmentSpec,
     opening: Future,
     watch: PhaseClock,
@@ -251,7 +251,7 @@ def _prepared_step(
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
     rows = state_rows(step.model, plan, rank)  # the rank's rows of the sharded tables (none without)
-    state = _state_source(spec, world_size).fetch(rank, rows)  # also undoes the warm-up's update
+    state = state_source(spec, world_size).fetch(rank, rows)  # also undoes the warm-up's update
     held = apply_start_state(state, step.model, plan), state.optimizer_state_folder
     watch.lap("state_fetch")
     return step, held, kept
@@ -271,7 +271,7 @@ def _rank_shards(spec: SegmentSpec, held: Tuple[HeldTables, Optional[str]], kept
     return shards
 
 
-def _state_source(spec: SegmentSpec, world_size: int) -> StateSource:
+def state_source(spec: SegmentSpec, world_size: int) -> StateSource:
     """Where the segment's start state comes from and its final state goes: the job channel, or the broadcast."""
     return StateSource(spec.directory, spec.secret, world_size, spec.collective_timeout, spec.state)
 
@@ -354,7 +354,7 @@ def _cached_step(spec: SegmentSpec) -> Tuple[TrainStep, Optional[dict]]:
                   spec.table_updates), {}))
 
 
-def _average_non_trainable(model: Any, communicator: Any) -> None:
+def average_non_trainable(model: Any, communicator: Any) -> None:
     """All-reduce (mean) the non-trainable float variables, e.g. BatchNorm moving statistics."""
     trainable = {id(v) for v in model.trainable_variables}
     variables = [

@@ -1,0 +1,153 @@
+"""``optimize_stream`` with a resident training job: ``foreachBatch`` stages, one long-lived job trains.
+
+Each ``foreachBatch`` call stages its micro-batch (one Spark job writes it to
+``model_dir/stream/staged/<batchId>/``, the manifest last:
+:mod:`sparktf.data.staged_batches`) and returns, so Spark commits it and
+plans the next one while the resident job
+(:class:`~sparktf.training.driver.resident_job.ResidentJob`) trains it. The
+staging is the log: the checkpoint written after a micro-batch's pass
+records its ``batchId`` and its staging is then deleted, so a restart trains
+every staged micro-batch after the checkpoint before the new ones, and a
+micro-batch Spark replays that is staged already is not staged again.
+
+``foreachBatch`` waits while more than ``max_staged`` micro-batches are
+staged and untrained (back-pressure: the wait is in the progress as
+``backpressure_seconds``). See ``docs/design/streaming.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, Optional, Sequence
+
+from sparktf.data.sparse import model_structure
+from sparktf.data.staged_batches import StagedBatch, remove_staged, stage_micro_batch, staged_batches, staging_root
+from sparktf.errors import TrainingError
+from sparktf.spark.task_devices import gpu_plan
+from sparktf.streaming.micro_batches import MicroBatchTrainer
+from sparktf.training.checkpoint import write_checkpoint, prune_checkpoints
+from sparktf.training.driver.evaluation import metrics_of_totals
+from sparktf.training.driver.resident_job import PassResult, ResidentJob
+from sparktf.training.worker.segment_spec import SegmentSpec
+from sparktf.triggers import MaxIteration, TrainingProgress
+
+__all__ = ["ResidentTrainer", "MAX_STAGED"]
+
+_LOG = logging.getLogger("sparktf.optimizer")
+#: Micro-batches staged and untrained before ``foreachBatch`` waits (the default of ``optimize_stream``).
+MAX_STAGED = 2
+
+
+class ResidentTrainer(MicroBatchTrainer):
+    """The ``foreachBatch`` function of ``optimize_stream`` with a resident training job.
+
+    Parameters
+    ----------
+    optimizer : TFOptimizer
+        With a streaming dataset and ``model_dir``.
+    publish_every : int or None
+        Publish a version every this many micro-batches trained.
+    callbacks : list of keras.callbacks.Callback
+        Told of every micro-batch (``on_epoch_begin`` when it is staged, ``on_epoch_end`` when it is trained).
+    max_staged : int
+        Micro-batches staged and untrained before ``foreachBatch`` waits.
+    """
+
+    def __init__(self, optimizer: Any, publish_every: Optional[int], callbacks: Sequence[Any],
+                 max_staged: int = MAX_STAGED):
+        super().__init__(optimizer, publish_every, callbacks)
+        self._root = staging_root(optimizer.model_dir)
+        self._max_staged = max_staged
+        self._submitted: Dict[int, float] = {}  # batchId -> when it was staged
+        self._job = self._resident_job()
+        self.backpressure_seconds = 0.0
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        return self._job.error
+
+    def started(self, query_id: str) -> None:
+        """The query started: the job starts, with the micro-batches a previous run staged and did not train."""
+        done = self._optimizer._state.stream
+        self._query_id = query_id  # what the passes' checkpoints record
+        self._job.start(self._optimizer.iteration)
+        for staged in staged_batches(self._root):
+            if staged.query_id != query_id:
+                _LOG.warning("micro-batch %d staged in %s is of query %s, not of this query (%s): not trained; "
+                             "delete the folder when its records are not needed", staged.batch_id, staged.folder,
+                             staged.query_id, query_id)
+            elif done is not None and done[0] == query_id and staged.batch_id <= done[1]:
+                remove_staged(staged)  # trained: its checkpoint was written, its deletion was not
+            else:
+                _LOG.info("micro-batch %d was staged by a previous run and not trained: it trains first",
+                          staged.batch_id)
+                self._submit(staged)
+        super().started(query_id)
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        batch_id = int(batch_id)
+        if self._trained_already(batch_id) or batch_id in self._submitted:
+            return  # trained, or staged by a run that died before Spark's commit: it trains from its staging
+        dataset = self._optimizer.dataset.micro_batch(batch)
+        staged = stage_micro_batch(dataset.blocks, self._root, batch_id, self._query_id)
+        if staged.records == 0:
+            remove_staged(staged)
+            return
+        for callback in self._callbacks:
+            callback.on_epoch_begin(batch_id)
+        self._submit(staged)
+        self.backpressure_seconds += self._job.wait_for_backlog(self._max_staged)
+
+    def finish(self) -> None:
+        """Train every staged micro-batch, then end the job (after the query ended)."""
+        self._job.finish()
+
+    def stop(self) -> None:
+        """End the job after the micro-batch it trains (the staged ones after it train at the next start)."""
+        self._job.stop()
+
+    def _submit(self, staged: StagedBatch) -> None:
+        dataset = self._optimizer.dataset
+        self._submitted[staged.batch_id] = time.time()
+        self._job.submit(staged, dataset.batch_size, dataset.seed if dataset.shuffle else None)
+
+    def _resident_job(self) -> ResidentJob:
+        optimizer = self._optimizer
+        session, profile = optimizer.session, optimizer.resource_profile
+        start = TrainingProgress(optimizer.iteration, 1, None, None)
+        spec = SegmentSpec(optimizer._payload_broadcast(), model_structure(optimizer.model, self._elements.element),
+                           start, MaxIteration(optimizer.iteration + 1), optimizer.clipping,
+                           optimizer.collective_timeout, gradient_compression=optimizer.gradient_compression,
+                           gpus=gpu_plan(session.conf, profile), maps=self._elements,
+                           table_updates=optimizer._tables.updates)
+        return ResidentJob(session, spec, optimizer.num_workers, self._capture, self._on_pass,
+                           optimizer.max_failures, profile)
+
+    def _capture(self) -> Any:
+        optimizer = self._optimizer
+        return optimizer._tables.capture(optimizer.model, optimizer.iteration, None)
+
+    def _on_pass(self, result: PassResult) -> None:
+        """A pass the ranks finished: the driver's model takes its state, the checkpoint records it, its staging
+        goes, then its progress entry, version, summaries and callbacks."""
+        optimizer, batch = self._optimizer, result.order.batch
+        if result.state is None:
+            raise TrainingError(f"the loss or a gradient was not finite at iteration {result.non_finite_iteration} "
+                                f"of micro-batch {batch.batch_id} (its staging stays in {batch.folder}): nothing "
+                                "of it was applied. Lower the learning rate, clip gradients or check the records")
+        state = optimizer._state
+        result.state.apply_to(optimizer.model)
+        state.iteration, state.stream, state.metric_state = result.iteration, (self._query_id, batch.batch_id), None
+        if len(result.losses):
+            state.last_loss = float(result.losses[-1])
+        checkpoint = result.state
+        checkpoint.stream = state.stream
+        write_checkpoint(checkpoint, optimizer.model_dir)
+        prune_checkpoints(optimizer.model_dir, optimizer.keep_checkpoints)
+        remove_staged(batch)
+        tested = (metrics_of_totals(optimizer.model, model_structure(optimizer.model, self._elements.element),
+                                    result.totals) if result.totals else {})
+        began = self._submitted.pop(batch.batch_id, result.wall_times[0] if len(result.wall_times) else time.time())
+        self._record(batch.batch_id, began, result.losses.tolist(), tested, batch.records)
+        self.progress[-1]["backpressure_seconds"] = self.backpressure_seconds
