@@ -340,7 +340,8 @@ class TFOptimizer:
         return result
 
     def optimize_stream(self, trigger: Optional[Dict[str, Any]] = None, publish_every: Optional[int] = None,
-                        checkpoint_location: Optional[str] = None, callbacks: Optional[Sequence[Any]] = None) -> Any:
+                        checkpoint_location: Optional[str] = None, callbacks: Optional[Sequence[Any]] = None,
+                        max_staged: int = 2) -> Any:
         """Train continuously on a streaming dataset, each micro-batch exactly once; returns the running query.
 
         Each micro-batch is first evaluated with the model as it stands
@@ -373,6 +374,10 @@ class TFOptimizer:
             ``on_epoch_begin(batchId)`` and ``on_epoch_end(batchId, logs)``
             for every micro-batch trained, ``logs`` holding ``loss``, the
             ``test_*`` metrics and ``records``.
+        max_staged : int
+            With a resident training job (a session with a task slot beside
+            the ``num_workers``): the micro-batches staged and not yet trained
+            before ``foreachBatch`` waits for training (back-pressure).
 
         Returns
         -------
@@ -389,7 +394,8 @@ class TFOptimizer:
         """
         from sparktf.streaming.query import start_training_query
 
-        return start_training_query(self, trigger, publish_every, checkpoint_location, list(callbacks or []))
+        return start_training_query(self, trigger, publish_every, checkpoint_location, list(callbacks or []),
+                                    max_staged)
 
     def _training_run(self, dataset: Any, workers: int, elements_of: Any = None) -> TrainingRun:
         """A TrainingRun of this optimizer's model, state and settings on ``dataset`` with ``workers`` workers."""

@@ -107,14 +107,15 @@ class MicroBatchTrainer:
         self._record(batch_id, began, losses, tested, records)
 
     def _record(self, batch_id: int, began: float, losses: Sequence[float], tested: Dict[str, float],
-                records: int) -> None:
-        """A trained micro-batch: its progress entry, version (when one is due), summaries and callbacks."""
+                records: int, **more: Any) -> None:
+        """A trained micro-batch: its progress entry (with ``more``), version (when one is due), summaries and
+        callbacks."""
         logs: Dict[str, Any] = {"loss": float(sum(losses) / len(losses)) if len(losses) else float("nan"),
                                 **{f"test_{name}": float(value) for name, value in tested.items()},
                                 "records": records}
         ended = time.time()
         entry = {"batchId": batch_id, "iteration": self._optimizer.iteration, "started": began, "ended": ended,
-                 "seconds": ended - began, **logs}
+                 "seconds": ended - began, **logs, **more}
         version = self._publish(batch_id, logs)
         if version is not None:
             entry["version"] = version

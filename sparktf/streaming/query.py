@@ -99,7 +99,8 @@ def check_trigger(trigger: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return {key: value}
 
 
-def _trainer(optimizer: Any, publish_every: Optional[int], callbacks: Sequence[Any]) -> MicroBatchTrainer:
+def _trainer(optimizer: Any, publish_every: Optional[int], callbacks: Sequence[Any],
+             max_staged: int) -> MicroBatchTrainer:
     """A resident training job's trainer when the session has a task slot beside the training workers for the
     stream's own jobs (and nothing else rules it out); else the per-micro-batch one, said once in the log."""
     from sparktf.streaming.resident import ResidentTrainer
@@ -116,13 +117,14 @@ def _trainer(optimizer: Any, publish_every: Optional[int], callbacks: Sequence[A
         reason = "spark.sparktf.rendezvous=barrier: the resident job takes its orders through the job channel"
     if reason is None:
         _LOG.info("optimize_stream trains in a resident job of %d workers (%d task slots in all)", workers, slots)
-        return ResidentTrainer(optimizer, publish_every, callbacks)
+        return ResidentTrainer(optimizer, publish_every, callbacks, max_staged)
     _LOG.info("optimize_stream trains each micro-batch with jobs of its own: %s", reason)
     return MicroBatchTrainer(optimizer, publish_every, callbacks)
 
 
 def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publish_every: Optional[int],
-                         checkpoint_location: Optional[str], callbacks: Sequence[Any]) -> TrainingQuery:
+                         checkpoint_location: Optional[str], callbacks: Sequence[Any],
+                         max_staged: int = 2) -> TrainingQuery:
     """Check ``optimize_stream``'s settings, resume the model from ``model_dir`` and start the query.
 
     Raises
@@ -143,6 +145,8 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
     if publish_every is not None and not (isinstance(publish_every, numbers.Integral) and publish_every >= 1
                                           and not isinstance(publish_every, bool)):
         raise ConfigurationError(f"publish_every must be an integer >= 1 (or None), got {publish_every!r}")
+    if not (isinstance(max_staged, numbers.Integral) and max_staged >= 1 and not isinstance(max_staged, bool)):
+        raise ConfigurationError(f"max_staged must be an integer >= 1, got {max_staged!r}")
     if not optimizer.session.has_rdds:
         raise ConfigurationError("optimize_stream needs a classic Spark session: a Spark Connect session runs "
                                  "foreachBatch on the server, away from this model. Score streams from Connect with "
@@ -150,7 +154,7 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
     dataset.local_batch_size(optimizer.num_workers)  # batch_size is set, and fits the workers
     if latest_checkpoint(optimizer.model_dir) is not None:  # where the model stands, committed micro-batches included
         optimizer.load_checkpoint()
-    trainer = _trainer(optimizer, publish_every, callbacks)
+    trainer = _trainer(optimizer, publish_every, callbacks, max_staged)
     for callback in callbacks:
         callback.set_model(optimizer.model)
         callback.on_train_begin()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from sparktf.data.sparse import model_structure
 from sparktf.data.staged_batches import StagedBatch, remove_staged, stage_micro_batch, staged_batches, staging_root
@@ -60,8 +60,8 @@ class ResidentTrainer(MicroBatchTrainer):
         self._root = staging_root(optimizer.model_dir)
         self._max_staged = max_staged
         self._submitted: Dict[int, float] = {}  # batchId -> when it was staged
+        self._waits: Dict[int, Tuple[float, int]] = {}  # batchId -> (back-pressure seconds, backlog after them)
         self._job = self._resident_job()
-        self.backpressure_seconds = 0.0
 
     @property
     def error(self) -> Optional[BaseException]:
@@ -97,7 +97,8 @@ class ResidentTrainer(MicroBatchTrainer):
         for callback in self._callbacks:
             callback.on_epoch_begin(batch_id)
         self._submit(staged)
-        self.backpressure_seconds += self._job.wait_for_backlog(self._max_staged)
+        waited = self._job.wait_for_backlog(self._max_staged)
+        self._waits[batch_id] = (waited, self._job.backlog)
 
     def finish(self) -> None:
         """Train every staged micro-batch, then end the job (after the query ended)."""
@@ -149,5 +150,6 @@ class ResidentTrainer(MicroBatchTrainer):
         tested = (metrics_of_totals(optimizer.model, model_structure(optimizer.model, self._elements.element),
                                     result.totals) if result.totals else {})
         began = self._submitted.pop(batch.batch_id, result.wall_times[0] if len(result.wall_times) else time.time())
-        self._record(batch.batch_id, began, result.losses.tolist(), tested, batch.records)
-        self.progress[-1]["backpressure_seconds"] = self.backpressure_seconds
+        waited, backlog = self._waits.pop(batch.batch_id, (0.0, 0))
+        self._record(batch.batch_id, began, result.losses.tolist(), tested, batch.records,
+                     backpressure_seconds=waited, backlog=backlog)

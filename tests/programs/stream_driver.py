@@ -1,9 +1,13 @@
 """A driver of its own for ``optimize_stream``, killed with SIGKILL at the worst moment.
 
-``python stream_driver.py EVENTS MODEL_DIR KILL_AFTER`` trains the stream of
-EVENTS' files (one a micro-batch, ``availableNow``) as ``tests/test_streaming.py``
-does, and SIGKILLs itself in ``on_epoch_end`` of micro-batch KILL_AFTER:
-after its checkpoint was written, before Spark commits the micro-batch.
+``python stream_driver.py EVENTS MODEL_DIR KILL_AFTER [WORKERS [WHEN]]`` trains
+the stream of EVENTS' files (one a micro-batch, ``availableNow``) as
+``tests/test_streaming.py`` does, on WORKERS workers (default 2: a job per
+micro-batch; 1 leaves a slot for a resident job), and SIGKILLs itself in
+``on_epoch_end`` of micro-batch KILL_AFTER (WHEN ``end``, the default): after
+its checkpoint was written, before Spark commits the micro-batch. With WHEN
+``begin`` it dies in ``on_epoch_begin``: a resident job's micro-batch is then
+staged, not trained, and not committed.
 """
 
 import os
@@ -19,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from test_streaming import classifier, event_stream  # noqa: E402 - the test's model and stream
 
 events, model_dir, kill_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+workers, when = (int(sys.argv[4]) if len(sys.argv) > 4 else 2), (sys.argv[5] if len(sys.argv) > 5 else "end")
 spark = sparktf.init_spark("local[2]", conf=CONF)
 spark.sparkContext.setLogLevel("ERROR")
 
@@ -31,8 +36,8 @@ def die(batch_id, logs):
 
 dataset = sparktf.TFDataset.from_dataframe(event_stream(spark, events), "features", "label", batch_size=64,
                                            shuffle=False)
-optimizer = sparktf.TFOptimizer.from_keras(classifier(), dataset, model_dir=model_dir, num_workers=2)
-query = optimizer.optimize_stream(trigger={"availableNow": True},
-                                  callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=die)])
+optimizer = sparktf.TFOptimizer.from_keras(classifier(), dataset, model_dir=model_dir, num_workers=workers)
+kill = {"on_epoch_end": die} if when == "end" else {"on_epoch_begin": lambda batch_id: die(batch_id, None)}
+query = optimizer.optimize_stream(trigger={"availableNow": True}, callbacks=[keras.callbacks.LambdaCallback(**kill)])
 query.awaitTermination(600)
 print("the query ended without being killed", flush=True)

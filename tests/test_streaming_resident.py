@@ -1,0 +1,187 @@
+"""optimize_stream's resident training job: staged micro-batches trained by one long-lived job, exactly once.
+
+The shared session is ``local[2]``: one training worker leaves a slot for the
+stream's own jobs, so these tests run the resident job with ``num_workers=1``
+(``bench_stream.py`` runs it with 2 workers in ``local[4]``).
+"""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparktf import TFDataset, TFOptimizer
+from sparktf.data.staged_batches import staged_batches, staging_root
+from sparktf.training.checkpoint import latest_checkpoint, load_checkpoint
+from test_streaming import WIDTH, classifier, event_stream, reference_weights, write_events
+
+
+def stream_optimizer(spark, events, model_dir, model=None, batch_size=16):
+    dataset = TFDataset.from_dataframe(event_stream(spark, events), "features", "label", batch_size=batch_size,
+                                       shuffle=False)
+    return TFOptimizer.from_keras(model or classifier(), dataset, model_dir=model_dir, num_workers=1)
+
+
+def evaluated_before_each(micro_batches, batch_size):
+    """Keras' own evaluate of each micro-batch with the weights from before it, training as one worker does."""
+    model, metrics = classifier(), []
+    for x, y in micro_batches:
+        metrics.append(model.evaluate(x, y.reshape(-1, 1).astype(np.float32), batch_size=64, verbose=0,
+                                      return_dict=True))
+        reference_weights(model, [(x, y)], batch_size, 1)
+    return metrics
+
+
+def test_a_resident_job_trains_each_micro_batch_once_tested_before_it_and_leaves_nothing_staged(spark, tmp_path,
+                                                                                              caplog):
+    rng = np.random.default_rng(11)
+    events, model_dir = tmp_path / "events", str(tmp_path / "model")
+    micro_batches = [write_events(spark, events, index, rng, 37) for index in range(3)]
+    optimizer = stream_optimizer(spark, events, model_dir)
+    with caplog.at_level(logging.INFO, logger="sparktf.optimizer"):
+        query = optimizer.optimize_stream(trigger={"availableNow": True}, publish_every=1)
+        query.awaitTermination(600)
+    assert query.exception() is None, query.exception()
+    assert "trains in a resident job of 1 workers" in caplog.text
+    progress = query.training_progress
+    assert [(entry["batchId"], entry["records"], entry["iteration"]) for entry in progress] == [
+        (0, 37, 3), (1, 37, 6), (2, 37, 9)]
+    assert [entry["version"] for entry in progress] == [1, 2, 3]
+    for got, want in zip(optimizer.model.get_weights(), reference_weights(classifier(), micro_batches, 16, 1)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    # test-then-train inside the training job equals a separate evaluation with the weights from before
+    for entry, want in zip(progress, evaluated_before_each(micro_batches, 16)):
+        assert entry["test_loss"] == pytest.approx(want["loss"], abs=1e-5)
+        assert entry["test_auc"] == pytest.approx(want["auc"], abs=1e-4)
+    assert load_checkpoint(latest_checkpoint(model_dir)).stream[1] == 2
+    assert staged_batches(staging_root(model_dir)) == []
+
+
+def test_a_driver_killed_with_a_micro_batch_staged_and_untrained_trains_it_at_the_restart(spark, tmp_path):
+    rng = np.random.default_rng(12)
+    events, model_dir = tmp_path / "events", str(tmp_path / "model")
+    micro_batches = [write_events(spark, events, index, rng, 37) for index in range(4)]
+    program = os.path.join(os.path.dirname(__file__), "programs", "stream_driver.py")
+    # dies in foreachBatch of micro-batch 2 after staging it: staged, untrained, not committed by Spark
+    killed = subprocess.run([sys.executable, program, str(events), model_dir, "2", "1", "begin"],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr[-3000:]
+    staged = [batch.batch_id for batch in staged_batches(staging_root(model_dir))]
+    assert 2 in staged
+    checkpoint = latest_checkpoint(model_dir)
+    trained = -1 if checkpoint is None else load_checkpoint(checkpoint).stream[1]
+    assert staged == list(range(trained + 1, 3))  # what no checkpoint records is staged
+
+    resumed = stream_optimizer(spark, events, model_dir, batch_size=64)  # a fresh model, the same model_dir
+    query = resumed.optimize_stream(trigger={"availableNow": True})
+    query.awaitTermination(600)
+    assert query.exception() is None, query.exception()
+    assert [entry["batchId"] for entry in query.training_progress] == list(range(trained + 1, 4))
+    for got, want in zip(resumed.model.get_weights(), reference_weights(classifier(), micro_batches, 64, 1)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert staged_batches(staging_root(model_dir)) == []
+
+
+class DiesOnce(keras.layers.Layer):
+    """Identity; the process running the ``die_at``-th training step it counts (over every process, in ``folder``)
+    SIGKILLs itself, once: a lost executor's Python worker."""
+
+    def __init__(self, folder, die_at, **kwargs):
+        super().__init__(**kwargs)
+        self.folder, self.die_at = folder, die_at
+
+    def call(self, inputs, training=None):
+        if not training:
+            return inputs
+
+        def run(values):
+            with open(os.path.join(self.folder, "steps"), "a") as steps:
+                steps.write(".")
+            done = os.path.join(self.folder, "died")
+            if os.path.getsize(os.path.join(self.folder, "steps")) >= self.die_at and not os.path.exists(done):
+                open(done, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return values
+
+        out = tf.py_function(run, [inputs], tf.float32)
+        out.set_shape(inputs.shape)
+        return out
+
+    def get_config(self):
+        return {**super().get_config(), "folder": self.folder, "die_at": self.die_at}
+
+
+def dies_once_model(folder, die_at):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((WIDTH,)), DiesOnce(folder, die_at), keras.layers.Dense(3, activation="relu"),
+                              keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(keras.optimizers.SGD(0.5), "binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
+    return model
+
+
+def test_a_rank_lost_in_the_middle_of_a_pass_is_relaunched_and_trains_that_micro_batch_from_its_start(spark,
+                                                                                                   tmp_path):
+    rng = np.random.default_rng(13)
+    events, model_dir = tmp_path / "events", str(tmp_path / "model")
+    micro_batches = [write_events(spark, events, index, rng, 37) for index in range(3)]
+    # the warm-up's step, 3 of micro-batch 0, then the second of micro-batch 1
+    optimizer = stream_optimizer(spark, events, model_dir, dies_once_model(str(tmp_path), 1 + 3 + 2))
+    query = optimizer.optimize_stream(trigger={"availableNow": True})
+    query.awaitTermination(600)
+    assert query.exception() is None, query.exception()
+    assert os.path.exists(tmp_path / "died")
+    assert [entry["batchId"] for entry in query.training_progress] == [0, 1, 2]
+    assert optimizer.iteration == 9
+    for got, want in zip(optimizer.model.get_weights(), reference_weights(classifier(), micro_batches, 16, 1)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_back_pressure_bounds_the_staged_micro_batches_and_a_stopped_query_resumes_exactly(spark, tmp_path):
+    rng = np.random.default_rng(14)
+    events, model_dir = tmp_path / "events", str(tmp_path / "model")
+    micro_batches = [write_events(spark, events, index, rng, 37) for index in range(6)]
+    optimizer = stream_optimizer(spark, events, model_dir)
+    two_trained = threading.Event()
+    seen = keras.callbacks.LambdaCallback(on_epoch_end=lambda batch_id, logs: batch_id >= 1 and two_trained.set())
+    query = optimizer.optimize_stream(trigger={"processingTime": "100 milliseconds"}, max_staged=1,
+                                      callbacks=[seen])
+    try:
+        assert two_trained.wait(300), query.exception()
+    finally:
+        query.stop()
+    progress = query.training_progress
+    assert all(entry["backlog"] <= 1 for entry in progress)
+    last = progress[-1]["batchId"]
+    assert load_checkpoint(latest_checkpoint(model_dir)).stream[1] == last
+    assert [entry["batchId"] for entry in progress] == list(range(last + 1))
+    left = [batch.batch_id for batch in staged_batches(staging_root(model_dir))]
+    assert left == list(range(last + 1, last + 1 + len(left))) and len(left) <= 1
+
+    resumed = stream_optimizer(spark, events, model_dir)
+    query = resumed.optimize_stream(trigger={"availableNow": True})
+    query.awaitTermination(600)
+    assert query.exception() is None, query.exception()
+    assert [entry["batchId"] for entry in query.training_progress] == list(range(last + 1, 6))
+    for got, want in zip(resumed.model.get_weights(), reference_weights(classifier(), micro_batches, 16, 1)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_session_without_a_slot_to_spare_trains_a_job_per_micro_batch_and_says_so_once(spark, tmp_path, caplog):
+    rng = np.random.default_rng(15)
+    write_events(spark, tmp_path / "events", 0, rng, 8)
+    dataset = TFDataset.from_dataframe(event_stream(spark, tmp_path / "events"), "features", "label", batch_size=4)
+    optimizer = TFOptimizer.from_keras(classifier(), dataset, model_dir=str(tmp_path / "model"), num_workers=2)
+    with caplog.at_level(logging.INFO, logger="sparktf.optimizer"):
+        query = optimizer.optimize_stream(trigger={"availableNow": True})
+        query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    said = [r.getMessage() for r in caplog.records if "jobs of its own" in r.getMessage()]
+    assert len(said) == 1 and "2 task slots leave none beside the 2 training workers" in said[0]
+    assert [entry["records"] for entry in query.training_progress] == [8]
