@@ -7,7 +7,7 @@ membership, validation, callbacks); see ``docs/design/training.md``.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sparktf.data.batch_maps import MappedElements
 from sparktf.data.specs import leaf_specs
@@ -341,7 +341,8 @@ class TFOptimizer:
 
     def optimize_stream(self, trigger: Optional[Dict[str, Any]] = None, publish_every: Optional[int] = None,
                         checkpoint_location: Optional[str] = None, callbacks: Optional[Sequence[Any]] = None,
-                        max_staged: int = 2) -> Any:
+                        max_staged: int = 2, publish_if: Optional[Callable[[Dict[str, Any]], bool]] = None,
+                        full_every: Optional[int] = None) -> Any:
         """Train continuously on a streaming dataset, each micro-batch exactly once; returns the running query.
 
         Each micro-batch is first evaluated with the model as it stands
@@ -378,6 +379,18 @@ class TFOptimizer:
             With a resident training job (a session with a task slot beside
             the ``num_workers``): the micro-batches staged and not yet trained
             before ``foreachBatch`` waits for training (back-pressure).
+        publish_if : callable, optional
+            A quality gate: a version that is due is published only when
+            ``publish_if(logs)`` (the micro-batch's ``loss``, ``test_*``
+            metrics and ``records``) is true, e.g. ``lambda m: m["test_auc"]
+            >= 0.7``; otherwise the progress entry says ``publish_refused``
+            and the version stays due for the next micro-batch.
+        full_every : int, optional
+            Versions between full ones are deltas: the dense weights and only
+            the embedding tables' rows changed since the previous version;
+            every ``full_every``-th version is full. ``from_published``
+            applies them (the weights equal a full version's). None: every
+            version is full.
 
         Returns
         -------
@@ -395,7 +408,7 @@ class TFOptimizer:
         from sparktf.streaming.query import start_training_query
 
         return start_training_query(self, trigger, publish_every, checkpoint_location, list(callbacks or []),
-                                    max_staged)
+                                    max_staged, publish_if, full_every)
 
     def _training_run(self, dataset: Any, workers: int, elements_of: Any = None) -> TrainingRun:
         """A TrainingRun of this optimizer's model, state and settings on ``dataset`` with ``workers`` workers."""

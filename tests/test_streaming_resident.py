@@ -185,3 +185,55 @@ def test_a_session_without_a_slot_to_spare_trains_a_job_per_micro_batch_and_says
     said = [r.getMessage() for r in caplog.records if "jobs of its own" in r.getMessage()]
     assert len(said) == 1 and "2 task slots leave none beside the 2 training workers" in said[0]
     assert [entry["records"] for entry in query.training_progress] == [8]
+
+
+def ncf_model(users, items):
+    keras.utils.set_random_seed(3)
+    user, item = keras.Input((), dtype="int32"), keras.Input((), dtype="int32")
+    joined = keras.layers.Concatenate()([keras.layers.Embedding(users, 4)(user), keras.layers.Embedding(items, 4)(item)])
+    model = keras.Model([user, item], keras.layers.Dense(1, activation="sigmoid")(joined))
+    model.compile(keras.optimizers.SGD(0.5), "binary_crossentropy")
+    return model
+
+
+def test_delta_versions_hold_the_changed_rows_load_as_full_ones_and_publish_if_gates_them(spark, tmp_path):
+    from sparktf import TFPredictor
+    from sparktf.models.published import load_version, read_version, versions
+
+    rng = np.random.default_rng(16)
+    events, model_dir, users, items = tmp_path / "events", str(tmp_path / "model"), 500, 50
+    for index in range(7):  # each micro-batch touches a few of the 500 users' rows
+        user, item = rng.integers(0, 20, 16) + 20 * index, rng.integers(0, items, 16)
+        spark.createDataFrame([(int(u), int(i), int((u + i) % 2)) for u, i in zip(user, item)],
+                              "user int, item int, label int").coalesce(1).write.parquet(str(events / f"part-{index}"))
+    stream = (spark.readStream.schema("user int, item int, label int").option("maxFilesPerTrigger", 1)
+              .parquet(str(events / "part-*")))
+    dataset = TFDataset.from_dataframe(stream, ["user", "item"], "label", batch_size=8, shuffle=False)
+    optimizer = TFOptimizer.from_keras(ncf_model(users, items), dataset, model_dir=model_dir, num_workers=1,
+                                       keep_checkpoints=2)
+    published, gated = [], []
+
+    def check_version(batch_id, logs):
+        if batch_id >= 2:  # the version just published loads as the model stands
+            version = read_version(model_dir, versions(model_dir)[-1])
+            published.append((version, os.path.getsize(version.files[0])))
+            for got, want in zip(load_version(version).get_weights(), optimizer.model.get_weights()):
+                np.testing.assert_array_equal(got, want)
+
+    query = optimizer.optimize_stream(
+        trigger={"availableNow": True}, publish_every=1, full_every=3,
+        publish_if=lambda metrics: gated.append(metrics) or len(gated) > 2,
+        callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=check_version)])
+    query.awaitTermination(600)
+    assert query.exception() is None, query.exception()
+    assert [entry.get("publish_refused", False) for entry in query.training_progress] == [True, True] + [False] * 5
+    assert {"loss", "test_loss", "records"} <= set(gated[0])
+    assert [(version.version, version.full) for version, _ in published] == [(1, 1), (2, 1), (3, 1), (4, 4), (5, 4)]
+    assert published[1][1] < published[0][1] / 3  # a delta's bytes against a full version's
+    assert versions(model_dir) == [4, 5]  # keep_checkpoints=2: 1-3 went once 4 and 5 needed none of them
+    frame = spark.read.parquet(str(events / "part-*"))
+    scorer = TFPredictor.from_published(model_dir, TFDataset.from_dataframe(frame, ["user", "item"],
+                                                                            batch_per_thread=16))
+    rows = scorer.predict_dataframe(frame, ["user", "item"]).collect()
+    want = optimizer.model.predict([np.array([r.user for r in rows]), np.array([r.item for r in rows])], verbose=0)
+    np.testing.assert_allclose([r.prediction[0] for r in rows], want.reshape(-1), atol=1e-6)

@@ -16,19 +16,39 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from sparktf.errors import ConfigurationError
-from sparktf.models.published import prune_versions, publish
+from sparktf.models.published import VersionWriter, prune_versions
 from sparktf.training.driver import RunRequest, SinglePass, evaluate_model
 from sparktf.training.worker.resident import TEST_BATCH_FACTOR
 from sparktf.triggers import MaxIteration, TrainingProgress
 
-__all__ = ["MicroBatchTrainer"]
+__all__ = ["MicroBatchTrainer", "Publishing"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
 #: Seconds a micro-batch waits for ``start()`` to hand over the query's id.
 _QUERY_ID_WAIT = 120.0
+
+
+@dataclass(frozen=True)
+class Publishing:
+    """When ``optimize_stream`` publishes versions (see its docstring).
+
+    Attributes
+    ----------
+    every : int, optional
+        A version is due every this many micro-batches trained (None: never).
+    full_every : int, optional
+        Every this many versions one is full, the others deltas (None: all full).
+    gate : callable, optional
+        ``publish_if``: a due version is published only when ``gate(logs)`` is true; else it stays due.
+    """
+
+    every: Optional[int] = None
+    full_every: Optional[int] = None
+    gate: Optional[Callable[[Dict[str, Any]], bool]] = None
 
 
 class MicroBatchTrainer:
@@ -38,15 +58,16 @@ class MicroBatchTrainer:
     ----------
     optimizer : TFOptimizer
         With a streaming dataset and ``model_dir``.
-    publish_every : int or None
-        Publish a version every this many micro-batches trained.
+    publishing : Publishing
+        When versions are published.
     callbacks : list of keras.callbacks.Callback
         Told of every micro-batch (``on_epoch_begin`` / ``on_epoch_end``).
     """
 
-    def __init__(self, optimizer: Any, publish_every: Optional[int], callbacks: Sequence[Any]):
+    def __init__(self, optimizer: Any, publishing: Publishing, callbacks: Sequence[Any]):
         self._optimizer = optimizer
-        self._publish_every = publish_every
+        self._publishing = publishing
+        self._versions = VersionWriter(optimizer.model_dir, publishing.full_every)
         self._callbacks = list(callbacks)
         self._elements = optimizer._elements_of(optimizer.dataset)  # one trace for every micro-batch
         self._query_id: Optional[str] = None
@@ -116,9 +137,7 @@ class MicroBatchTrainer:
         ended = time.time()
         entry = {"batchId": batch_id, "iteration": self._optimizer.iteration, "started": began, "ended": ended,
                  "seconds": ended - began, **logs, **more}
-        version = self._publish(batch_id, logs)
-        if version is not None:
-            entry["version"] = version
+        entry.update(self._publish(batch_id, logs))
         self.progress.append(entry)
         self._summarize(tested)
         for callback in self._callbacks:
@@ -149,19 +168,24 @@ class MicroBatchTrainer:
             raise
         return list(history["loss"])
 
-    def _publish(self, batch_id: int, logs: Dict[str, Any]) -> Optional[int]:
-        """Publish the model when ``publish_every`` micro-batches were trained since the last version."""
+    def _publish(self, batch_id: int, logs: Dict[str, Any]) -> Dict[str, Any]:
+        """Publish the model when ``publish_every`` micro-batches were trained since the last version and
+        ``publish_if`` agrees; what the progress entry says of it (``version``, or ``publish_refused``)."""
+        publishing = self._publishing
         self._since_publish += 1
-        if not self._publish_every or self._since_publish < self._publish_every:
-            return None
+        if not publishing.every or self._since_publish < publishing.every:
+            return {}
+        if publishing.gate is not None and not publishing.gate(dict(logs)):
+            _LOG.info("micro-batch %d: publish_if refused a version (metrics %s); it stays due", batch_id, logs)
+            return {"publish_refused": True}
         optimizer = self._optimizer
         manifest = {"batchId": batch_id, "queryId": self._query_id, "iteration": optimizer.iteration,
                     "time": time.time(), "metrics": {k: v for k, v in logs.items() if k != "records"}}
-        version = publish(optimizer.model, optimizer.model_dir, manifest)
+        version = self._versions.write(optimizer.model, manifest)
         prune_versions(optimizer.model_dir, optimizer.keep_checkpoints)
         self._since_publish = 0
         _LOG.info("published version %d (micro-batch %d) to %s", version.version, batch_id, version.path)
-        return version.version
+        return {"version": version.version}
 
     def _summarize(self, tested: Dict[str, float]) -> None:
         """The test-then-train metrics to the train summary, at the iteration the micro-batch ended."""

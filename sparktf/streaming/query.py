@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from pyspark.sql.streaming import StreamingQuery
 
 from sparktf.errors import ConfigurationError
 from sparktf.storage import join
-from sparktf.streaming.micro_batches import MicroBatchTrainer
+from sparktf.streaming.micro_batches import MicroBatchTrainer, Publishing
 from sparktf.training.driver import latest_checkpoint
 
 __all__ = ["TrainingQuery", "start_training_query", "check_trigger"]
@@ -99,7 +99,11 @@ def check_trigger(trigger: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return {key: value}
 
 
-def _trainer(optimizer: Any, publish_every: Optional[int], callbacks: Sequence[Any],
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and value >= 1 and not isinstance(value, bool)
+
+
+def _trainer(optimizer: Any, publishing: Publishing, callbacks: Sequence[Any],
              max_staged: int) -> MicroBatchTrainer:
     """A resident training job's trainer when the session has a task slot beside the training workers for the
     stream's own jobs (and nothing else rules it out); else the per-micro-batch one, said once in the log."""
@@ -117,14 +121,15 @@ def _trainer(optimizer: Any, publish_every: Optional[int], callbacks: Sequence[A
         reason = "spark.sparktf.rendezvous=barrier: the resident job takes its orders through the job channel"
     if reason is None:
         _LOG.info("optimize_stream trains in a resident job of %d workers (%d task slots in all)", workers, slots)
-        return ResidentTrainer(optimizer, publish_every, callbacks, max_staged)
+        return ResidentTrainer(optimizer, publishing, callbacks, max_staged)
     _LOG.info("optimize_stream trains each micro-batch with jobs of its own: %s", reason)
-    return MicroBatchTrainer(optimizer, publish_every, callbacks)
+    return MicroBatchTrainer(optimizer, publishing, callbacks)
 
 
 def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publish_every: Optional[int],
                          checkpoint_location: Optional[str], callbacks: Sequence[Any],
-                         max_staged: int = 2) -> TrainingQuery:
+                         max_staged: int = 2, publish_if: Optional[Callable[[Dict[str, Any]], bool]] = None,
+                         full_every: Optional[int] = None) -> TrainingQuery:
     """Check ``optimize_stream``'s settings, resume the model from ``model_dir`` and start the query.
 
     Raises
@@ -142,11 +147,13 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
                                  "model has trained (exactly once across restarts). Pass model_dir=... to the "
                                  "TFOptimizer")
     keywords = check_trigger(trigger)
-    if publish_every is not None and not (isinstance(publish_every, numbers.Integral) and publish_every >= 1
-                                          and not isinstance(publish_every, bool)):
-        raise ConfigurationError(f"publish_every must be an integer >= 1 (or None), got {publish_every!r}")
-    if not (isinstance(max_staged, numbers.Integral) and max_staged >= 1 and not isinstance(max_staged, bool)):
-        raise ConfigurationError(f"max_staged must be an integer >= 1, got {max_staged!r}")
+    for name, value, optional in (("publish_every", publish_every, True), ("max_staged", max_staged, False),
+                                  ("full_every", full_every, True)):
+        if not (_positive_int(value) or (optional and value is None)):
+            raise ConfigurationError(f"{name} must be an integer >= 1{' (or None)' if optional else ''}, got {value!r}")
+    if publish_if is not None and not callable(publish_if):
+        raise ConfigurationError(f"publish_if must be a callable of the micro-batch's metrics returning a bool (e.g. "
+                                 f"lambda m: m['test_auc'] >= 0.7), got {publish_if!r}")
     if not optimizer.session.has_rdds:
         raise ConfigurationError("optimize_stream needs a classic Spark session: a Spark Connect session runs "
                                  "foreachBatch on the server, away from this model. Score streams from Connect with "
@@ -154,7 +161,7 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
     dataset.local_batch_size(optimizer.num_workers)  # batch_size is set, and fits the workers
     if latest_checkpoint(optimizer.model_dir) is not None:  # where the model stands, committed micro-batches included
         optimizer.load_checkpoint()
-    trainer = _trainer(optimizer, publish_every, callbacks, max_staged)
+    trainer = _trainer(optimizer, Publishing(publish_every, full_every, publish_if), callbacks, max_staged)
     for callback in callbacks:
         callback.set_model(optimizer.model)
         callback.on_train_begin()

@@ -25,7 +25,7 @@ from sparktf.data.sparse import model_structure
 from sparktf.data.staged_batches import StagedBatch, remove_staged, stage_micro_batch, staged_batches, staging_root
 from sparktf.errors import TrainingError
 from sparktf.spark.task_devices import gpu_plan
-from sparktf.streaming.micro_batches import MicroBatchTrainer
+from sparktf.streaming.micro_batches import MicroBatchTrainer, Publishing
 from sparktf.training.checkpoint import write_checkpoint, prune_checkpoints
 from sparktf.training.driver.evaluation import metrics_of_totals
 from sparktf.training.driver.resident_job import PassResult, ResidentJob
@@ -46,17 +46,17 @@ class ResidentTrainer(MicroBatchTrainer):
     ----------
     optimizer : TFOptimizer
         With a streaming dataset and ``model_dir``.
-    publish_every : int or None
-        Publish a version every this many micro-batches trained.
+    publishing : Publishing
+        When versions are published.
     callbacks : list of keras.callbacks.Callback
         Told of every micro-batch (``on_epoch_begin`` when it is staged, ``on_epoch_end`` when it is trained).
     max_staged : int
         Micro-batches staged and untrained before ``foreachBatch`` waits.
     """
 
-    def __init__(self, optimizer: Any, publish_every: Optional[int], callbacks: Sequence[Any],
+    def __init__(self, optimizer: Any, publishing: Publishing, callbacks: Sequence[Any],
                  max_staged: int = MAX_STAGED):
-        super().__init__(optimizer, publish_every, callbacks)
+        super().__init__(optimizer, publishing, callbacks)
         self._root = staging_root(optimizer.model_dir)
         self._max_staged = max_staged
         self._submitted: Dict[int, float] = {}  # batchId -> when it was staged
