@@ -1,17 +1,24 @@
 """Streaming benchmark: training and scoring a file stream against the batch paths, and how fresh the model is.
 
-One ``local[2]`` session, one MLP (``WIDTH`` floats -> 64 -> 1, Adam), events
-as parquet files of ``RECORDS`` rows written with pyarrow and renamed into the
-stream's folder (so a file is whole when Spark lists it). Every path is run
-once on a small input first (Python workers, TensorFlow, the traced step).
+One ``local[4]`` session on the machine's 2 cores (two training workers, a
+slot for the stream's own jobs and one for a scorer), one MLP (``WIDTH``
+floats -> 64 -> 1, Adam), events as parquet files of ``RECORDS`` rows written
+with pyarrow and renamed into the stream's folder (so a file is whole when
+Spark lists it). Every path is run once on a small input first (Python
+workers, TensorFlow, the traced step). Training runs on 2 workers on every
+path.
 
-* ``stream_train_ratio``: records/s of ``optimize_stream`` over ``FILES``
-  files (``availableNow``, one file a micro-batch: each tested, trained in
-  one pass, checkpointed) against ``optimize(MaxEpoch(1))`` over the same
-  files read as one DataFrame.
-* ``event_to_trained_p95_s``: a ``processingTime`` 2 s query while a file
-  lands every 2 s; per file, from its rename into the folder to the end of
-  the micro-batch that trained it (checkpoint and publish included).
+* ``stream_train_ratio``: records/s of ``optimize_stream`` with its resident
+  training job over ``FILES`` files (``availableNow``, one file a
+  micro-batch: each staged, tested and trained in one pass, checkpointed)
+  against ``optimize(MaxEpoch(1))`` over the same files read as one
+  DataFrame; ``stream_jobs_train_ratio`` the same with ``resident=False``
+  (a count, a test and a training job per micro-batch), measured in the
+  same run; ``first_micro_batch_ratio`` the resident run's first
+  micro-batch's seconds (staged to trained) over the median of the others.
+* ``event_to_trained_p95_s``: a ``processingTime`` 1 s query while a file
+  lands every second; per file, from its rename into the folder to the end
+  of the micro-batch that trained it (checkpoint and publish included).
 * ``trained_to_visible_p95_s``: beside it, a scoring query
   (``TFPredictor.from_published`` on a ``rate`` stream of one fixed probe
   record, a 0.5 s trigger) records each micro-batch's prediction of the
@@ -21,8 +28,11 @@ once on a small input first (Python workers, TensorFlow, the traced step).
 * ``stream_score_ratio``: records/s of ``predict_dataframe`` on the file
   stream (``availableNow``, ``noop`` sink) against the batch DataFrame of the
   same files (``noop`` sink).
+* ``delta_bytes_ratio``: the bytes of a delta version of an NCF-shaped model
+  (user and item tables of ``USERS`` and ``ITEMS`` rows of 32, an MLP) after
+  an update touching 1 % of each table's rows, over a full version's.
 
-The last line is ``RESULT stream_train_ratio=<stream / batch>``.
+The last line is ``RESULT stream_train_ratio=<resident stream / batch>``.
 
 Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_stream.py [--quick]``.
 """
@@ -34,7 +44,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import numpy as np
 
@@ -42,6 +52,8 @@ from bench_train import SESSION_CONF  # beside this script
 
 WIDTH = 32
 SCHEMA = "features array<float>, label int"
+WORKERS = 2
+USERS, ITEMS = 200_000, 20_000
 
 
 def write_file(folder: str, name: str, records: int, seed: int) -> float:
@@ -76,7 +88,7 @@ def stream_of(spark: Any, folder: str) -> Any:
 
 
 def train_rates(spark: Any, work: str, files: int, records: int, batch: int) -> Dict[str, float]:
-    """records/s of optimize_stream and of optimize over the same files."""
+    """records/s of optimize_stream (resident, and a job per micro-batch) and of optimize over the same files."""
     from sparktf import MaxEpoch, TFDataset, TFOptimizer
 
     folder = os.path.join(work, "events")
@@ -86,39 +98,77 @@ def train_rates(spark: Any, work: str, files: int, records: int, batch: int) -> 
     warm = os.path.join(work, "warm")
     os.makedirs(warm)
     write_file(warm, "warm-000", batch * 2, 99)
-    # warm-up: both paths once, on a small input
+    # warm-up: every path once, on a small input
     TFOptimizer.from_keras(build_model(), TFDataset.from_dataframe(spark.read.parquet(warm), "features", "label",
-                                                                   batch_size=batch)).optimize(MaxEpoch(1), verbose=0)
-    warm_query = TFOptimizer.from_keras(
-        build_model(), TFDataset.from_dataframe(stream_of(spark, warm), "features", "label", batch_size=batch),
-        model_dir=os.path.join(work, "warm-model")).optimize_stream(trigger={"availableNow": True})
-    warm_query.awaitTermination()
+                                                                   batch_size=batch), num_workers=WORKERS
+                           ).optimize(MaxEpoch(1), verbose=0)
+    for resident in (True, False):
+        stream_seconds_of(spark, warm, os.path.join(work, f"warm-model-{resident}"), batch, resident)
 
     frame = spark.read.parquet(folder)
     started = time.perf_counter()
-    TFOptimizer.from_keras(build_model(), TFDataset.from_dataframe(frame, "features", "label", batch_size=batch)
-                           ).optimize(MaxEpoch(1), verbose=0)
+    TFOptimizer.from_keras(build_model(), TFDataset.from_dataframe(frame, "features", "label", batch_size=batch),
+                           num_workers=WORKERS).optimize(MaxEpoch(1), verbose=0)
     batch_seconds = time.perf_counter() - started
-
-    dataset = TFDataset.from_dataframe(stream_of(spark, folder), "features", "label", batch_size=batch)
-    optimizer = TFOptimizer.from_keras(build_model(), dataset, model_dir=os.path.join(work, "model"))
-    started = time.perf_counter()
-    query = optimizer.optimize_stream(trigger={"availableNow": True})
-    query.awaitTermination()
-    stream_seconds = time.perf_counter() - started
-    assert query.exception() is None, query.exception()
+    jobs_seconds, _ = stream_seconds_of(spark, folder, os.path.join(work, "model-jobs"), batch, False)
+    stream_seconds, progress = stream_seconds_of(spark, folder, os.path.join(work, "model"), batch, True)
     total = files * records
-    per_batch = [entry["seconds"] for entry in query.training_progress]
+    per_batch = [entry["seconds"] for entry in progress]
+    parts = {key: float(np.median([entry[key] for entry in progress]))
+             for key in ("staging_seconds", "train_seconds", "checkpoint_seconds", "backpressure_seconds")}
     return {"batch_records_per_s": total / batch_seconds, "stream_records_per_s": total / stream_seconds,
             "micro_batch_median_s": float(np.median(per_batch)), "micro_batch_first_s": per_batch[0],
-            "between_micro_batches_s": (stream_seconds - sum(per_batch)) / files,
+            "first_micro_batch_ratio": per_batch[0] / float(np.median(per_batch[1:])),
+            **{f"median_{key}": value for key, value in parts.items()},
+            "stream_jobs_train_ratio": batch_seconds / jobs_seconds,
             "stream_train_ratio": batch_seconds / stream_seconds}
+
+
+def stream_seconds_of(spark: Any, folder: str, model_dir: str, batch: int, resident: bool) -> Tuple[float, list]:
+    """Seconds of one ``optimize_stream`` over ``folder``'s files, and its training progress."""
+    from sparktf import TFDataset, TFOptimizer
+
+    dataset = TFDataset.from_dataframe(stream_of(spark, folder), "features", "label", batch_size=batch)
+    optimizer = TFOptimizer.from_keras(build_model(), dataset, model_dir=model_dir, num_workers=WORKERS)
+    started = time.perf_counter()
+    query = optimizer.optimize_stream(trigger={"availableNow": True}, resident=resident)
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    assert query.exception() is None, query.exception()
+    return seconds, query.training_progress
+
+
+def delta_bytes() -> Dict[str, float]:
+    """Bytes of a delta version after 1 % of the NCF-shaped model's table rows changed, against a full version."""
+    import keras
+
+    from sparktf.models.published import VersionWriter, table_indices
+
+    keras.utils.set_random_seed(0)
+    user, item = keras.Input((), dtype="int32"), keras.Input((), dtype="int32")
+    joined = keras.layers.Concatenate()([keras.layers.Embedding(USERS, 32)(user), keras.layers.Embedding(ITEMS, 32)(item)])
+    hidden = keras.layers.Dense(64, activation="relu")(joined)
+    model = keras.Model([user, item], keras.layers.Dense(1, activation="sigmoid")(hidden))
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="sparktf-bench-delta-") as model_dir:
+        writer = VersionWriter(model_dir, full_every=10)
+        full = writer.write(model, {})
+        weights = model.get_weights()
+        for index, weight in enumerate(weights):  # one update: 1 % of each table's rows, every dense weight
+            rows = rng.choice(len(weight), len(weight) // 100, replace=False) if index in table_indices(model) else slice(None)
+            weight[rows] += 0.01
+        model.set_weights(weights)
+        delta = writer.write(model, {})
+        full_bytes, delta_bytes_ = (os.path.getsize(version.files[0]) for version in (full, delta))
+    return {"full_version_mb": full_bytes / 1e6, "delta_version_mb": delta_bytes_ / 1e6,
+            "delta_bytes_ratio": delta_bytes_ / full_bytes}
 
 
 def freshness(spark: Any, work: str, files: int, records: int, batch: int) -> Dict[str, float]:
     """p95 seconds from a file's arrival to its micro-batch's end, and from there to a scorer using its version.
 
-    Both queries run all along, on one slot each; what is measured starts once both have warmed up (the first
+    Both queries run all along (the training job on two slots, the staging and the scorer on one each); what is
+    measured starts once both have warmed up (the first
     version published, the scorer's first rows written).
     """
     from pyspark.sql import functions as F
@@ -130,10 +180,10 @@ def freshness(spark: Any, work: str, files: int, records: int, batch: int) -> Di
     os.makedirs(folder)
     write_file(folder, "live-000", records, 1000)
     dataset = TFDataset.from_dataframe(stream_of(spark, folder), "features", "label", batch_size=batch)
-    # one training slot and one scoring slot: the two queries share local[2]'s cores without waiting for each other
+    # the resident job's two slots, one for staging, one for the scorer: local[4]'s
     optimizer = TFOptimizer.from_keras(build_model(), dataset, model_dir=model_dir, keep_checkpoints=None,
-                                       num_workers=1)
-    training = optimizer.optimize_stream(trigger={"processingTime": "2 seconds"}, publish_every=1)
+                                       num_workers=WORKERS)
+    training = optimizer.optimize_stream(trigger={"processingTime": "1 second"}, publish_every=1)
     wait_until(lambda: newest_version(model_dir) is not None, training, "the first version")
     probe = [0.1 * (i % 7) - 0.3 for i in range(WIDTH)]
     rate = (spark.readStream.format("rate").option("rowsPerSecond", 5).option("numPartitions", 1).load()
@@ -148,7 +198,7 @@ def freshness(spark: Any, work: str, files: int, records: int, batch: int) -> Di
     arrivals = {}
     first = len(training.training_progress)  # the micro-batch of the next file
     for index in range(files):
-        time.sleep(max(0.0, max(arrivals.values(), default=0.0) + 2.0 - time.time()))
+        time.sleep(max(0.0, max(arrivals.values(), default=0.0) + 1.0 - time.time()))
         arrivals[first + index] = write_file(folder, f"live-{index + 1:03d}", records, 1001 + index)
     wait_until(lambda: len(training.training_progress) >= first + files, training, "the last micro-batch")
     time.sleep(3)  # the scorer's next micro-batches take the last version
@@ -214,7 +264,7 @@ def main() -> None:
     import sparktf
 
     files, records, batch = (4, 4000, 256) if args.quick else (8, 40000, 512)
-    spark = sparktf.init_spark("local[2]", app_name="bench_stream",
+    spark = sparktf.init_spark("local[4]", app_name="bench_stream",
                                conf={**SESSION_CONF, "spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")
     work = tempfile.mkdtemp(prefix="sparktf-bench-stream-")
@@ -222,11 +272,13 @@ def main() -> None:
         results = train_rates(spark, work, files, records, batch)
         results.update(score_rates(spark, work, batch))
         results.update(freshness(spark, work, files, max(1000, records // 8), batch))
+        results.update(delta_bytes())
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for key, value in results.items():
         print(f"{key:28s} {value:12.3f}")
-    for key in ("stream_score_ratio", "event_to_trained_p95_s", "trained_to_visible_p95_s", "stream_train_ratio"):
+    for key in ("stream_score_ratio", "event_to_trained_p95_s", "trained_to_visible_p95_s", "first_micro_batch_ratio",
+                "delta_bytes_ratio", "stream_jobs_train_ratio", "stream_train_ratio"):
         print(f"RESULT {key}={results[key]:.3f}")
 
 

@@ -342,7 +342,7 @@ class TFOptimizer:
     def optimize_stream(self, trigger: Optional[Dict[str, Any]] = None, publish_every: Optional[int] = None,
                         checkpoint_location: Optional[str] = None, callbacks: Optional[Sequence[Any]] = None,
                         max_staged: int = 2, publish_if: Optional[Callable[[Dict[str, Any]], bool]] = None,
-                        full_every: Optional[int] = None) -> Any:
+                        full_every: Optional[int] = None, resident: Optional[bool] = None) -> Any:
         """Train continuously on a streaming dataset, each micro-batch exactly once; returns the running query.
 
         Each micro-batch is first evaluated with the model as it stands
@@ -391,6 +391,13 @@ class TFOptimizer:
             every ``full_every``-th version is full. ``from_published``
             applies them (the weights equal a full version's). None: every
             version is full.
+        resident : bool, optional
+            None (default): train in one job that stays up across
+            micro-batches when the session has a task slot beside the
+            ``num_workers`` ranks for the stream's own jobs, else in jobs of
+            each micro-batch (said once in the log). False: always a job per
+            micro-batch. True: resident, or a ``ConfigurationError`` saying
+            why not.
 
         Returns
         -------
@@ -408,7 +415,7 @@ class TFOptimizer:
         from sparktf.streaming.query import start_training_query
 
         return start_training_query(self, trigger, publish_every, checkpoint_location, list(callbacks or []),
-                                    max_staged, publish_if, full_every)
+                                    max_staged, publish_if, full_every, resident)
 
     def _training_run(self, dataset: Any, workers: int, elements_of: Any = None) -> TrainingRun:
         """A TrainingRun of this optimizer's model, state and settings on ``dataset`` with ``workers`` workers."""

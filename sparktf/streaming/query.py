@@ -103,16 +103,19 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and value >= 1 and not isinstance(value, bool)
 
 
-def _trainer(optimizer: Any, publishing: Publishing, callbacks: Sequence[Any],
-             max_staged: int) -> MicroBatchTrainer:
+def _trainer(optimizer: Any, publishing: Publishing, callbacks: Sequence[Any], max_staged: int,
+             resident: Optional[bool]) -> MicroBatchTrainer:
     """A resident training job's trainer when the session has a task slot beside the training workers for the
-    stream's own jobs (and nothing else rules it out); else the per-micro-batch one, said once in the log."""
+    stream's own jobs (and nothing else rules it out) and ``resident`` is not False; else the per-micro-batch one,
+    said once in the log (``resident=True`` raises instead)."""
     from sparktf.streaming.resident import ResidentTrainer
 
     workers = optimizer.num_workers
     slots = optimizer.session.slots(optimizer.resource_profile).total
     reason = None
-    if slots < workers + 1:
+    if resident is False:
+        reason = "resident=False"
+    elif slots < workers + 1:
         reason = (f"the session's {slots} task slots leave none beside the {workers} training workers for the "
                   f"stream's own jobs (a resident job needs {workers + 1}; use fewer workers or more slots)")
     elif optimizer._tables.plan.tables:
@@ -122,6 +125,8 @@ def _trainer(optimizer: Any, publishing: Publishing, callbacks: Sequence[Any],
     if reason is None:
         _LOG.info("optimize_stream trains in a resident job of %d workers (%d task slots in all)", workers, slots)
         return ResidentTrainer(optimizer, publishing, callbacks, max_staged)
+    if resident:
+        raise ConfigurationError(f"optimize_stream(resident=True) cannot keep a training job resident: {reason}")
     _LOG.info("optimize_stream trains each micro-batch with jobs of its own: %s", reason)
     return MicroBatchTrainer(optimizer, publishing, callbacks)
 
@@ -129,7 +134,7 @@ def _trainer(optimizer: Any, publishing: Publishing, callbacks: Sequence[Any],
 def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publish_every: Optional[int],
                          checkpoint_location: Optional[str], callbacks: Sequence[Any],
                          max_staged: int = 2, publish_if: Optional[Callable[[Dict[str, Any]], bool]] = None,
-                         full_every: Optional[int] = None) -> TrainingQuery:
+                         full_every: Optional[int] = None, resident: Optional[bool] = None) -> TrainingQuery:
     """Check ``optimize_stream``'s settings, resume the model from ``model_dir`` and start the query.
 
     Raises
@@ -151,6 +156,8 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
                                   ("full_every", full_every, True)):
         if not (_positive_int(value) or (optional and value is None)):
             raise ConfigurationError(f"{name} must be an integer >= 1{' (or None)' if optional else ''}, got {value!r}")
+    if resident not in (None, True, False):
+        raise ConfigurationError(f"resident must be None (where the slots allow), True or False, got {resident!r}")
     if publish_if is not None and not callable(publish_if):
         raise ConfigurationError(f"publish_if must be a callable of the micro-batch's metrics returning a bool (e.g. "
                                  f"lambda m: m['test_auc'] >= 0.7), got {publish_if!r}")
@@ -161,7 +168,7 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
     dataset.local_batch_size(optimizer.num_workers)  # batch_size is set, and fits the workers
     if latest_checkpoint(optimizer.model_dir) is not None:  # where the model stands, committed micro-batches included
         optimizer.load_checkpoint()
-    trainer = _trainer(optimizer, Publishing(publish_every, full_every, publish_if), callbacks, max_staged)
+    trainer = _trainer(optimizer, Publishing(publish_every, full_every, publish_if), callbacks, max_staged, resident)
     for callback in callbacks:
         callback.set_model(optimizer.model)
         callback.on_train_begin()

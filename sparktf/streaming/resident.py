@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
+
+import numpy as np
 
 from sparktf.data.sparse import model_structure
 from sparktf.data.staged_batches import StagedBatch, remove_staged, stage_micro_batch, staged_batches, staging_root
@@ -60,7 +62,7 @@ class ResidentTrainer(MicroBatchTrainer):
         self._root = staging_root(optimizer.model_dir)
         self._max_staged = max_staged
         self._submitted: Dict[int, float] = {}  # batchId -> when it was staged
-        self._waits: Dict[int, Tuple[float, int]] = {}  # batchId -> (back-pressure seconds, backlog after them)
+        self._waits: Dict[int, Dict[str, float]] = {}  # batchId -> its foreachBatch's staging and back-pressure
         self._job = self._resident_job()
 
     @property
@@ -90,7 +92,9 @@ class ResidentTrainer(MicroBatchTrainer):
         if self._trained_already(batch_id) or batch_id in self._submitted:
             return  # trained, or staged by a run that died before Spark's commit: it trains from its staging
         dataset = self._optimizer.dataset.micro_batch(batch)
+        began = time.perf_counter()
         staged = stage_micro_batch(dataset.blocks, self._root, batch_id, self._query_id)
+        staging = time.perf_counter() - began
         if staged.records == 0:
             remove_staged(staged)
             return
@@ -98,7 +102,8 @@ class ResidentTrainer(MicroBatchTrainer):
             callback.on_epoch_begin(batch_id)
         self._submit(staged)
         waited = self._job.wait_for_backlog(self._max_staged)
-        self._waits[batch_id] = (waited, self._job.backlog)
+        self._waits[batch_id] = {"staging_seconds": staging, "backpressure_seconds": waited,
+                                 "backlog": self._job.backlog}
 
     def finish(self) -> None:
         """Train every staged micro-batch, then end the job (after the query ended)."""
@@ -130,26 +135,27 @@ class ResidentTrainer(MicroBatchTrainer):
         return optimizer._tables.capture(optimizer.model, optimizer.iteration, None)
 
     def _on_pass(self, result: PassResult) -> None:
-        """A pass the ranks finished: the driver's model takes its state, the checkpoint records it, its staging
-        goes, then its progress entry, version, summaries and callbacks."""
+        """A pass the ranks finished: its checkpoint is written, then the driver's model takes its state, its staging
+        goes, and its progress entry, version, summaries and callbacks follow."""
         optimizer, batch = self._optimizer, result.order.batch
         if result.state is None:
             raise TrainingError(f"the loss or a gradient was not finite at iteration {result.non_finite_iteration} "
                                 f"of micro-batch {batch.batch_id} (its staging stays in {batch.folder}): nothing "
                                 "of it was applied. Lower the learning rate, clip gradients or check the records")
+        began = time.perf_counter()
+        checkpoint = result.state
+        checkpoint.stream = (self._query_id, batch.batch_id)
+        write_checkpoint(checkpoint, optimizer.model_dir)  # first: a write that fails leaves the model as it was
+        prune_checkpoints(optimizer.model_dir, optimizer.keep_checkpoints)
         state = optimizer._state
-        result.state.apply_to(optimizer.model)
-        state.iteration, state.stream, state.metric_state = result.iteration, (self._query_id, batch.batch_id), None
+        checkpoint.apply_to(optimizer.model)
+        state.iteration, state.stream, state.metric_state = result.iteration, checkpoint.stream, None
         if len(result.losses):
             state.last_loss = float(result.losses[-1])
-        checkpoint = result.state
-        checkpoint.stream = state.stream
-        write_checkpoint(checkpoint, optimizer.model_dir)
-        prune_checkpoints(optimizer.model_dir, optimizer.keep_checkpoints)
         remove_staged(batch)
         tested = (metrics_of_totals(optimizer.model, model_structure(optimizer.model, self._elements.element),
                                     result.totals) if result.totals else {})
-        began = self._submitted.pop(batch.batch_id, result.wall_times[0] if len(result.wall_times) else time.time())
-        waited, backlog = self._waits.pop(batch.batch_id, (0.0, 0))
-        self._record(batch.batch_id, began, result.losses.tolist(), tested, batch.records,
-                     backpressure_seconds=waited, backlog=backlog)
+        timings = {"train_seconds": float(np.sum(result.step_seconds)),
+                   "checkpoint_seconds": time.perf_counter() - began, **self._waits.pop(batch.batch_id, {})}
+        staged_at = self._submitted.pop(batch.batch_id, time.time())
+        self._record(batch.batch_id, staged_at, result.losses.tolist(), tested, batch.records, **timings)
