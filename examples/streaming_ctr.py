@@ -8,9 +8,11 @@ Everything happens in Spark; nothing is downloaded:
 2. trains a model once on the first periods (``TFOptimizer.optimize``): the
    model a batch pipeline would ship;
 3. trains another from the stream (``TFOptimizer.optimize_stream``, one
-   file a micro-batch): each micro-batch is scored before the model learns
-   from it (test-then-train AUC, printed per micro-batch), and every
-   micro-batch publishes a version to ``model_dir/published``;
+   file a micro-batch) in one training job that stays up for the whole
+   query, on one worker fewer than the session's task slots (the slot left
+   over reads and stages the stream): each micro-batch is scored before the
+   model learns from it (test-then-train AUC, printed per micro-batch), and
+   every micro-batch publishes a version to ``model_dir/published``;
 4. scores the stream in a second query with ``TFPredictor.from_published``
    (each micro-batch with the newest version);
 5. compares, on the later periods, the online model's test-then-train AUC
@@ -92,10 +94,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         TFOptimizer.from_keras(static, TFDataset.from_dataframe(first, "features", "click", batch_size=args.batch_size),
                                num_workers=args.num_workers).optimize(MaxEpoch(3), verbose=0)
 
-        # the online model: every micro-batch tested, then trained on, then published
+        # the online model: every micro-batch tested, then trained on, then published, by one resident job that
+        # leaves a task slot for the stream's own jobs
         online = click_model(args.seed)
         dataset = TFDataset.from_dataframe(stream_of(spark, events), "features", "click", batch_size=args.batch_size)
-        optimizer = TFOptimizer.from_keras(online, dataset, model_dir=model_dir, num_workers=args.num_workers)
+        online_workers = max(1, min(args.num_workers, spark.sparkContext.defaultParallelism - 1))
+        optimizer = TFOptimizer.from_keras(online, dataset, model_dir=model_dir, num_workers=online_workers)
         report = keras.callbacks.LambdaCallback(on_epoch_end=lambda batch_id, logs: print(
             f"micro-batch {batch_id}: {logs['records']} events, test-then-train AUC {logs['test_auc']:.3f}, "
             f"loss {logs['loss']:.4f}", flush=True))

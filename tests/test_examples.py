@@ -155,6 +155,7 @@ def test_streaming_ctr_smoke_trains_each_period_once_publishes_and_scores_the_st
     results = streaming_ctr.main(["--smoke"])
     out = capsys.readouterr().out
     assert [entry["batchId"] for entry in results["progress"]] == [0, 1, 2, 3, 4]
+    assert all("staging_seconds" in entry for entry in results["progress"])  # staged for the resident job
     assert results["progress"][-1]["version"] == 5 and results["scored"] == 5 * 600
     assert "test-then-train AUC" in out
     assert results["online_auc"] > 0.6, results  # a model that learned nothing scores 0.5

@@ -80,6 +80,9 @@ class MicroBatchTrainer:
         """What stopped training beside the query (None: nothing; each micro-batch trains inside its call here)."""
         return None
 
+    def prepare(self) -> None:
+        """Before the query starts: start what trains beside it (nothing, here)."""
+
     def finish(self) -> None:
         """After the query ended: train what it handed over and did not train yet (nothing, here)."""
 

@@ -176,6 +176,11 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
     writer = dataset.blocks.frame.writeStream.foreachBatch(trainer).option("checkpointLocation", location)
     if keywords:
         writer = writer.trigger(**keywords)
-    query = writer.start()
+    trainer.prepare()
+    try:
+        query = writer.start()
+    except BaseException:
+        trainer.stop()
+        raise
     trainer.started(query.id)
     return TrainingQuery(query, trainer)

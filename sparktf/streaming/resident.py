@@ -69,11 +69,14 @@ class ResidentTrainer(MicroBatchTrainer):
     def error(self) -> Optional[BaseException]:
         return self._job.error
 
+    def prepare(self) -> None:
+        """Launch the resident job (it loads the model while the query starts)."""
+        self._job.start(self._optimizer.iteration)
+
     def started(self, query_id: str) -> None:
-        """The query started: the job starts, with the micro-batches a previous run staged and did not train."""
+        """The query started: the micro-batches a previous run of it staged and did not train go first."""
         done = self._optimizer._state.stream
         self._query_id = query_id  # what the passes' checkpoints record
-        self._job.start(self._optimizer.iteration)
         for staged in staged_batches(self._root):
             if staged.query_id != query_id:
                 _LOG.warning("micro-batch %d staged in %s is of query %s, not of this query (%s): not trained; "
