@@ -21,8 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from sparktf.errors import ConfigurationError
 from sparktf.models.published import VersionWriter, prune_versions
-from sparktf.training.driver import RunRequest, SinglePass, evaluate_model
-from sparktf.training.worker.resident import TEST_BATCH_FACTOR
+from sparktf.training.driver import TEST_BATCH_FACTOR, RunRequest, SinglePass, evaluate_model
 from sparktf.triggers import MaxIteration, TrainingProgress
 
 __all__ = ["MicroBatchTrainer", "Publishing"]

@@ -28,10 +28,8 @@ from sparktf.data.staged_batches import StagedBatch, remove_staged, stage_micro_
 from sparktf.errors import TrainingError
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.streaming.micro_batches import MicroBatchTrainer, Publishing
-from sparktf.training.checkpoint import write_checkpoint, prune_checkpoints
-from sparktf.training.driver.evaluation import metrics_of_totals
-from sparktf.training.driver.resident_job import PassResult, ResidentJob
-from sparktf.training.worker.segment_spec import SegmentSpec
+from sparktf.training.driver import (PassResult, ResidentJob, SegmentSpec, metrics_of_totals, prune_checkpoints,
+                                     write_checkpoint)
 from sparktf.triggers import MaxIteration, TrainingProgress
 
 __all__ = ["ResidentTrainer", "MAX_STAGED"]
