@@ -438,3 +438,25 @@ def test_an_update_without_tables_is_compiled_only_after_enough_steps_and_trains
     assert xla_in_graph == [False, True, True, True]
     for got, want in zip(trained.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_a_long_runs_warm_up_takes_the_compiled_update_at_once_and_trains_the_same():
+    from sparktf.training.worker.gradient_exchange import GradientExchange
+    from sparktf.training.worker.step import TrainStep
+
+    from sparktf.training.checkpoint import ModelState
+
+    x, y = regression_data(8)
+    reference, trained = nonlinear_model(), nonlinear_model()
+    train_step = TrainStep(trained)
+    start = ModelState.capture(trained, 0)
+    train_step.warm_up(x, y, long_run=True)  # a stream's resident job: it pays the compile before its first pass
+    assert train_step.last_update_compiled and not train_step.compile_pending
+    start.apply_to(trained)  # the warm-up's updates undone, as the start state does
+    reference.set_weights(trained.get_weights())
+    for _ in range(3):
+        reference.train_on_batch(x, y)
+        train_step.run(x, y, GradientExchange())
+        assert train_step.last_update_compiled
+    for got, want in zip(trained.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-6)

@@ -223,10 +223,11 @@ def prepared_step(
     heartbeat: Any,
     rank: int,
     world_size: int,
+    long_run: bool = False,
 ) -> Tuple[TrainStep, HeldTables, Optional[dict]]:
     """The process's TrainStep, traced and compiled (on the input's first batch), holding the segment's start state;
     the rank's rows of the sharded tables and their optimizer state from that state (none without any), and the ranks'
-    shards kept with the step.
+    shards kept with the step. A ``long_run`` (a stream's resident job) takes the XLA-compiled update at once.
 
     What loading the model or its warm-up step raises is classified (a model
     that cannot run is not relaunched); the input's errors are its own.
@@ -236,7 +237,7 @@ def prepared_step(
     with classified_failures(rank, None, spec.start.iteration + 1, warm_up=True):
         step, kept = _cached_step(spec)
     watch.lap("model_load")
-    if not step.warmed_up:
+    if not step.warmed_up or (long_run and step.compile_pending):
         heartbeat.phase = "data_cache"
         _, batch, shard = opening.result()
         watch.lap("data_cache")
@@ -246,7 +247,8 @@ def prepared_step(
             if spec.single_pass is not None:  # a pass's batches all carry weights: traced once, here
                 weights = spec.single_pass.masked(None, weights, spec.local_batches[shard])
             step.sharded = frozenset()
-            step.warm_up(working_features(plan, step.model, features)[0] if plan.tables else features, labels, weights)
+            step.warm_up(working_features(plan, step.model, features)[0] if plan.tables else features, labels, weights,
+                         long_run)
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"

@@ -174,7 +174,7 @@ class _RankPasses:
         if self.step is None:
             opened: Future = Future()
             opened.set_result((None, next(batches), rank))
-            self.step, _, _ = prepared_step(pass_spec, opened, watch, heartbeat, rank, self.world_size)
+            self.step, _, _ = prepared_step(pass_spec, opened, watch, heartbeat, rank, self.world_size, long_run=True)
             batches = _pass_batches(shard, local[rank], order.iterations)
         real = shard if bounds[rank + 1] > bounds[rank] else None
         heartbeat.phase = "test"

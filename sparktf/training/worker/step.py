@@ -109,6 +109,7 @@ class TrainStep:
         self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
         self.sharded: frozenset = frozenset()  # positions of sharded tables: their owners update them (sharding/)
         self._xla_update: Optional[Any] = None  # an update in the step: its XLA-compiled function, once it takes it
+        self._compile_tried = False  # whether the update in the step was lowered to XLA (or found not to lower)
         self._last_compiled = False  # whether the last iteration's update ran XLA-compiled
         self._updates = 0  # applied in this process, warm-up included
         # mixed_float16: Keras' LossScaleOptimizer scales the loss before the gradients; the
@@ -122,15 +123,25 @@ class TrainStep:
         self._found: Optional[_StepTrace] = None  # what the trace running now found
         self.warmed_up = False
 
-    def warm_up(self, features: Any, labels: Any, sample_weight: Any = None) -> None:
+    def warm_up(self, features: Any, labels: Any, sample_weight: Any = None, long_run: bool = False) -> None:
         """Trace and compile the step by running it once on a local batch, without exchange.
 
         This APPLIES an update: the caller assigns the state to train from
         afterwards (e.g. ``ModelState.apply_to``). Lets a worker pay the
-        one-time tracing and compilation while it waits for its peers.
+        one-time tracing and compilation while it waits for its peers. A
+        ``long_run`` (a stream's resident job) also takes the XLA-compiled
+        update now, which other jobs take after :data:`COMPILE_AFTER_UPDATES`.
         """
         self.run(features, labels, GradientExchange(), sample_weight=sample_weight)
+        if long_run and self.compile_pending:
+            self._compile_update_in_step(next(iter(self._traces.values()))[1].layout)
+            self.run(features, labels, GradientExchange(), sample_weight=sample_weight)
         self.warmed_up = True
+
+    @property
+    def compile_pending(self) -> bool:
+        """Whether the step's update (in its graph) has not been lowered to XLA yet."""
+        return not self._compile_tried and any(trace.update_in_step for _, trace in self._traces.values())
 
     def set_metric_state(self, state: Optional[np.ndarray] = None) -> None:
         """Start the epoch's metrics from ``state`` (a :meth:`metric_state`), or from nothing (None).
@@ -204,7 +215,7 @@ class TrainStep:
                 built.function(update, sparse)
                 self._last_compiled = built.compiled
             self._updates += 1
-            if trace.update_in_step and self._updates == COMPILE_AFTER_UPDATES:
+            if trace.update_in_step and self._updates >= COMPILE_AFTER_UPDATES and not self._compile_tried:
                 self._compile_update_in_step(trace.layout)
         return StepResult(loss, learning_rate, bool(finite), tuple(metrics))
 
@@ -305,6 +316,7 @@ class TrainStep:
         holding both forms behind a switch would trace and instantiate the
         update twice in every process, while short jobs never switch.
         """
+        self._compile_tried = True
         compiled = self._update_in_step(layout, jit_compile=True)
         if not _compiles(compiled, layout):
             return
