@@ -1,8 +1,9 @@
 """``TFOptimizer``: synchronous data-parallel training of a Keras model on Spark barrier tasks.
 
-It checks its arguments and hands the training to
-:class:`~sparktf.training.driver.run.TrainingRun` (segments, checkpoints,
-membership, validation, callbacks); see ``docs/design/training.md``.
+It checks its arguments and hands the training to its
+:class:`~sparktf.training.driver.session.TrainingSession` (the model, where
+training stands, its payload and tables), with its settings at each call;
+see ``docs/design/training.md``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from sparktf.spark.calls import call_scope
 from sparktf.spark.resources import ResourceProfileLike, stage_profile
 from sparktf.streaming.stream_dataset import resolved_for
 from sparktf.summary import TrainSummary, ValidationSummary
-from sparktf.training.driver import (GradientClipping, RunRequest, RunSettings, RunState, TableStrategy, TrainingRun,
+from sparktf.training.driver import (GradientClipping, RunRequest, RunSettings, TableStrategy, TrainingSession,
                                      check_labels, check_membership, check_optimize, check_settings,
-                                     checked_profile_steps, compile_with_loss, default_verbose, evaluate_model,
-                                     find_checkpoint, load_checkpoint, log_table_updates, recompile)
+                                     checked_profile_steps, compile_with_loss, default_verbose, find_checkpoint,
+                                     log_table_updates, recompile)
 from sparktf.triggers import EveryEpoch, MaxEpoch, Trigger
 
 __all__ = ["TFOptimizer"]
@@ -100,7 +101,7 @@ class TFOptimizer:
         check_rebuildable(model)  # before any job: a model the executors cannot rebuild
         if dataset.is_streaming:  # the lengths its schema does not tell come from the model
             dataset = resolved_for(dataset, model)
-        self._elements = _check_data_fits(model, dataset)  # by dataset: its batches as the model gets them
+        elements = _check_data_fits(model, dataset)  # by dataset: its batches as the model gets them
         self.session = dataset.blocks.kind
         self.model = model
         self.dataset = dataset
@@ -116,12 +117,12 @@ class TFOptimizer:
         self.clipping = GradientClipping()
         self.train_summary: Optional[TrainSummary] = None
         self.val_summary: Optional[ValidationSummary] = None
-        self._state = RunState()  # where training stands: what the next optimize resumes from
-        self._payload = None
         self.history: Any = None  # the last optimize call's keras.callbacks.History
-        self._tables = TableStrategy.of(model, self.session, self.num_workers, model_dir,  # builds the optimizer
-                                       sharded_tables)
-        log_table_updates(model, self._tables.updates)
+        # builds the model's optimizer
+        tables = TableStrategy.of(model, self.session, self.num_workers, model_dir, sharded_tables)
+        log_table_updates(model, tables.updates)
+        #: The model, where training stands (what the next call resumes from), its payload and tables.
+        self.training_session = TrainingSession(model, tables, elements, self.session.share)
 
     # ------------------------------------------------------------------ factories
 
@@ -336,7 +337,8 @@ class TFOptimizer:
         request = RunRequest(end_trigger, checkpoint_trigger, validation_trigger, list(callbacks or []),
                              default_verbose() if verbose is None else verbose, class_weight, checkpoint_failures,
                              profile_steps=checked_profile_steps(profile_steps))
-        result, self.history = self._training_run(self.dataset, self.num_workers).run(request)
+        result, self.history = self.training_session.run(self.dataset, self.run_settings(self.num_workers),
+                                                         self.clipping, request, (self.train_summary, self.val_summary))
         return result
 
     def optimize_stream(self, trigger: Optional[Dict[str, Any]] = None, publish_every: Optional[int] = None,
@@ -417,38 +419,36 @@ class TFOptimizer:
         return start_training_query(self, trigger, publish_every, checkpoint_location, list(callbacks or []),
                                     max_staged, publish_if, full_every, resident)
 
-    def _training_run(self, dataset: Any, workers: int, elements_of: Any = None) -> TrainingRun:
-        """A TrainingRun of this optimizer's model, state and settings on ``dataset`` with ``workers`` workers."""
-        settings = RunSettings(session=self.session, num_workers=workers, min_workers=min(self.min_workers, workers),
-                               replace_wait=self.replace_wait, max_failures=self.max_failures,
-                               collective_timeout=self.collective_timeout,
-                               gradient_compression=self.gradient_compression,
-                               resource_profile=self.resource_profile, model_dir=self.model_dir,
-                               keep_checkpoints=self.keep_checkpoints, tables=self._tables)
-        return TrainingRun(self.model, dataset, settings, self._state, self.clipping, self._payload_broadcast,
-                           elements_of or self._elements_of, (self.train_summary, self.val_summary))
+    def run_settings(self, workers: int) -> RunSettings:
+        """This optimizer's settings for a training call on ``workers`` workers (as they are now)."""
+        return RunSettings(session=self.session, num_workers=workers, min_workers=min(self.min_workers, workers),
+                           replace_wait=self.replace_wait, max_failures=self.max_failures,
+                           collective_timeout=self.collective_timeout,
+                           gradient_compression=self.gradient_compression, resource_profile=self.resource_profile,
+                           model_dir=self.model_dir, keep_checkpoints=self.keep_checkpoints,
+                           tables=self.training_session.tables)
 
     # ------------------------------------------------------------------ where training stands
 
     @property
     def iteration(self) -> int:
         """Iterations trained so far (absolute: from a loaded checkpoint on)."""
-        return self._state.iteration
+        return self.training_session.state.iteration
 
     @property
     def last_loss(self) -> Optional[float]:
         """The loss of the last iteration trained (None before any)."""
-        return self._state.last_loss
+        return self.training_session.state.last_loss
 
     @property
     def last_score(self) -> Optional[float]:
         """The score of the last validation (None before any)."""
-        return self._state.last_score
+        return self.training_session.state.last_score
 
     @property
     def last_timings(self) -> Dict[str, float]:
         """The last segment's seconds per phase (launch, model load, data, compute, all-reduce, ...)."""
-        return self._state.last_timings
+        return self.training_session.state.last_timings
 
     @property
     def rank_timings(self) -> Dict[int, Dict[str, float]]:
@@ -461,23 +461,23 @@ class TFOptimizer:
         set-up phases (``model_load``, ``warm_up``, ``connect``, ...) follow.
         See ``docs/guides/training.md``, "Why is it slow?".
         """
-        return self._state.rank_timings
+        return self.training_session.state.rank_timings
 
     @property
     def stragglers(self) -> List[Any]:
         """The last call's stragglers: records with ``rank``, ``executor``, ``host``, ``phase`` and ``factor`` (its
         median seconds per step in ``phase`` over the other ranks' median), the slowest first."""
-        return self._state.stragglers
+        return self.training_session.state.stragglers
 
     @property
     def last_timeline(self) -> Optional[str]:
         """The Chrome-trace JSON written by the last ``optimize(profile_steps=...)`` (None before one)."""
-        return self._state.last_timeline
+        return self.training_session.state.last_timeline
 
     @property
     def last_traffic(self) -> Any:
         """The last segment's gradient bytes on rank 0 (``training.worker.gradient_exchange.Traffic``), or None."""
-        return self._state.last_traffic
+        return self.training_session.state.last_traffic
 
     # ------------------------------------------------------------------ evaluation and state
 
@@ -505,13 +505,7 @@ class TFOptimizer:
         batch = batch_per_thread or dataset.inference_batch_size(self.num_workers)
         profile = self.resource_profile if resource_profile is None else stage_profile(self.session, resource_profile)
         with call_scope(self.session, "evaluate"):  # Ctrl-C in the driver cancels it, from any thread
-            return evaluate_model(self.model, dataset, self._elements_of(dataset), int(batch),
-                                  self._payload_broadcast(), self.iteration, self.collective_timeout, profile,
-                                  tables=self._tables.plan)
-
-    def _elements_of(self, dataset: Any) -> MappedElements:
-        """How the model gets ``dataset``'s batches: traced once for the training and validation data."""
-        return self._elements.get(id(dataset)) or MappedElements.of(dataset, self.model)
+            return self.training_session.evaluate(dataset, int(batch), self.collective_timeout, profile)
 
     def load_checkpoint(self, path: Optional[str] = None, version: Optional[int] = None) -> None:
         """Restore weights, optimizer state and the iteration counter from a checkpoint.
@@ -524,22 +518,7 @@ class TFOptimizer:
             The iteration of the checkpoint to load from the directory
             (default: the latest).
         """
-        path = find_checkpoint(path, self.model_dir, version)
-        state = load_checkpoint(path)
-        self._state = RunState(iteration=state.iteration, optimizer_state_folder=self._tables.load(state, self.model),
-                               stream=state.stream)
-
-    def _payload_broadcast(self) -> Any:
-        """The model's architecture and compile config, no weights (a few KB), shipped once per TFOptimizer.
-
-        Its key does not depend on the weights: a later TFOptimizer on the same architecture finds the cached step.
-        """
-        if self._payload is None:
-            from sparktf.models.payload import ModelPayload
-
-            payload = ModelPayload.from_model(self.model, include_weights=False).to_bytes()
-            self._payload = self.session.share(payload, "model")
-        return self._payload
+        self.training_session.restore(find_checkpoint(path, self.model_dir, version))
 
 
 def _check_data_fits(model: Any, dataset: Any) -> Dict[int, MappedElements]:

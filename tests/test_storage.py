@@ -493,3 +493,32 @@ def test_the_sharded_tables_slots_travel_through_an_object_store(s3_driver):
     np.testing.assert_array_equal(read_optimizer_state_rows(current, "users", 0, 7, ["velocity"])["velocity"], velocity)
     prune_optimizer_state_folders(root, keep_iterations=[], keep_folder=current)
     assert store_for(root).listdir(root) == [current.rsplit("/", 1)[1]]
+
+
+def test_a_stream_whose_first_checkpoint_fails_leaves_the_model_untrained_and_trains_the_micro_batch_once(
+        spark, tmp_path, flaky_memory):
+    from test_streaming import classifier, event_stream, reference_weights, write_events
+
+    rng = np.random.default_rng(21)
+    micro_batches = [write_events(spark, tmp_path / "events", 0, rng, 37)]
+    dataset = TFDataset.from_dataframe(event_stream(spark, tmp_path / "events"), "features", "label", batch_size=16,
+                                       shuffle=False)
+    model = classifier()
+    untrained = model.get_weights()
+    optimizer = TFOptimizer.from_keras(model, dataset, model_dir="flakymem://stream/ckpt", num_workers=2)
+    flaky_memory.fail_put = staticmethod(lambda path: "checkpoint-" in path)
+    query = optimizer.optimize_stream(trigger={"availableNow": True}, checkpoint_location=str(tmp_path / "query"))
+    with pytest.raises(Exception):
+        query.awaitTermination(300)
+    assert "StorageError" in str(query.exception()) and "checkpoint-3.npz" in str(query.exception())
+    assert optimizer.iteration == 0 and not optimizer.training_session.state.stream
+    for got, want in zip(optimizer.model.get_weights(), untrained):  # the pass is not in the model
+        np.testing.assert_array_equal(got, want)
+
+    flaky_memory.fail_put = staticmethod(lambda path: False)  # the store answers again: the same process restarts
+    query = optimizer.optimize_stream(trigger={"availableNow": True}, checkpoint_location=str(tmp_path / "query"))
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    assert optimizer.iteration == 3
+    for got, want in zip(optimizer.model.get_weights(), reference_weights(classifier(), micro_batches, 16, 2)):
+        np.testing.assert_allclose(got, want, atol=1e-5)

@@ -77,7 +77,8 @@ def test_a_driver_killed_with_a_micro_batch_staged_and_untrained_trains_it_at_th
     assert 2 in staged
     checkpoint = latest_checkpoint(model_dir)
     trained = -1 if checkpoint is None else load_checkpoint(checkpoint).stream[1]
-    assert staged == list(range(trained + 1, 3))  # what no checkpoint records is staged
+    # what no checkpoint records is staged (and maybe one whose checkpoint was written just before the kill)
+    assert [batch_id for batch_id in staged if batch_id > trained] == list(range(trained + 1, 3))
 
     resumed = stream_optimizer(spark, events, model_dir, batch_size=64)  # a fresh model, the same model_dir
     query = resumed.optimize_stream(trigger={"availableNow": True})

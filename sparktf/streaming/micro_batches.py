@@ -13,7 +13,6 @@ skips it; otherwise the model is from before it and trains it now.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -21,8 +20,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from sparktf.errors import ConfigurationError
 from sparktf.models.published import VersionWriter, prune_versions
-from sparktf.training.driver import TEST_BATCH_FACTOR, RunRequest, SinglePass, evaluate_model
-from sparktf.triggers import MaxIteration, TrainingProgress
+from sparktf.training.driver import TEST_BATCH_FACTOR
+from sparktf.triggers import TrainingProgress
 
 __all__ = ["MicroBatchTrainer", "Publishing"]
 
@@ -68,7 +67,8 @@ class MicroBatchTrainer:
         self._publishing = publishing
         self._versions = VersionWriter(optimizer.model_dir, publishing.full_every)
         self._callbacks = list(callbacks)
-        self._elements = optimizer._elements_of(optimizer.dataset)  # one trace for every micro-batch
+        self._session = optimizer.training_session
+        self._elements = self._session.elements_of(optimizer.dataset)  # one trace for every micro-batch
         self._query_id: Optional[str] = None
         self._started = threading.Event()
         self._since_publish = 0
@@ -98,7 +98,7 @@ class MicroBatchTrainer:
         if not self._started.wait(_QUERY_ID_WAIT):
             raise ConfigurationError(f"micro-batch {batch_id} did not learn its query's id within "
                                      f"{_QUERY_ID_WAIT:.0f} s of its start; restart the query")
-        done = self._optimizer._state.stream
+        done = self._session.state.stream
         if done is not None and done[0] == self._query_id and batch_id <= done[1]:
             _LOG.info("micro-batch %d of query %s is in the model's checkpoint already (trained before the query "
                       "committed it): skipped", batch_id, self._query_id)
@@ -150,25 +150,14 @@ class MicroBatchTrainer:
         model before it trains on it."""
         optimizer = self._optimizer
         batch = TEST_BATCH_FACTOR * dataset.local_batch_size(workers)  # forward only: no gradients to hold
-        return evaluate_model(optimizer.model, dataset, self._elements, batch,
-                              optimizer._payload_broadcast(), optimizer.iteration, optimizer.collective_timeout,
-                              optimizer.resource_profile, layout, optimizer._tables.plan)
+        return self._session.evaluate(dataset, batch, optimizer.collective_timeout, optimizer.resource_profile,
+                                      layout, self._elements)
 
     def _train(self, dataset: Any, workers: int, batch_id: int) -> List[float]:
         """One pass over the micro-batch; its checkpoint records ``batch_id``. The per-iteration losses."""
         optimizer = self._optimizer
-        state = optimizer._state
-        first = state.iteration
-        end = MaxIteration(first + math.ceil(dataset.num_records / dataset.batch_size))
-        request = RunRequest(end, end, end, [], 0, None, 1, SinglePass(first))
-        before = state.stream
-        state.stream, state.metric_state = (self._query_id, batch_id), None
-        try:
-            history, _ = optimizer._training_run(dataset, workers, lambda _: self._elements).run(request)
-        except BaseException:
-            state.stream = before  # the checkpoint on storage still says where the model stands
-            raise
-        return list(history["loss"])
+        return self._session.train_pass(dataset, optimizer.run_settings(workers), optimizer.clipping,
+                                        (self._query_id, batch_id), self._elements)
 
     def _publish(self, batch_id: int, logs: Dict[str, Any]) -> Dict[str, Any]:
         """Publish the model when ``publish_every`` micro-batches were trained since the last version and

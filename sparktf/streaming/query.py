@@ -118,7 +118,7 @@ def _trainer(optimizer: Any, publishing: Publishing, callbacks: Sequence[Any], m
     elif slots < workers + 1:
         reason = (f"the session's {slots} task slots leave none beside the {workers} training workers for the "
                   f"stream's own jobs (a resident job needs {workers + 1}; use fewer workers or more slots)")
-    elif optimizer._tables.plan.tables:
+    elif optimizer.training_session.tables.plan.tables:
         reason = "the model has sharded tables, which the resident job does not train yet"
     elif optimizer.session.rendezvous_host() is None:
         reason = "spark.sparktf.rendezvous=barrier: the resident job takes its orders through the job channel"

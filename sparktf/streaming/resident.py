@@ -23,13 +23,13 @@ from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
+from sparktf.data.columnar import balanced_bounds
 from sparktf.data.sparse import model_structure
 from sparktf.data.staged_batches import StagedBatch, remove_staged, stage_micro_batch, staged_batches, staging_root
 from sparktf.errors import TrainingError
 from sparktf.spark.task_devices import gpu_plan
 from sparktf.streaming.micro_batches import MicroBatchTrainer, Publishing
-from sparktf.training.driver import (PassResult, ResidentJob, SegmentSpec, metrics_of_totals, prune_checkpoints,
-                                     write_checkpoint)
+from sparktf.training.driver import PassResult, ResidentJob, SegmentSpec, metrics_of_totals
 from sparktf.triggers import MaxIteration, TrainingProgress
 
 __all__ = ["ResidentTrainer", "MAX_STAGED"]
@@ -73,7 +73,7 @@ class ResidentTrainer(MicroBatchTrainer):
 
     def started(self, query_id: str) -> None:
         """The query started: the micro-batches a previous run of it staged and did not train go first."""
-        done = self._optimizer._state.stream
+        done = self._session.state.stream
         self._query_id = query_id  # what the passes' checkpoints record
         for staged in staged_batches(self._root):
             if staged.query_id != query_id:
@@ -123,17 +123,15 @@ class ResidentTrainer(MicroBatchTrainer):
         optimizer = self._optimizer
         session, profile = optimizer.session, optimizer.resource_profile
         start = TrainingProgress(optimizer.iteration, 1, None, None)
-        spec = SegmentSpec(optimizer._payload_broadcast(), model_structure(optimizer.model, self._elements.element),
+        spec = SegmentSpec(self._session.payload(), model_structure(optimizer.model, self._elements.element),
                            start, MaxIteration(optimizer.iteration + 1), optimizer.clipping,
                            optimizer.collective_timeout, gradient_compression=optimizer.gradient_compression,
                            gpus=gpu_plan(session.conf, profile), maps=self._elements,
-                           table_updates=optimizer._tables.updates)
-        return ResidentJob(session, spec, optimizer.num_workers, self._capture, self._on_pass,
+                           table_updates=self._session.tables.updates,
+                           local_batches=np.diff(balanced_bounds(optimizer.dataset.batch_size,
+                                                                 optimizer.num_workers)).tolist())
+        return ResidentJob(session, spec, optimizer.num_workers, self._session.capture, self._on_pass,
                            optimizer.max_failures, profile)
-
-    def _capture(self) -> Any:
-        optimizer = self._optimizer
-        return optimizer._tables.capture(optimizer.model, optimizer.iteration, None)
 
     def _on_pass(self, result: PassResult) -> None:
         """A pass the ranks finished: its checkpoint is written, then the driver's model takes its state, its staging
@@ -144,15 +142,9 @@ class ResidentTrainer(MicroBatchTrainer):
                                 f"of micro-batch {batch.batch_id} (its staging stays in {batch.folder}): nothing "
                                 "of it was applied. Lower the learning rate, clip gradients or check the records")
         began = time.perf_counter()
-        checkpoint = result.state
-        checkpoint.stream = (self._query_id, batch.batch_id)
-        write_checkpoint(checkpoint, optimizer.model_dir)  # first: a write that fails leaves the model as it was
-        prune_checkpoints(optimizer.model_dir, optimizer.keep_checkpoints)
-        state = optimizer._state
-        checkpoint.apply_to(optimizer.model)
-        state.iteration, state.stream, state.metric_state = result.iteration, checkpoint.stream, None
-        if len(result.losses):
-            state.last_loss = float(result.losses[-1])
+        last_loss = float(result.losses[-1]) if len(result.losses) else None
+        self._session.take_pass(result.state, (self._query_id, batch.batch_id), last_loss, optimizer.model_dir,
+                                optimizer.keep_checkpoints)
         remove_staged(batch)
         tested = (metrics_of_totals(optimizer.model, model_structure(optimizer.model, self._elements.element),
                                     result.totals) if result.totals else {})

@@ -20,12 +20,16 @@ it. The rank then, in the same task:
 5. reports the pass with its next ``next_order``: its test totals and, on
    rank 0, the per-iteration losses and metrics.
 
-This module runs on executors: it never imports driver-only modules.
+The step is prepared (traced, compiled, given the start state) on a batch
+of zeros before the first order arrives, while Spark plans the first
+micro-batch. This module runs on executors: it never imports driver-only
+modules.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from concurrent.futures import Future
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -34,7 +38,8 @@ import numpy as np
 from sparktf.collective.channel_client import IDLE, ChannelClient, start_heartbeat
 from sparktf.data.columnar import Block, balanced_bounds, pass_bounds
 from sparktf.data.staged_batches import StagedBatch, read_records
-from sparktf.errors import task_record
+from sparktf.data.specs import leaf_specs
+from sparktf.errors import SparkTFError, task_record
 from sparktf.models.cache import batch_mapper
 from sparktf.spark.task_devices import prepare_tensorflow_task
 from sparktf.training.checkpoint import ModelState
@@ -49,6 +54,7 @@ from sparktf.triggers import MaxIteration, TrainingProgress
 
 __all__ = ["ResidentOrder", "run_resident", "ORDER_WAIT_SECONDS", "TEST_BATCH_FACTOR"]
 
+_LOG = logging.getLogger("sparktf.optimizer")
 #: The longest the driver holds a ``next_order`` request before it answers "wait" (the rank asks again).
 ORDER_WAIT_SECONDS = 5.0
 #: The test pass's batches hold this many local training batches (a forward pass keeps no gradients).
@@ -117,6 +123,7 @@ def run_resident(spec: SegmentSpec, partition: Iterable[Any]) -> Iterator[Any]:
         try:
             with ChannelClient(spec.directory, rank, world_size, spec.secret, spec.collective_timeout) as orders:
                 rank_pass = _RankPasses(spec, rank, world_size, communicator, watch, heartbeat)
+                rank_pass.prepare()  # while Spark plans the first micro-batch
                 done: Tuple[Dict[str, Any], List[np.ndarray]] = ({}, [])
                 while True:
                     order = _next_order(orders, heartbeat, *done, spec.collective_timeout)
@@ -155,6 +162,26 @@ class _RankPasses:
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.communicator, self.watch, self.heartbeat = communicator, watch, heartbeat
         self.step: Optional[TrainStep] = None
+
+    def prepare(self) -> None:
+        """Load the model, trace and compile its step on a batch of zeros (empty strings) of the records' structure,
+        and take the start state, before the first micro-batch arrives. A model or map that cannot take such a
+        batch is prepared on the first micro-batch's instead."""
+        spec, local = self.spec, self.spec.local_batches
+        leaves = leaf_specs(spec.maps.stored, "records")
+        if any(leaf.sparse for leaf in leaves):  # sparse columns' Blocks have a layout of their own
+            return
+        zeros = [np.full((local[self.rank], *leaf.shape), b"", object) if leaf.is_string
+                 else np.zeros((local[self.rank], *leaf.shape), leaf.dtype) for leaf in leaves]
+        opened: Future = Future()
+        opened.set_result((None, zeros, self.rank))
+        ready = dataclasses.replace(spec, single_pass=SinglePass(spec.start.iteration, tuple(local)))
+        try:
+            self.step, _, _ = prepared_step(ready, opened, self.watch, self.heartbeat, self.rank, self.world_size,
+                                            long_run=True)
+        except SparkTFError as error:  # traced on the first micro-batch instead, where a real error is raised
+            _LOG.info("rank %d prepares its step on the first micro-batch: a batch of zeros failed (%s)", self.rank,
+                      error)
 
     def run(self, order: ResidentOrder) -> Tuple[Dict[str, Any], List[np.ndarray]]:
         """Test then train one pass; what the rank reports of it."""
