@@ -39,7 +39,7 @@ from sparktf.collective.channel_client import IDLE, ChannelClient, start_heartbe
 from sparktf.data.columnar import Block, balanced_bounds, pass_bounds
 from sparktf.data.staged_batches import StagedBatch, read_records
 from sparktf.data.specs import leaf_specs
-from sparktf.errors import SparkTFError, task_record
+from sparktf.errors import task_record
 from sparktf.models.cache import batch_mapper
 from sparktf.spark.task_devices import prepare_tensorflow_task
 from sparktf.training.checkpoint import ModelState
@@ -164,8 +164,8 @@ class _RankPasses:
         self.step: Optional[TrainStep] = None
 
     def prepare(self) -> None:
-        """Load the model, trace and compile its step on a batch of zeros (empty strings) of the records' structure,
-        and take the start state, before the first micro-batch arrives. A model or map that cannot take such a
+        """Load the model, trace and compile its step and Keras' test function on a batch of zeros (empty strings) of
+        the records' structure, and take the start state, before the first micro-batch arrives. A model or map that cannot take such a
         batch is prepared on the first micro-batch's instead."""
         spec, local = self.spec, self.spec.local_batches
         leaves = leaf_specs(spec.maps.stored, "records")
@@ -179,7 +179,9 @@ class _RankPasses:
         try:
             self.step, _, _ = prepared_step(ready, opened, self.watch, self.heartbeat, self.rank, self.world_size,
                                             long_run=True)
-        except SparkTFError as error:  # traced on the first micro-batch instead, where a real error is raised
+            test_batch = [np.concatenate([array] * TEST_BATCH_FACTOR) for array in zeros]
+            _test_totals(self.step, ready, tuple(test_batch), len(test_batch[0]))  # Keras' test function traced too
+        except Exception as error:  # noqa: BLE001 - traced on the first micro-batch instead, which raises what is wrong
             _LOG.info("rank %d prepares its step on the first micro-batch: a batch of zeros failed (%s)", self.rank,
                       error)
 
