@@ -239,7 +239,7 @@ def test_sharded_tables_keyword_chooses_per_optimizer_over_the_session_settings(
 
     def sharded(**keywords):
         optimizer = TFOptimizer.from_keras(_model("adam"), dataset, num_workers=2, **keywords)
-        return sorted(table.layer for table in optimizer._tables.plan.tables)
+        return sorted(table.layer for table in optimizer.training_session.tables.plan.tables)
 
     sc.setLocalProperty("spark.sparktf.shardTables", "tag_a")
     sc.setLocalProperty("spark.sparktf.shardTableBytes", "1k")

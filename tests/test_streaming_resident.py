@@ -238,3 +238,17 @@ def test_delta_versions_hold_the_changed_rows_load_as_full_ones_and_publish_if_g
     rows = scorer.predict_dataframe(frame, ["user", "item"]).collect()
     want = optimizer.model.predict([np.array([r.user for r in rows]), np.array([r.item for r in rows])], verbose=0)
     np.testing.assert_allclose([r.prediction[0] for r in rows], want.reshape(-1), atol=1e-6)
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "jobs"])
+def test_a_bad_record_stops_the_training_query_naming_the_micro_batch_column_and_row(spark, tmp_path, resident):
+    rng = np.random.default_rng(17)
+    write_events(spark, tmp_path / "events", 0, rng, 8)
+    write_events(spark, tmp_path / "events", 1, rng, 8, null_row=5)
+    optimizer = stream_optimizer(spark, tmp_path / "events", str(tmp_path / "model"), batch_size=4)
+    query = optimizer.optimize_stream(trigger={"availableNow": True}, resident=resident)
+    with pytest.raises(Exception):
+        query.awaitTermination(300)
+    text = str(query.exception())
+    assert "DataError" in text and "micro-batch 1: " in text and "column 'features'" in text and "row 5" in text
+    assert [entry["batchId"] for entry in query.training_progress] == [0]

@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterator, List, Sequence, Tuple
 from sparktf.data.block_serializer import BlockSerializer
 from sparktf.data.columnar import Block, block_size, concat_blocks, slice_block
 from sparktf.errors import StorageError
+from sparktf.spark.jobs import run_job
 from sparktf.storage import join, store_for
 
 __all__ = ["StagedBatch", "stage_micro_batch", "staged_batches", "remove_staged", "read_records", "staging_root"]
@@ -87,13 +88,16 @@ def stage_micro_batch(blocks: Any, root: str, batch_id: int, query_id: str) -> S
 
     Raises
     ------
+    DataError
+        A record the stream's format does not take (its task's own error, naming column, partition and row).
     StorageError
         The store refused a file (naming it).
     """
     folder = _folder(root, batch_id)
     store = store_for(folder, _WHAT)
     store.makedirs(folder)
-    written = blocks.collect(partial(_write_partition, store.executor_uri(folder)))
+    written = run_job(blocks.kind, lambda: blocks.collect(partial(_write_partition, store.executor_uri(folder))),
+                      what=f"staging micro-batch {batch_id}")
     files = tuple((path, count) for _, path, count in sorted(written) if count)
     staged = StagedBatch(batch_id, query_id, folder, files)
     store.write_bytes(join(folder, MANIFEST), json.dumps(staged.to_wire()).encode())

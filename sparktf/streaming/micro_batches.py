@@ -12,22 +12,34 @@ skips it; otherwise the model is from before it and trains it now.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-from sparktf.errors import ConfigurationError
+from sparktf.errors import ConfigurationError, DataError
 from sparktf.models.published import VersionWriter, prune_versions
 from sparktf.training.driver import TEST_BATCH_FACTOR
 from sparktf.triggers import TrainingProgress
 
-__all__ = ["MicroBatchTrainer", "Publishing"]
+__all__ = ["MicroBatchTrainer", "Publishing", "naming_micro_batch"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
 #: Seconds a micro-batch waits for ``start()`` to hand over the query's id.
 _QUERY_ID_WAIT = 120.0
+
+
+@contextlib.contextmanager
+def naming_micro_batch(batch_id: int) -> Iterator[None]:
+    """A ``DataError`` raised inside names the micro-batch (Spark's ``batchId``) before what it says."""
+    try:
+        yield
+    except DataError as error:
+        if error.args and not str(error.args[0]).startswith("micro-batch "):
+            error.args = (f"micro-batch {batch_id}: {error.args[0]}",) + tuple(error.args[1:])
+        raise
 
 
 @dataclass(frozen=True)
@@ -106,9 +118,13 @@ class MicroBatchTrainer:
         return False
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        optimizer, batch_id = self._optimizer, int(batch_id)
-        if self._trained_already(batch_id):
-            return
+        batch_id = int(batch_id)
+        if not self._trained_already(batch_id):
+            with naming_micro_batch(batch_id):
+                self._train_micro_batch(batch, batch_id)
+
+    def _train_micro_batch(self, batch: Any, batch_id: int) -> None:
+        optimizer = self._optimizer
         dataset = optimizer.dataset.micro_batch(batch)
         records = dataset.num_records
         if records == 0:

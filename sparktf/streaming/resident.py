@@ -28,7 +28,7 @@ from sparktf.data.sparse import model_structure
 from sparktf.data.staged_batches import StagedBatch, remove_staged, stage_micro_batch, staged_batches, staging_root
 from sparktf.errors import TrainingError
 from sparktf.spark.task_devices import gpu_plan
-from sparktf.streaming.micro_batches import MicroBatchTrainer, Publishing
+from sparktf.streaming.micro_batches import MicroBatchTrainer, Publishing, naming_micro_batch
 from sparktf.training.driver import PassResult, ResidentJob, SegmentSpec, metrics_of_totals
 from sparktf.triggers import MaxIteration, TrainingProgress
 
@@ -94,7 +94,8 @@ class ResidentTrainer(MicroBatchTrainer):
             return  # trained, or staged by a run that died before Spark's commit: it trains from its staging
         dataset = self._optimizer.dataset.micro_batch(batch)
         began = time.perf_counter()
-        staged = stage_micro_batch(dataset.blocks, self._root, batch_id, self._query_id)
+        with naming_micro_batch(batch_id):  # its records are converted as they are staged
+            staged = stage_micro_batch(dataset.blocks, self._root, batch_id, self._query_id)
         staging = time.perf_counter() - began
         if staged.records == 0:
             remove_staged(staged)

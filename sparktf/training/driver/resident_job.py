@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from sparktf.data.staged_batches import StagedBatch
-from sparktf.errors import TrainingError
+from sparktf.errors import DataError, TrainingError
 from sparktf.spark.calls import call_scope
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.training.checkpoint import ModelState
@@ -232,9 +232,18 @@ class ResidentJob:
                                      "it from the last trained micro-batch: %s", failures, self._max_failures, error)
                         self._relaunch_point()
         except BaseException as error:  # noqa: BLE001 - the streaming side raises it
-            self._fail(error)
+            self._fail(self._named(error))
         finally:
             self._finished.put(None)
+
+    def _named(self, error: BaseException) -> BaseException:
+        """A ``DataError`` of the job names the micro-batch its ranks were training (the first not finished)."""
+        with self._lock:
+            training = self._pending[0].batch if self._pending else None
+        if isinstance(error, DataError) and training is not None and error.args:
+            error.args = (f"micro-batch {training.batch_id} (staged in {training.folder}): {error.args[0]}",
+                          *error.args[1:])
+        return error
 
     def _launch(self) -> None:
         secret = secrets.token_bytes(32)
