@@ -162,7 +162,7 @@ def test_watchdog_slack_is_a_local_property_or_the_configuration(spark, sc):
 
 
 def test_training_falls_back_to_allgather_when_the_driver_host_cannot_be_listened_on(caplog):
-    from sparktf.training.driver.segment_job import job_channel
+    from sparktf.training.driver.served_job import job_channel
 
     with job_channel("192.0.2.1", 2, SECRET) as channel:  # TEST-NET-1: never this machine's address
         assert channel is None

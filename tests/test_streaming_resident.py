@@ -39,6 +39,19 @@ def evaluated_before_each(micro_batches, batch_size):
     return metrics
 
 
+def resume_trains_the_rest_exactly(spark, events, model_dir, micro_batches, batch_size, first):
+    """A query restarted on ``model_dir`` with a fresh model trains micro-batches ``first``... once each: the weights
+    equal one uninterrupted pass over all of them, and nothing stays staged."""
+    resumed = stream_optimizer(spark, events, model_dir, batch_size=batch_size)
+    query = resumed.optimize_stream(trigger={"availableNow": True})
+    query.awaitTermination(600)
+    assert query.exception() is None, query.exception()
+    assert [entry["batchId"] for entry in query.training_progress] == list(range(first, len(micro_batches)))
+    for got, want in zip(resumed.model.get_weights(), reference_weights(classifier(), micro_batches, batch_size, 1)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert staged_batches(staging_root(model_dir)) == []
+
+
 def test_a_resident_job_trains_each_micro_batch_once_tested_before_it_and_leaves_nothing_staged(spark, tmp_path,
                                                                                               caplog):
     rng = np.random.default_rng(11)
@@ -80,14 +93,7 @@ def test_a_driver_killed_with_a_micro_batch_staged_and_untrained_trains_it_at_th
     # what no checkpoint records is staged (and maybe one whose checkpoint was written just before the kill)
     assert [batch_id for batch_id in staged if batch_id > trained] == list(range(trained + 1, 3))
 
-    resumed = stream_optimizer(spark, events, model_dir, batch_size=64)  # a fresh model, the same model_dir
-    query = resumed.optimize_stream(trigger={"availableNow": True})
-    query.awaitTermination(600)
-    assert query.exception() is None, query.exception()
-    assert [entry["batchId"] for entry in query.training_progress] == list(range(trained + 1, 4))
-    for got, want in zip(resumed.model.get_weights(), reference_weights(classifier(), micro_batches, 64, 1)):
-        np.testing.assert_allclose(got, want, atol=1e-5)
-    assert staged_batches(staging_root(model_dir)) == []
+    resume_trains_the_rest_exactly(spark, events, model_dir, micro_batches, 64, trained + 1)
 
 
 class DiesOnce(keras.layers.Layer):
@@ -165,13 +171,7 @@ def test_back_pressure_bounds_the_staged_micro_batches_and_a_stopped_query_resum
     left = [batch.batch_id for batch in staged_batches(staging_root(model_dir))]
     assert left == list(range(last + 1, last + 1 + len(left))) and len(left) <= 1
 
-    resumed = stream_optimizer(spark, events, model_dir)
-    query = resumed.optimize_stream(trigger={"availableNow": True})
-    query.awaitTermination(600)
-    assert query.exception() is None, query.exception()
-    assert [entry["batchId"] for entry in query.training_progress] == list(range(last + 1, 6))
-    for got, want in zip(resumed.model.get_weights(), reference_weights(classifier(), micro_batches, 16, 1)):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+    resume_trains_the_rest_exactly(spark, events, model_dir, micro_batches, 16, last + 1)
 
 
 def test_a_session_without_a_slot_to_spare_trains_a_job_per_micro_batch_and_says_so_once(spark, tmp_path, caplog):

@@ -42,16 +42,9 @@ MAX_STAGED = 2
 class ResidentTrainer(MicroBatchTrainer):
     """The ``foreachBatch`` function of ``optimize_stream`` with a resident training job.
 
-    Parameters
-    ----------
-    optimizer : TFOptimizer
-        With a streaming dataset and ``model_dir``.
-    publishing : Publishing
-        When versions are published.
-    callbacks : list of keras.callbacks.Callback
-        Told of every micro-batch (``on_epoch_begin`` when it is staged, ``on_epoch_end`` when it is trained).
-    max_staged : int
-        Micro-batches staged and untrained before ``foreachBatch`` waits.
+    Its parameters are :class:`MicroBatchTrainer`'s (callbacks hear ``on_epoch_begin`` when a micro-batch is
+    staged, ``on_epoch_end`` when it is trained), and ``max_staged``: the micro-batches staged and untrained
+    before ``foreachBatch`` waits.
     """
 
     def __init__(self, optimizer: Any, publishing: Publishing, callbacks: Sequence[Any],

@@ -2,7 +2,7 @@
 
 The driver serves a :class:`~sparktf.training.checkpoint.ModelState` on a
 :class:`~sparktf.collective.JobChannel` (see
-:func:`sparktf.training.driver.segment_job.job_channel`); a task fetches it with
+:func:`sparktf.training.driver.served_job.job_channel`); a task fetches it with
 :meth:`StateSource.fetch` and hands its final state back with
 :meth:`StateSource.hand_back`, which the driver takes with
 :func:`joined_uploads`. A rank holding a share of the sharded tables fetches

@@ -18,7 +18,6 @@ evaluation never waits forever.
 
 from __future__ import annotations
 
-import secrets
 from functools import partial
 from typing import Any, Dict, List, Optional
 
@@ -86,35 +85,25 @@ def evaluate_blocks(
     TrainingError
         The watchdog cancelled the job (naming the partition and its phase).
     """
-    from sparktf.spark.jobs import run_job
     from sparktf.spark.task_devices import gpu_plan
-    from sparktf.training.driver.segment_job import job_channel
-    from sparktf.training.driver.watchdog import JobWatchdog
+    from sparktf.training.driver.served_job import served_job
 
-    secret = secrets.token_bytes(32)
     element_structure = model_structure(model, elements.element)  # sparse features as the model's inputs take them
     session = blocks.kind
     partitions = blocks.num_partitions
-    host = session.rendezvous_host() if state is not None else None
-    with job_channel(host, partitions, secret) as channel:
+    with served_job(session, partitions, state, with_channel=state is not None) as job:
         broadcast = None
-        if channel is not None:
-            channel.serve_state(*state.to_wire())
-        elif state is not None:
+        if job.channel is None and state is not None:
             broadcast = session.spark_context("evaluation without a job channel", "").broadcast(state)
-        source = StateSource(channel and channel.address, secret, partitions, timeout, broadcast)
-        by_rows = tables if tables is not None and tables.tables and channel is not None else None
+        source = StateSource(job.address, job.secret, partitions, timeout, broadcast)
+        by_rows = tables if tables is not None and tables.tables and job.channel is not None else None
         task = partial(evaluate_partition, payload, source if state is not None else None, elements,
                        element_structure, batch_size, gpu_plan(session.conf, profile), by_rows)
         if blocks.keyed:
             task = partial(unkeyed, task)
-        collect = lambda: blocks.collect(task, profile=profile)  # noqa: E731
         try:
-            if channel is None:
-                per_partition = run_job(session, collect, what="the evaluation job")
-            else:
-                watchdog = JobWatchdog(session, channel, partitions, timeout, barrier=False)
-                per_partition = watchdog.run(collect, what="the evaluation job")
+            per_partition = job.run(lambda: blocks.collect(task, profile=profile), "the evaluation job", timeout,
+                                    barrier=False)
         finally:
             if broadcast is not None:
                 broadcast.destroy()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -41,8 +40,7 @@ from sparktf.errors import DataError, TrainingError
 from sparktf.spark.calls import call_scope
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.training.checkpoint import ModelState
-from sparktf.training.driver.segment_job import job_channel
-from sparktf.training.driver.watchdog import JobWatchdog
+from sparktf.training.driver.served_job import served_job
 from sparktf.training.state_source import joined_uploads
 from sparktf.training.worker.failures import relaunch_helps
 from sparktf.training.worker.resident import ORDER_WAIT_SECONDS, ResidentOrder, run_resident
@@ -246,21 +244,18 @@ class ResidentJob:
         return error
 
     def _launch(self) -> None:
-        secret = secrets.token_bytes(32)
         what = "the resident training job"
-        with job_channel(self._session.rendezvous_host(), self._workers, secret) as channel:
-            if channel is None:
+        with served_job(self._session, self._workers, self._state()) as job:
+            if job.channel is None:
                 raise TrainingError("a resident training job needs its job channel (spark.sparktf.rendezvous="
                                     "barrier has none)")
-            channel.serve_state(*self._state().to_wire())
             with self._lock:
-                self._channel, self._cursor, self._reports = channel, {}, {}
-            channel.give_orders(self._order)
-            spec = dataclasses.replace(self._spec, secret=secret, directory=channel.address)
+                self._channel, self._cursor, self._reports = job.channel, {}, {}
+            job.channel.give_orders(self._order)
+            spec = dataclasses.replace(self._spec, secret=job.secret, directory=job.address)
             placeholder = self._session_blocks()
-            watchdog = JobWatchdog(self._session, channel, self._workers, self._spec.collective_timeout)
-            watchdog.run(partial(placeholder.collect, partial(run_resident, spec), barrier=True,
-                                 profile=self._profile), what)
+            job.run(partial(placeholder.collect, partial(run_resident, spec), barrier=True, profile=self._profile),
+                    what, self._spec.collective_timeout)
 
     def _session_blocks(self) -> Any:
         from sparktf.data.block_sets import RddBlockSet

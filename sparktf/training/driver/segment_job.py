@@ -4,10 +4,10 @@ A segment is one Spark barrier job over the training Blocks (an RDD, or in
 Spark Connect a barrier ``mapInArrow``), each task running
 :func:`sparktf.training.worker.loop.run_segment`, on as many workers as
 :class:`~sparktf.training.driver.membership.Membership` picks (``num_workers``
-unless elastic training goes on with fewer). This module starts it with a fresh
-secret and, on the driver's address (``spark.sparktf.driverHost``, else
-``spark.driver.host``), a :class:`~sparktf.collective.JobChannel`
-through which the ranks find each other, fetch the start state, report
+unless elastic training goes on with fewer). This module starts it as a served job
+(:mod:`~sparktf.training.driver.served_job`: a fresh secret and, on the
+driver's address, ``spark.sparktf.driverHost``, else ``spark.driver.host``, a
+:class:`~sparktf.collective.JobChannel`) through which the ranks find each other, fetch the start state, report
 their progress (watched by :class:`~sparktf.training.driver.watchdog.JobWatchdog`)
 and rank 0 uploads the final state: model state never rides in a Spark
 broadcast or task result, so it never fills the driver JVM's heap.
@@ -22,21 +22,18 @@ collective's own timeouts. A Spark Connect session always has its channel.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import secrets
 import time
 from functools import partial
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-from sparktf.collective import JobChannel
 from sparktf.errors import SparkTFError, TrainingError
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.driver.inputs import WorkerInputs
 from sparktf.training.driver.membership import Membership
-from sparktf.training.driver.watchdog import JobWatchdog
+from sparktf.training.driver.served_job import served_job
 from sparktf.training.state_source import joined_uploads
 from sparktf.training.worker.failures import relaunch_helps
 from sparktf.training.worker.loop import run_segment
@@ -44,7 +41,7 @@ from sparktf.training.worker.segment_spec import SegmentResult, SegmentSpec
 from sparktf.training.worker.step_clock import RankAnatomy
 from sparktf.triggers import EveryEpoch, TriggerOr
 
-__all__ = ["SegmentRunner", "run_segment_job", "job_channel"]
+__all__ = ["SegmentRunner", "run_segment_job"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
 
@@ -233,20 +230,18 @@ def run_segment_job(
     SparkTFError
         What the job's tasks raised (see :func:`sparktf.spark.jobs.run_job`).
     """
-    secret = secrets.token_bytes(32)
     what = f"the training job after iteration {spec.start.iteration}"
     started = time.perf_counter()
-    with job_channel(session.rendezvous_host(), num_workers, secret) as channel:
-        if channel is None:
-            result = _run_with_broadcast(session, blocks, dataclasses.replace(spec, secret=secret), state, what, profile)
+    with served_job(session, num_workers, state) as job:
+        if job.channel is None:
+            result = _run_with_broadcast(session, blocks, dataclasses.replace(spec, secret=job.secret), state, what,
+                                         profile)
         else:
-            channel.serve_state(*state.to_wire())
-            job_spec = dataclasses.replace(spec, secret=secret, directory=channel.address)
-            watchdog = JobWatchdog(session, channel, num_workers, spec.collective_timeout, on_reports,
-                                   stacks_folder=stacks_folder)
+            job_spec = dataclasses.replace(spec, secret=job.secret, directory=job.address)
             # a rank that failed knowingly reported its record first: the watchdog raises that
-            result = _only_result(watchdog.run(partial(_collect, blocks, job_spec, profile), what))
-            result.state = joined_uploads(channel.take_uploaded(), what)
+            result = _only_result(job.run(partial(_collect, blocks, job_spec, profile), what, spec.collective_timeout,
+                                          on_reports=on_reports, stacks_folder=stacks_folder))
+            result.state = joined_uploads(job.channel.take_uploaded(), what)
     worker_seconds = sum(result.timings.values())
     result.timings["launch"] = time.perf_counter() - started - worker_seconds
     return result
@@ -275,30 +270,3 @@ def _only_result(results: list) -> SegmentResult:
     segment[0].anatomy = sorted((result for result in results if isinstance(result, RankAnatomy)),
                                 key=lambda record: record.rank)
     return segment[0]
-
-
-@contextlib.contextmanager
-def job_channel(host: Optional[str], num_workers: int, secret: bytes) -> Iterator[Optional[JobChannel]]:
-    """A job channel on ``host`` for one barrier job, or None to go through Spark instead.
-
-    None for ``host=None`` (``spark.sparktf.rendezvous=barrier``) and, with a
-    warning, when ``host`` cannot be listened on (e.g. a ``spark.driver.host``
-    that names a proxy or service address; a Spark Connect session checked it
-    already, see ``SessionKind.rendezvous_host``).
-    """
-    if host is None:
-        yield None
-        return
-    try:
-        channel = JobChannel(num_workers, secret, host)
-    except OSError as error:
-        _LOG.warning(
-            "cannot listen on spark.driver.host=%s for the job channel (%s); the workers exchange "
-            "addresses through BarrierTaskContext.allGather and the model state travels through "
-            "the JVM instead",
-            host, error,
-        )
-        yield None
-        return
-    with channel:
-        yield channel
