@@ -24,6 +24,10 @@ _TRIGGERS = ("processingTime", "once", "availableNow")
 class TrainingQuery(StreamingQuery):
     """The running query of ``optimize_stream``: a ``StreamingQuery`` that also tells what each micro-batch trained.
 
+    It holds the query ``DataStreamWriter.start`` returned and delegates to
+    it; waiting for it and stopping it also wait for and stop what trains
+    beside it (a resident training job).
+
     Attributes
     ----------
     training_progress : list of dict
@@ -34,9 +38,43 @@ class TrainingQuery(StreamingQuery):
         was published, ``version``.
     """
 
-    def __init__(self, query: StreamingQuery, trainer: MicroBatchTrainer):
-        super().__init__(query._jsq)
+    def __init__(self, query: StreamingQuery, trainer: MicroBatchTrainer):  # no super(): the query is held
+        self._query = query
         self._trainer = trainer
+
+    @property
+    def id(self) -> str:
+        return self._query.id
+
+    @property
+    def runId(self) -> str:
+        return self._query.runId
+
+    @property
+    def name(self) -> str:
+        return self._query.name
+
+    @property
+    def isActive(self) -> bool:
+        return self._query.isActive
+
+    @property
+    def status(self) -> Dict[str, Any]:
+        return self._query.status
+
+    @property
+    def recentProgress(self) -> List[Dict[str, Any]]:
+        return self._query.recentProgress
+
+    @property
+    def lastProgress(self) -> Optional[Dict[str, Any]]:
+        return self._query.lastProgress
+
+    def processAllAvailable(self) -> None:
+        return self._query.processAllAvailable()
+
+    def explain(self, extended: bool = False) -> None:
+        return self._query.explain(extended)
 
     def awaitTermination(self, timeout: Optional[int] = None) -> Optional[bool]:
         """Wait for the query to end (as ``StreamingQuery``'s), then for the micro-batches it staged to train.
@@ -49,7 +87,7 @@ class TrainingQuery(StreamingQuery):
             The resident training job failed (its error, naming the micro-batch).
         """
         try:
-            ended = super().awaitTermination(timeout)
+            ended = self._query.awaitTermination(timeout)
         except BaseException:
             self._trainer.stop()
             raise
@@ -60,12 +98,12 @@ class TrainingQuery(StreamingQuery):
     def stop(self) -> None:
         """Stop the query; a resident training job ends after the micro-batch it trains, its checkpoint written
         (the micro-batches staged after it train when the query starts again)."""
-        super().stop()
+        self._query.stop()
         self._trainer.stop()
 
     def exception(self) -> Any:
         """The query's exception, else the resident training job's error, else None."""
-        return super().exception() or self._trainer.error
+        return self._query.exception() or self._trainer.error
 
     @property
     def training_progress(self) -> List[Dict[str, Any]]:
