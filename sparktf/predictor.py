@@ -30,7 +30,7 @@ import numpy as np
 
 from sparktf.data import arrow_io, batching, specs
 from sparktf.data.batch_maps import NO_MAPS, BatchMaps
-from sparktf.errors import DataError
+from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference import columns as column_checks
 from sparktf.inference.dataframe_output import DataFramePredict, spark_output_type
 from sparktf.inference.feeds import Feed, TensorInfo, feature_leaves
@@ -123,14 +123,16 @@ class TFPredictor:
         return cls(KerasModelSource(keras_model, method, method_kwargs), dataset)
 
     @classmethod
-    def from_published(cls, model_dir: str, dataset: Any, method: str = "predict", **method_kwargs: Any
-                       ) -> "TFPredictor":
+    def from_published(cls, model_dir: str, dataset: Any, method: str = "predict", version_col: Optional[str] = None,
+                       **method_kwargs: Any) -> "TFPredictor":
         """A predictor scoring with the newest version ``optimize_stream`` published to ``model_dir``.
 
-        Each prediction task loads the newest complete version when it starts
-        (once per Python worker and version): a running streaming query
-        scores each micro-batch with the newest version, a batch job with the
-        newest at its start, and neither is restarted for a new version.
+        Each prediction task looks the newest complete version up once, when
+        it starts, and loads it once per Python worker: a running streaming
+        query scores each micro-batch with the newest version (never two
+        inside one task), a batch job with the newest at its tasks' start, and
+        neither is restarted for a new version. Every version must keep the
+        inputs and outputs of the one the predictor was made with.
 
         Parameters
         ----------
@@ -141,6 +143,9 @@ class TFPredictor:
             As in :meth:`from_keras` (a streaming one too).
         method : {"predict", "generate"}
             ``"predict"`` calls the model (as :meth:`from_keras`'s ``"call"``).
+        version_col : str, optional
+            ``predict_dataframe`` adds this column (``long``): the number of
+            the version that scored each row.
         **method_kwargs
             Keywords of ``generate``.
 
@@ -148,9 +153,13 @@ class TFPredictor:
         ------
         DataError
             When nothing is published yet, or the data does not fit the newest version.
+        ConfigurationError
+            A keyword the method does not take, or a ``version_col`` that is not a column name.
         """
         method = "call" if method == "predict" else method
-        return cls(PublishedModelSource(model_dir, method, method_kwargs), dataset)
+        if version_col is not None and not (isinstance(version_col, str) and version_col):
+            raise ConfigurationError(f"version_col must be the name of the column to add, got {version_col!r}")
+        return cls(PublishedModelSource(model_dir, method, method_kwargs, version_col), dataset)
 
     @classmethod
     def from_saved_model(
@@ -227,7 +236,8 @@ class TFPredictor:
 
         def predict_partition(partition: int, blocks: Iterator[tuple]) -> Iterator[Any]:
             features = (block[:num_features] for block in blocks)
-            for size, output in run_batches(handle, feed, batching.inference_batches(features, batch), partition):
+            pinned = handle.pinned()  # a published version: looked up once for the task
+            for size, output in run_batches(pinned, feed, batching.inference_batches(features, batch), partition):
                 yield from records(output, size)
 
         return with_profile(raising_sparktf_errors(session, block_rdd, predict_partition, preservesPartitioning=True), profile)
@@ -379,9 +389,15 @@ def dataframe_with_predictions(
     if df.isStreaming and not session.has_rdds and handle.broadcast is not None:
         # a Connect server's streaming tasks do not see the session's artifacts: the model travels with the function
         handle = dataclasses.replace(handle, broadcast=source.inline_bytes())
+    version_col = source.version_col
+    if version_col is not None and (version_col in df.columns or version_col == output_col):
+        raise ConfigurationError(f"version_col {version_col!r} names a column the output has already (the "
+                                 f"DataFrame's {df.columns} and the prediction {output_col!r}); pick another name")
     function = reporting_failures(session, DataFramePredict(handle, feed, leaves, feature_names, df.columns, batch,
-                                                            output_col, output_type))
-    schema = T.StructType(df.schema.fields + [T.StructField(output_col, output_type, handle.nullable_output)])
+                                                            output_col, output_type, version_col))
+    added = [T.StructField(output_col, output_type, handle.nullable_output)]
+    added += [T.StructField(version_col, T.LongType(), False)] if version_col else []
+    schema = T.StructType(df.schema.fields + added)
     return map_in_arrow(selected, function, schema, profile=profile)
 
 

@@ -252,3 +252,35 @@ def test_a_bad_record_stops_the_training_query_naming_the_micro_batch_column_and
     text = str(query.exception())
     assert "DataError" in text and "micro-batch 1: " in text and "column 'features'" in text and "row 5" in text
     assert [entry["batchId"] for entry in query.training_progress] == [0]
+
+
+def test_each_scored_row_names_its_version_and_a_version_with_other_inputs_is_refused_by_name(spark, tmp_path):
+    from sparktf import TFPredictor
+    from sparktf.errors import ConfigurationError
+    from sparktf.models.published import publish
+
+    rng = np.random.default_rng(18)
+    write_events(spark, tmp_path / "events", 0, rng, 6)
+    model_dir = str(tmp_path / "model")
+    first, second = classifier(0), classifier(1)
+    publish(first, model_dir, {"batchId": 0})
+    frame = spark.read.parquet(str(tmp_path / "events" / "part-*"))
+    scorer = TFPredictor.from_published(model_dir, TFDataset.from_dataframe(frame, "features", batch_per_thread=8),
+                                        version_col="version")
+    x = np.array([r.features for r in frame.collect()], np.float32)
+    for model, number in ((first, 1), (second, 2)):
+        rows = scorer.predict_dataframe(frame, "features").collect()
+        assert {row.version for row in rows} == {number}
+        got = {tuple(row.features): row.prediction[0] for row in rows}
+        np.testing.assert_allclose([got[tuple(v)] for v in x.tolist()], model.predict(x, verbose=0).reshape(-1),
+                                   atol=1e-6)
+        publish(second, model_dir, {"batchId": 1})
+    with pytest.raises(ConfigurationError, match="version_col 'features' names a column"):
+        TFPredictor.from_published(model_dir, TFDataset.from_dataframe(frame, "features", batch_per_thread=8),
+                                   version_col="features").predict_dataframe(frame, "features")
+    with pytest.raises(ConfigurationError, match=r"keywords \['temperature'\] go to the model's method"):
+        TFPredictor.from_published(model_dir, TFDataset.from_dataframe(frame, "features"), temperature=0.5)
+    wider = keras.Sequential([keras.Input((WIDTH + 1,)), keras.layers.Dense(1, activation="sigmoid")])
+    publish(wider, model_dir, {"batchId": 2})  # a version that takes other inputs than the scorer's
+    with pytest.raises(Exception, match="every version must keep the inputs and outputs of the first"):
+        scorer.predict_dataframe(frame, "features").collect()

@@ -70,7 +70,8 @@ class DataFramePredict:
     ``spark.sql.execution.arrow.maxRecordsPerBatch``, 10,000 rows by default).
     """
 
-    def __init__(self, handle, feed, leaves, feature_columns, kept_columns, batch, output_col, output_type):
+    def __init__(self, handle, feed, leaves, feature_columns, kept_columns, batch, output_col, output_type,
+                 version_col=None):
         self.handle = handle
         self.feed = feed
         self.leaves = list(leaves)
@@ -79,20 +80,27 @@ class DataFramePredict:
         self.batch = batch
         self.output_col = output_col
         self.output_type = output_type
+        self.version_col = version_col
 
     def __call__(self, record_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition = partition_id()
         first_row = 0
+        handle = None
         for record_batch in record_batches:
+            handle = handle or self.handle.pinned()  # a published version: looked up once for the task
             block = tuple(
                 arrow_io.arrow_to_numpy(record_batch.column(name), leaf, name, partition, first_row)
                 for leaf, name in zip(self.leaves, self.feature_columns)
             )
             batches = batching.inference_batches([block], self.batch)
-            outputs = [output for _, output in run_batches(self.handle, self.feed, batches, partition)]
+            outputs = [output for _, output in run_batches(handle, self.feed, batches, partition)]
             columns = [record_batch.column(name) for name in self.kept_columns]
-            prediction = self._prediction_column(outputs, record_batch.num_rows)
-            yield pa.RecordBatch.from_arrays(columns + [prediction], names=self.kept_columns + [self.output_col])
+            columns.append(self._prediction_column(outputs, record_batch.num_rows))
+            names = self.kept_columns + [self.output_col]
+            if self.version_col is not None:
+                columns.append(pa.array(np.full(record_batch.num_rows, handle.version.version, np.int64)))
+                names.append(self.version_col)
+            yield pa.RecordBatch.from_arrays(columns, names=names)
             first_row += record_batch.num_rows
 
     def _prediction_column(self, outputs: List[Any], num_rows: int) -> pa.Array:

@@ -16,7 +16,7 @@ import numpy as np
 from sparktf.context import current_session
 from sparktf.data import specs
 from sparktf.data.batch_maps import BatchMaps, MappedElements
-from sparktf.errors import DataError
+from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, keras_feed, keras_inputs, plan_feed
 from sparktf.inference.generation import GenerationOptions, generation_options
 from sparktf.inference.runners import ModelHandle
@@ -40,6 +40,9 @@ class KerasModelSource:
     own preprocessing, as ``model.predict``) or ``"generate"`` (``model.generate``
     on prompts, with ``options`` as its keywords).
     """
+
+    #: The output column of the number of the version that scored a row (published versions only).
+    version_col: Optional[str] = None
 
     def __init__(self, model: Any, method: str = "call", options: Optional[Dict[str, Any]] = None):
         self.model, (self.method, generation) = model, _checked_method(model, method, options)
@@ -86,9 +89,11 @@ class KerasModelSource:
 class PublishedModelSource(KerasModelSource):
     """The newest published version of a ``model_dir`` (``optimize_stream``'s): each task loads the newest version
     when it starts, so a running streaming query picks up new ones. The driver reads the newest one now for the
-    inputs and outputs, which every later version must keep."""
+    inputs and outputs, which every later version must keep. With ``version_col``, each output row carries the
+    number of the version that scored it."""
 
-    def __init__(self, model_dir: str, method: str = "call", options: Optional[Dict[str, Any]] = None):
+    def __init__(self, model_dir: str, method: str = "call", options: Optional[Dict[str, Any]] = None,
+                 version_col: Optional[str] = None):
         version = newest_version(model_dir)
         if version is None:
             raise DataError(f"no version is published in {model_dir!r} (no {model_dir}/published/<n>/manifest.json): "
@@ -97,7 +102,8 @@ class PublishedModelSource(KerasModelSource):
         self.model, (self.method, generation) = model, _checked_method(model, method, options)
         store = store_for(model_dir, "model_dir")
         self.handle = ModelHandle("published", store.executor_uri(model_dir), None, method=method,
-                                  generation=generation)
+                                  generation=generation, io_signature=version.manifest.get("signature"))
+        self.version_col = version_col
 
     def inline_bytes(self) -> Any:
         """Nothing: the tasks read the versions from ``model_dir``."""
@@ -114,13 +120,15 @@ def _checked_method(model: Any, method: str, options: Optional[Dict[str, Any]]
         raise DataError(f"method='generate' needs a model with a generate() method (a Keras Hub CausalLM); "
                         f"{type(model).__name__} has none")
     if options and method != "generate":
-        raise DataError(f"keywords {sorted(options)} go to the model's method; model(x) takes none. "
-                        "Pass method='generate' to generate text")
+        raise ConfigurationError(f"keywords {sorted(options)} go to the model's method; model(x) takes none. "
+                                 "Pass method='generate' to generate text")
     return method, generation_options(model, options or {}) if method == "generate" else None
 
 
 class SavedModelSource:
     """A SavedModel signature on the driver: its inputs, chosen outputs and the handle of its bytes on the executors."""
+
+    version_col: Optional[str] = None  # as KerasModelSource's: none
 
     def __init__(self, path: str, signature: str, outputs: Union[str, Sequence[str], None]):
         self.path = path

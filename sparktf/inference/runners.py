@@ -22,7 +22,7 @@ from sparktf.inference.generation import WINDOW_BATCHES, GenerationEngine, Gener
 from sparktf.models.batch_errors import rejected_batch
 from sparktf.models.cache import batch_mapper, cached
 from sparktf.models.payload import ModelPayload
-from sparktf.models.published import load_version, newest_version
+from sparktf.models.published import PublishedVersion, load_version, newest_version
 from sparktf.models.saved_model_archive import SavedModelArchive
 from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
 from sparktf.spark.worker_gc import frozen_after
@@ -136,6 +136,8 @@ class ModelHandle:
     generation: Optional[GenerationOptions] = None  # method="generate"'s keywords
     elements: Optional[MappedElements] = None
     batch_size: int = 0  # method="generate": prompts per model call (set per job by for_batch)
+    version: Optional[PublishedVersion] = None  # "published": the version a task scores with (set by pinned)
+    io_signature: Optional[Dict[str, Any]] = None  # "published": the inputs and outputs every version must keep
 
     @property
     def nullable_output(self) -> bool:
@@ -148,6 +150,28 @@ class ModelHandle:
         if self.method != "generate":
             return self, batch
         return dataclasses.replace(self, batch_size=batch), batch * WINDOW_BATCHES
+
+    def pinned(self) -> "ModelHandle":
+        """This handle with the newest published version looked up now, for a whole task: a running query takes a
+        new version from its next micro-batch on, and a task never mixes two (other kinds: the handle itself).
+
+        Raises
+        ------
+        DataError
+            No version is left, or the newest one takes other inputs or gives other outputs than the one the
+            predictor was made with.
+        """
+        if self.kind != "published" or self.version is not None:
+            return self
+        version = newest_version(self.key)
+        if version is None:
+            raise DataError(f"no published version is left in {self.key!r}: it was deleted while scoring")
+        found = version.manifest.get("signature")
+        if self.io_signature is not None and found is not None and found != self.io_signature:
+            raise DataError(f"published version {version.version} of {self.key!r} takes {found} but the predictor "
+                            f"was made for {self.io_signature}: every version must keep the inputs and outputs of "
+                            "the first; make the TFPredictor again for the new model")
+        return dataclasses.replace(self, version=version)
 
     def runner(self) -> Callable[[Any], Any]:
         """The cached runner of this process (loads the model on the first call).
@@ -173,13 +197,11 @@ class ModelHandle:
 
 
     def _keras_model(self) -> Tuple[str, Callable[[], Any]]:
-        """The cache key of the Keras model and how to build it: the shipped payload's, or the newest published
-        version's (looked up when the task starts)."""
+        """The cache key of the Keras model and how to build it: the shipped payload's, or the published version
+        the task scores with (:meth:`pinned`)."""
         if self.kind == "keras":
             return self.key, lambda: ModelPayload.from_bytes(self.broadcast.value).build()
-        version = newest_version(self.key)
-        if version is None:
-            raise DataError(f"no published version is left in {self.key!r}: it was deleted while scoring")
+        version = self.pinned().version
         return f"{self.key}#{version.version}", lambda: load_version(version)
 
 

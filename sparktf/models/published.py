@@ -121,6 +121,14 @@ def _write_manifest(store: Any, path: str, number: int, manifest: Dict[str, Any]
     return PublishedVersion(number, path, written)
 
 
+def io_signature(model: Any) -> Dict[str, Any]:
+    """What a version's scorers rely on: the dtype and per-record shape of each of ``model``'s inputs and outputs."""
+    def described(tensors: Any) -> List[List[Any]]:
+        return [[str(getattr(t.dtype, "name", t.dtype)), list(t.shape[1:])] for t in tensors or []]
+
+    return {"inputs": described(getattr(model, "inputs", None)), "outputs": described(getattr(model, "outputs", None))}
+
+
 def publish(model: Any, model_dir: str, manifest: Dict[str, Any]) -> PublishedVersion:
     """Write ``model`` as the next version of ``model_dir`` with ``manifest`` (its ``version`` is added).
 
@@ -131,7 +139,8 @@ def publish(model: Any, model_dir: str, manifest: Dict[str, Any]) -> PublishedVe
     model_dir : str
         A local path or a URI.
     manifest : dict
-        JSON-serializable facts about the version (batch id, time, metrics).
+        JSON-serializable facts about the version (batch id, time, metrics); its inputs' and outputs' dtypes and
+        shapes are added (``signature``: scorers check that every version keeps them).
     """
     store, number, path = _next_folder(model_dir)
     with tempfile.TemporaryDirectory(prefix="sparktf-publish-") as folder, \
@@ -139,7 +148,7 @@ def publish(model: Any, model_dir: str, manifest: Dict[str, Any]) -> PublishedVe
         saved = os.path.join(folder, MODEL_FILE)  # Keras takes only a path named .keras
         model.save(saved)
         shutil.copyfile(saved, local)
-    return _write_manifest(store, path, number, manifest)
+    return _write_manifest(store, path, number, dict(manifest, signature=io_signature(model)))
 
 
 def table_indices(model: Any) -> List[int]:
@@ -177,7 +186,7 @@ class VersionWriter:
                 or previous.version - previous.full + 1 >= self.full_every):
             version = publish(model, self.model_dir, manifest)
         else:
-            version = self._write_delta(weights, tables, manifest, previous)
+            version = self._write_delta(weights, tables, dict(manifest, signature=io_signature(model)), previous)
         self._tables = {index: weights[index].copy() for index in tables} if tables else None
         self._previous = version
         return version
