@@ -344,7 +344,8 @@ class TFOptimizer:
     def optimize_stream(self, trigger: Optional[Dict[str, Any]] = None, publish_every: Optional[int] = None,
                         checkpoint_location: Optional[str] = None, callbacks: Optional[Sequence[Any]] = None,
                         max_staged: int = 2, publish_if: Optional[Callable[[Dict[str, Any]], bool]] = None,
-                        full_every: Optional[int] = None, resident: Optional[bool] = None) -> Any:
+                        full_every: Optional[int] = None, resident: Optional[bool] = None,
+                        continue_model: bool = False) -> Any:
         """Train continuously on a streaming dataset, each micro-batch exactly once; returns the running query.
 
         Each micro-batch is first evaluated with the model as it stands
@@ -371,7 +372,9 @@ class TFOptimizer:
             ``keep_checkpoints`` versions are kept. None publishes nothing.
         checkpoint_location : str, optional
             The query's own checkpoint (offsets, commits); default
-            ``model_dir/stream``.
+            ``model_dir/stream``. A location of another query than the one
+            whose micro-batches the model's checkpoint holds is refused
+            (they would all train again), unless ``continue_model``.
         callbacks : list of keras.callbacks.Callback, optional
             Run on the driver: ``on_train_begin`` when the query starts,
             ``on_epoch_begin(batchId)`` and ``on_epoch_end(batchId, logs)``
@@ -400,6 +403,9 @@ class TFOptimizer:
             each micro-batch (said once in the log). False: always a job per
             micro-batch. True: resident, or a ``ConfigurationError`` saying
             why not.
+        continue_model : bool
+            The query is a new one that continues the model (its micro-batches
+            train on top of what the model's checkpoint holds of another query).
 
         Returns
         -------
@@ -411,13 +417,16 @@ class TFOptimizer:
         ------
         ConfigurationError
             Before any job: the dataset is not a streaming one, ``model_dir``
-            is missing, ``trigger`` is not one Spark knows, or the session is
-            a Spark Connect one (its ``foreachBatch`` runs on the server).
+            is missing, ``trigger`` is not one Spark knows, the session is a
+            Spark Connect one (its ``foreachBatch`` runs on the server), or
+            ``checkpoint_location`` is another query's (see above).
         """
         from sparktf.streaming.query import start_training_query
 
-        return start_training_query(self, trigger, publish_every, checkpoint_location, list(callbacks or []),
-                                    max_staged, publish_if, full_every, resident)
+        return start_training_query(self, trigger=trigger, publish_every=publish_every,
+                                    checkpoint_location=checkpoint_location, callbacks=list(callbacks or []),
+                                    max_staged=max_staged, publish_if=publish_if, full_every=full_every,
+                                    resident=resident, continue_model=continue_model)
 
     def run_settings(self, workers: int) -> RunSettings:
         """This optimizer's settings for a training call on ``workers`` workers (as they are now)."""

@@ -284,3 +284,30 @@ def test_each_scored_row_names_its_version_and_a_version_with_other_inputs_is_re
     publish(wider, model_dir, {"batchId": 2})  # a version that takes other inputs than the scorer's
     with pytest.raises(Exception, match="every version must keep the inputs and outputs of the first"):
         scorer.predict_dataframe(frame, "features").collect()
+
+
+def test_another_querys_checkpoint_location_on_a_trained_model_is_refused_unless_it_continues_the_model(spark,
+                                                                                                       tmp_path):
+    from sparktf.errors import ConfigurationError
+
+    rng = np.random.default_rng(19)
+    events, model_dir = tmp_path / "events", str(tmp_path / "model")
+    micro_batches = [write_events(spark, events, index, rng, 16) for index in range(2)]
+    query = stream_optimizer(spark, events, model_dir).optimize_stream(trigger={"availableNow": True})
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    first_query, other = query.id, str(tmp_path / "other-query")
+    with pytest.raises(ConfigurationError) as refused:
+        stream_optimizer(spark, events, model_dir).optimize_stream(trigger={"availableNow": True},
+                                                                   checkpoint_location=other)
+    for named in (first_query, repr(os.path.join(model_dir, "stream")), repr(other), "a new query",
+                  "continue_model=True"):
+        assert named in str(refused.value)
+    continued = stream_optimizer(spark, events, model_dir)
+    query = continued.optimize_stream(trigger={"availableNow": True}, checkpoint_location=other, continue_model=True)
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    assert [entry["batchId"] for entry in query.training_progress] == [0, 1]  # the new query's, as asked
+    assert continued.iteration == 4
+    for got, want in zip(continued.model.get_weights(), reference_weights(classifier(), micro_batches * 2, 16, 1)):
+        np.testing.assert_allclose(got, want, atol=1e-5)

@@ -281,7 +281,8 @@ class JobChannel(AuthenticatedServer):
         elif op == "next_order":
             with self._lock:
                 orders = self._orders
-            send_message(sock, {"error": "this job takes no orders"} if orders is None else orders(rank, header, arrays))
+            answer = {"error": "this job takes no orders"} if orders is None else orders(rank, header, arrays)
+            send_message(sock, answer)
         elif op == "put_state":
             with self._lock:
                 self._uploaded[rank] = (header.get("meta", {}), arrays)

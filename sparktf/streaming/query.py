@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from pyspark.sql.streaming import StreamingQuery
 
 from sparktf.errors import ConfigurationError
-from sparktf.storage import join
+from sparktf.storage import join, store_for
 from sparktf.streaming.micro_batches import MicroBatchTrainer, Publishing
 from sparktf.training.driver import latest_checkpoint
 
@@ -137,6 +137,37 @@ def check_trigger(trigger: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return {key: value}
 
 
+def _check_same_query(optimizer: Any, location: str) -> None:
+    """Refuse a query at ``location`` other than the one whose micro-batches the model's checkpoint holds: its
+    micro-batches would all train again."""
+    trained = optimizer.training_session.state.stream
+    if trained is None:
+        return
+    query_id = query_id_at(location)
+    if query_id == trained[0]:
+        return
+    default = join(optimizer.model_dir, "stream")
+    where = (f"{default!r}" if location != default and query_id_at(default) == trained[0]
+             else "another checkpoint_location")
+    raise ConfigurationError(
+        f"the model in {optimizer.model_dir!r} trained micro-batches 0-{trained[1]} of query {trained[0]} (at "
+        f"{where}), but checkpoint_location {location!r} is "
+        f"{'query ' + query_id if query_id else 'a new query'}, whose micro-batches would all train again. Pass the "
+        "first query's checkpoint_location to resume it, or optimize_stream(continue_model=True) to train the new "
+        "query's records on top of the model")
+
+
+def query_id_at(location: str) -> Optional[str]:
+    """The id of the query whose checkpoint is at ``location`` (Spark's ``metadata`` file), None when none is."""
+    import json
+
+    metadata = join(location, "metadata")
+    store = store_for(metadata, "checkpoint_location")
+    if not store.exists(metadata):
+        return None
+    return json.loads(store.read_bytes(metadata).decode("utf-8").splitlines()[0]).get("id")
+
+
 def _positive_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and value >= 1 and not isinstance(value, bool)
 
@@ -169,17 +200,20 @@ def _trainer(optimizer: Any, publishing: Publishing, callbacks: Sequence[Any], m
     return MicroBatchTrainer(optimizer, publishing, callbacks)
 
 
-def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publish_every: Optional[int],
-                         checkpoint_location: Optional[str], callbacks: Sequence[Any],
-                         max_staged: int = 2, publish_if: Optional[Callable[[Dict[str, Any]], bool]] = None,
-                         full_every: Optional[int] = None, resident: Optional[bool] = None) -> TrainingQuery:
-    """Check ``optimize_stream``'s settings, resume the model from ``model_dir`` and start the query.
+def start_training_query(optimizer: Any, *, trigger: Optional[Dict[str, Any]], publish_every: Optional[int],
+                         checkpoint_location: Optional[str], callbacks: Sequence[Any], max_staged: int = 2,
+                         publish_if: Optional[Callable[[Dict[str, Any]], bool]] = None,
+                         full_every: Optional[int] = None, resident: Optional[bool] = None,
+                         continue_model: bool = False) -> TrainingQuery:
+    """Check ``optimize_stream``'s settings (its keywords), resume the model from ``model_dir`` and start the query.
 
     Raises
     ------
     ConfigurationError
         A dataset that is not streaming, no ``model_dir``, a trigger Spark does
-        not know, a bad ``publish_every``, or a Spark Connect session.
+        not know, a bad ``publish_every``, a Spark Connect session, or (without
+        ``continue_model``) a ``checkpoint_location`` of another query than the
+        one the model's checkpoint trained.
     """
     dataset = optimizer.dataset
     if not dataset.is_streaming:
@@ -206,11 +240,13 @@ def start_training_query(optimizer: Any, trigger: Optional[Dict[str, Any]], publ
     dataset.local_batch_size(optimizer.num_workers)  # batch_size is set, and fits the workers
     if latest_checkpoint(optimizer.model_dir) is not None:  # where the model stands, committed micro-batches included
         optimizer.load_checkpoint()
+    location = checkpoint_location or join(optimizer.model_dir, "stream")
+    if not continue_model:
+        _check_same_query(optimizer, location)
     trainer = _trainer(optimizer, Publishing(publish_every, full_every, publish_if), callbacks, max_staged, resident)
     for callback in callbacks:
         callback.set_model(optimizer.model)
         callback.on_train_begin()
-    location = checkpoint_location or join(optimizer.model_dir, "stream")
     writer = dataset.blocks.frame.writeStream.foreachBatch(trainer).option("checkpointLocation", location)
     if keywords:
         writer = writer.trigger(**keywords)

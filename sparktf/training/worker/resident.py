@@ -164,9 +164,9 @@ class _RankPasses:
         self.step: Optional[TrainStep] = None
 
     def prepare(self) -> None:
-        """Load the model, trace and compile its step and Keras' test function on a batch of zeros (empty strings) of
-        the records' structure, and take the start state, before the first micro-batch arrives. A model or map that cannot take such a
-        batch is prepared on the first micro-batch's instead."""
+        """Load the model, trace and compile its step and Keras' test function on a batch of zeros (empty strings)
+        of the records' structure, and take the start state, before the first micro-batch arrives. A model or map
+        that cannot take such a batch is prepared on the first micro-batch's instead."""
         spec, local = self.spec, self.spec.local_batches
         leaves = leaf_specs(spec.maps.stored, "records")
         if any(leaf.sparse for leaf in leaves):  # sparse columns' Blocks have a layout of their own
