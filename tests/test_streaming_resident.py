@@ -251,7 +251,10 @@ def test_a_bad_record_stops_the_training_query_naming_the_micro_batch_column_and
         query.awaitTermination(300)
     text = str(query.exception())
     assert "DataError" in text and "micro-batch 1: " in text and "column 'features'" in text and "row 5" in text
-    assert [entry["batchId"] for entry in query.training_progress] == [0]
+    # micro-batch 0 trained, or (a resident job stopped with the query before it) stays staged for the next start
+    trained = [entry["batchId"] for entry in query.training_progress]
+    staged = [batch.batch_id for batch in staged_batches(staging_root(str(tmp_path / "model")))]
+    assert sorted(trained + staged) == [0]
 
 
 def test_each_scored_row_names_its_version_and_a_version_with_other_inputs_is_refused_by_name(spark, tmp_path):
@@ -310,4 +313,35 @@ def test_another_querys_checkpoint_location_on_a_trained_model_is_refused_unless
     assert [entry["batchId"] for entry in query.training_progress] == [0, 1]  # the new query's, as asked
     assert continued.iteration == 4
     for got, want in zip(continued.model.get_weights(), reference_weights(classifier(), micro_batches * 2, 16, 1)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_driver_killed_while_publishing_a_version_publishes_it_at_the_restart_and_keeps_the_cadence(spark,
+                                                                                                      tmp_path):
+    from sparktf.models.published import load_version, read_version, versions
+
+    rng = np.random.default_rng(20)
+    events, model_dir = tmp_path / "events", str(tmp_path / "model")
+    micro_batches = [write_events(spark, events, index, rng, 16) for index in range(5)]
+    program = os.path.join(os.path.dirname(__file__), "programs", "stream_driver.py")
+    # a job per micro-batch, a version every 2: the driver dies writing micro-batch 3's, after its checkpoint
+    killed = subprocess.run([sys.executable, program, str(events), model_dir, "3", "2", "publish", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr[-3000:]
+    assert load_checkpoint(latest_checkpoint(model_dir)).stream[1] == 3
+    assert [read_version(model_dir, n).manifest["batchId"] for n in versions(model_dir)] == [1]
+
+    dataset = TFDataset.from_dataframe(event_stream(spark, events), "features", "label", batch_size=64,
+                                       shuffle=False)
+    resumed = TFOptimizer.from_keras(classifier(), dataset, model_dir=model_dir, num_workers=2)
+    query = resumed.optimize_stream(trigger={"availableNow": True}, publish_every=2)
+    query.awaitTermination(600)
+    assert query.exception() is None, query.exception()
+    assert [entry["batchId"] for entry in query.training_progress] == [4]
+    # micro-batch 3's version at the restart, then the cadence goes on from it: 5 would be next, not 4
+    assert [read_version(model_dir, n).manifest["batchId"] for n in versions(model_dir)] == [1, 3]
+    assert "version" not in query.training_progress[0]
+    third = read_version(model_dir, 2)
+    expected = reference_weights(classifier(), micro_batches[:4], 64, 2)
+    for got, want in zip(load_version(third).get_weights(), expected):
         np.testing.assert_allclose(got, want, atol=1e-5)

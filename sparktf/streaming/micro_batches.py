@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from sparktf.errors import ConfigurationError, DataError
-from sparktf.models.published import VersionWriter, prune_versions
+from sparktf.models.published import VersionWriter, newest_version, prune_versions
 from sparktf.training.driver import TEST_BATCH_FACTOR
 from sparktf.triggers import TrainingProgress
 
@@ -83,7 +83,6 @@ class MicroBatchTrainer:
         self._elements = self._session.elements_of(optimizer.dataset)  # one trace for every micro-batch
         self._query_id: Optional[str] = None
         self._started = threading.Event()
-        self._since_publish = 0
         self.progress: List[Dict[str, Any]] = []
 
     @property
@@ -101,9 +100,28 @@ class MicroBatchTrainer:
         """The query is stopping: stop training (nothing runs beside the query, here)."""
 
     def started(self, query_id: str) -> None:
-        """The query started: its id marks what the checkpoints record."""
+        """The query started: its id marks what the checkpoints record. A version the checkpoint's micro-batch was
+        due and did not get (a driver that died while publishing it) is published now."""
         self._query_id = query_id
+        self._publish_missed()
+        self._resume()
         self._started.set()
+
+    def _resume(self) -> None:
+        """Before the first micro-batch: take up what a previous run of the query left (nothing, here)."""
+
+    def _publish_missed(self) -> None:
+        """Publish the checkpointed model when its micro-batch was due a version and none of it exists."""
+        state, every = self._session.state, self._publishing.every
+        if not every or state.stream is None or state.publish_due < every or state.stream[0] != self._query_id:
+            return
+        newest = newest_version(self._optimizer.model_dir)
+        if newest is not None and (newest.manifest.get("queryId"), newest.manifest.get("batchId")) == state.stream:
+            state.publish_due = 0  # published: its manifest was written, the next checkpoint was not
+        elif self._publishing.gate is None:  # a gate needs the micro-batch's metrics, gone with the driver
+            _LOG.info("micro-batch %d was due a version and has none (the driver stopped while publishing it): "
+                      "publishing it now", state.stream[1])
+            self._write_version(state.stream[1], {})
 
     def _trained_already(self, batch_id: int) -> bool:
         """Wait for the query's id; whether the model's checkpoint holds micro-batch ``batch_id`` of this query."""
@@ -170,29 +188,33 @@ class MicroBatchTrainer:
                                       layout, self._elements)
 
     def _train(self, dataset: Any, workers: int, batch_id: int) -> List[float]:
-        """One pass over the micro-batch; its checkpoint records ``batch_id``. The per-iteration losses."""
+        """One pass over the micro-batch; its checkpoint records ``batch_id`` and the publishing cadence. The
+        per-iteration losses."""
         optimizer = self._optimizer
         return self._session.train_pass(dataset, optimizer.run_settings(workers), optimizer.clipping,
-                                        (self._query_id, batch_id), self._elements)
+                                        (self._query_id, batch_id), self._elements, self._session.state.publish_due + 1)
 
     def _publish(self, batch_id: int, logs: Dict[str, Any]) -> Dict[str, Any]:
         """Publish the model when ``publish_every`` micro-batches were trained since the last version and
         ``publish_if`` agrees; what the progress entry says of it (``version``, or ``publish_refused``)."""
         publishing = self._publishing
-        self._since_publish += 1
-        if not publishing.every or self._since_publish < publishing.every:
+        if not publishing.every or self._session.state.publish_due < publishing.every:
             return {}
         if publishing.gate is not None and not publishing.gate(dict(logs)):
             _LOG.info("micro-batch %d: publish_if refused a version (metrics %s); it stays due", batch_id, logs)
             return {"publish_refused": True}
+        return {"version": self._write_version(batch_id, logs)}
+
+    def _write_version(self, batch_id: int, logs: Dict[str, Any]) -> int:
+        """Publish the model as it stands for micro-batch ``batch_id``; the version's number."""
         optimizer = self._optimizer
         manifest = {"batchId": batch_id, "queryId": self._query_id, "iteration": optimizer.iteration,
                     "time": time.time(), "metrics": {k: v for k, v in logs.items() if k != "records"}}
         version = self._versions.write(optimizer.model, manifest)
         prune_versions(optimizer.model_dir, optimizer.keep_checkpoints)
-        self._since_publish = 0
+        self._session.state.publish_due = 0  # the next checkpoint counts from here
         _LOG.info("published version %d (micro-batch %d) to %s", version.version, batch_id, version.path)
-        return {"version": version.version}
+        return version.version
 
     def _summarize(self, tested: Dict[str, float]) -> None:
         """The test-then-train metrics to the train summary, at the iteration the micro-batch ended."""

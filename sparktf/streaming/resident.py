@@ -64,10 +64,9 @@ class ResidentTrainer(MicroBatchTrainer):
         """Launch the resident job (it loads the model while the query starts)."""
         self._job.start(self._optimizer.iteration)
 
-    def started(self, query_id: str) -> None:
-        """The query started: the micro-batches a previous run of it staged and did not train go first."""
-        done = self._session.state.stream
-        self._query_id = query_id  # what the passes' checkpoints record
+    def _resume(self) -> None:
+        """The micro-batches a previous run of the query staged and did not train go first."""
+        done, query_id = self._session.state.stream, self._query_id
         for staged in staged_batches(self._root):
             if staged.query_id != query_id:
                 _LOG.warning("micro-batch %d staged in %s is of query %s, not of this query (%s): not trained; "
@@ -79,7 +78,6 @@ class ResidentTrainer(MicroBatchTrainer):
                 _LOG.info("micro-batch %d was staged by a previous run and not trained: it trains first",
                           staged.batch_id)
                 self._submit(staged)
-        super().started(query_id)
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         batch_id = int(batch_id)
@@ -138,7 +136,7 @@ class ResidentTrainer(MicroBatchTrainer):
         began = time.perf_counter()
         last_loss = float(result.losses[-1]) if len(result.losses) else None
         self._session.take_pass(result.state, (self._query_id, batch.batch_id), last_loss, optimizer.model_dir,
-                                optimizer.keep_checkpoints)
+                                optimizer.keep_checkpoints, self._session.state.publish_due + 1)
         remove_staged(batch)
         tested = (metrics_of_totals(optimizer.model, model_structure(optimizer.model, self._elements.element),
                                     result.totals) if result.totals else {})

@@ -57,6 +57,9 @@ class ModelState:
     stream : tuple, optional
         ``(query id, batch id)``: the last micro-batch of a stream the state
         has trained on (``optimize_stream``), committed with it.
+    publish_due : int
+        The stream's micro-batches trained since its last published version,
+        that one included (``publish_every``'s cadence across restarts).
     """
 
     weights: List[np.ndarray]
@@ -65,6 +68,7 @@ class ModelState:
     optimizer_state_folder: Optional[str] = None
     optimizer_state_tables: Tuple[str, ...] = ()
     stream: Optional[Tuple[str, int]] = None
+    publish_due: int = 0
 
     @classmethod
     def capture(cls, model, iteration: int = 0, include_optimizer: bool = True) -> "ModelState":
@@ -221,6 +225,7 @@ def write_checkpoint(state: ModelState, model_dir: str) -> str:
                 slot_tables=np.array(list(state.optimizer_state_tables), dtype=str),  # the file format's names
                 stream_query=np.array(state.stream[0] if state.stream else ""),
                 stream_batch=np.int64(state.stream[1] if state.stream else -1),
+                stream_publish_due=np.int64(state.publish_due),
                 **arrays,
             )
     return path
@@ -253,6 +258,7 @@ def load_checkpoint(path: str) -> ModelState:
             else None,
             tuple(str(name) for name in data["slot_tables"]) if "slot_tables" in data.files else (),
             _stream_of(data),
+            int(data["stream_publish_due"]) if "stream_publish_due" in data.files else 0,
         )
 
 

@@ -82,6 +82,8 @@ class RunState:
         The folder of the sharded tables' optimizer slots at ``iteration`` (None: fresh, or none sharded).
     stream : tuple or None
         ``(query id, batch id)`` of the last micro-batch of a stream trained into the state (None: none).
+    publish_due : int
+        The stream's micro-batches trained since its last published version.
     rank_timings : dict
         The last call's seconds per phase and rank (see :mod:`sparktf.training.driver.anatomy`).
     stragglers : list of Straggler
@@ -98,6 +100,7 @@ class RunState:
     last_traffic: Any = None
     optimizer_state_folder: Optional[str] = None
     stream: Optional[Tuple[str, int]] = None
+    publish_due: int = 0
     rank_timings: Dict[int, Dict[str, float]] = field(default_factory=dict)
     stragglers: List[Straggler] = field(default_factory=list)
     last_timeline: Optional[str] = None
@@ -242,7 +245,7 @@ class TrainingRun:
 
     def _capture(self) -> ModelState:
         state = self._settings.tables.capture(self._model, self._state.iteration, self._state.optimizer_state_folder)
-        state.stream = self._state.stream
+        state.stream, state.publish_due = self._state.stream, self._state.publish_due
         return state
 
     def _per_epoch(self) -> int:

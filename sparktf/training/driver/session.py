@@ -76,14 +76,14 @@ class TrainingSession:
     def capture(self) -> ModelState:
         """The model's state as training stands (weights, optimizer state, the stream's mark)."""
         captured = self.tables.capture(self.model, self.state.iteration, self.state.optimizer_state_folder)
-        captured.stream = self.state.stream
+        captured.stream, captured.publish_due = self.state.stream, self.state.publish_due
         return captured
 
     def restore(self, path: str) -> None:
         """Take the checkpoint file ``path``: weights, optimizer state, iteration and the stream's mark."""
         loaded = load_checkpoint(path)
         self.state = RunState(iteration=loaded.iteration, optimizer_state_folder=self.tables.load(loaded, self.model),
-                              stream=loaded.stream)
+                              stream=loaded.stream, publish_due=loaded.publish_due)
 
     def run(self, dataset: Any, settings: RunSettings, clipping: GradientClipping, request: RunRequest,
             summaries: Tuple[Any, Any] = (None, None),
@@ -101,9 +101,10 @@ class TrainingSession:
                               self.state.iteration, timeout, profile, blocks, self.tables.plan)
 
     def train_pass(self, dataset: Any, settings: RunSettings, clipping: GradientClipping, mark: StreamMark,
-                   elements: MappedElements) -> List[float]:
+                   elements: MappedElements, publish_due: int = 0) -> List[float]:
         """One pass over ``dataset``'s records (a micro-batch laid out ``one_pass``), its checkpoint recording
-        ``mark``; the per-iteration losses.
+        ``mark`` and ``publish_due`` (the micro-batches since the last version, this one included); the
+        per-iteration losses.
 
         A pass that fails leaves the model and the state as they were before it: a checkpoint that could not be
         written does not leave its micro-batch in the model, so a restart in this process trains it once.
@@ -113,24 +114,25 @@ class TrainingSession:
         end = MaxIteration(first + math.ceil(dataset.num_records / dataset.batch_size))
         request = RunRequest(end, end, end, [], 0, None, 1, SinglePass(first))
         before = self.capture()
-        kept = (state.iteration, state.last_loss, state.optimizer_state_folder, state.stream)
-        state.stream, state.metric_state = mark, None
+        kept = (state.iteration, state.last_loss, state.optimizer_state_folder, state.stream, state.publish_due)
+        state.stream, state.metric_state, state.publish_due = mark, None, publish_due
         try:
             history, _ = self.run(dataset, settings, clipping, request, elements=elements)
         except BaseException:
             before.apply_to(self.model)
-            state.iteration, state.last_loss, state.optimizer_state_folder, state.stream = kept
+            state.iteration, state.last_loss, state.optimizer_state_folder, state.stream, state.publish_due = kept
             raise
         return list(history["loss"])
 
     def take_pass(self, trained: ModelState, mark: StreamMark, last_loss: Optional[float], model_dir: str,
-                  keep: Optional[int]) -> None:
-        """A pass trained elsewhere (a resident job's): its checkpoint, recording ``mark``, is written first, then
-        the model and the state take it (a write that fails leaves them as they were)."""
-        trained.stream = mark
+                  keep: Optional[int], publish_due: int = 0) -> None:
+        """A pass trained elsewhere (a resident job's): its checkpoint, recording ``mark`` and ``publish_due``, is
+        written first, then the model and the state take it (a write that fails leaves them as they were)."""
+        trained.stream, trained.publish_due = mark, publish_due
         write_checkpoint(trained, model_dir)
         prune_checkpoints(model_dir, keep)
         trained.apply_to(self.model)
         state = self.state
-        state.iteration, state.stream, state.metric_state = trained.iteration, mark, None
+        state.iteration, state.stream, state.publish_due = trained.iteration, mark, publish_due
+        state.metric_state = None
         state.last_loss = state.last_loss if last_loss is None else last_loss
