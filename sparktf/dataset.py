@@ -11,7 +11,6 @@ layout with one partition per worker, record counts) come from
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import numpy as np
@@ -364,11 +363,8 @@ class TFDataset(BlockDataset):
     def micro_batch(self, batch: DataFrame) -> "TFDataset":
         """One micro-batch (``foreachBatch``'s DataFrame) of this streaming dataset as a dataset laid out for one
         pass in global batches of ``batch_size``, records in order without ``shuffle``."""
-        dataset = copy.copy(self)
-        dataset._blocks = self.blocks.micro_batch(batch, self.record_format)
-        dataset._partition_counts, dataset._training_blocks = None, {}
-        dataset._sequential_order = True
-        return dataset.one_pass()
+        return self._derived(blocks=self.blocks.micro_batch(batch, self.record_format), one_pass=True,
+                             sequential_order=True)
 
     @classmethod
     def from_tfrecord_file(

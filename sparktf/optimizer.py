@@ -39,14 +39,11 @@ class TFOptimizer:
     model : keras.Model
         A compiled model (loss and optimizer set).
     dataset : TFDataset
-        Training data (with ``batch_size`` for :meth:`optimize`), optionally
-        with validation data.
+        Training data (with ``batch_size`` for :meth:`optimize`), optionally with validation data.
     model_dir : str, optional
-        Folder for checkpoints, written by the driver: a local path or a URI
-        (``hdfs://``, ``s3a://``, ``gs://``, ... see ``docs/guides/storage.md``).
-        With sharded embedding tables the workers keep the tables' optimizer
-        slots under ``model_dir/tables``, so every executor must reach it
-        (``docs/guides/recommendation.md``).
+        Folder for checkpoints, written by the driver: a local path or a URI (``hdfs://``, ``s3a://``, ``gs://``,
+        ... see ``docs/guides/storage.md``). With sharded embedding tables the workers keep the tables' optimizer
+        slots under ``model_dir/tables``, so every executor must reach it (``docs/guides/recommendation.md``).
     num_workers : int, optional
         Number of barrier tasks (default ``sc.defaultParallelism``).
     max_failures : int
@@ -54,29 +51,26 @@ class TFOptimizer:
     collective_timeout : float
         Seconds a worker waits for its peers in an all-reduce.
     min_workers : int, optional
-        Elastic training: the fewest workers training goes on with when
-        executors are lost (default ``num_workers``: never fewer).
+        Elastic training: the fewest workers training goes on with when executors are lost (default ``num_workers``:
+        never fewer).
     replace_wait : float
-        Seconds a launch waits for lost task slots to come back before it
-        goes on with fewer workers (or, below ``min_workers``, gives up).
+        Seconds a launch waits for lost task slots to come back before it goes on with fewer workers (or, below
+        ``min_workers``, gives up).
     gradient_compression : {None, "bf16", "fp16"}
-        Send the gradients through the all-reduce as bfloat16 or float16: half
-        the bytes of float32 (None, the default); sums stay float32. "fp16"
-        needs gradient sums below 65504: prefer "bf16" (see ``docs/guides/training.md``).
+        Send the gradients through the all-reduce as bfloat16 or float16: half the bytes of float32 (None, the
+        default); sums stay float32. "fp16" needs gradient sums below 65504: prefer "bf16" (see
+        ``docs/guides/training.md``).
     resource_profile : pyspark.resource.ResourceProfile or dict, optional
-        What each training task needs, e.g. ``{"cpus": 4, "gpus": 1}``: only
-        the training (and its validation) stages ask for it, ETL stages keep
-        the session's defaults; see ``docs/guides/gpu.md``. Not in local mode.
+        What each training task needs, e.g. ``{"cpus": 4, "gpus": 1}``: only the training (and its validation)
+        stages ask for it, ETL stages keep the session's defaults; see ``docs/guides/gpu.md``. Not in local mode.
     keep_checkpoints : int or None
-        How many of the newest checkpoints stay in ``model_dir`` (default 5);
-        older ones are deleted once a new one is complete. None keeps all.
+        How many of the newest checkpoints stay in ``model_dir`` (default 5); older ones are deleted once a new one
+        is complete. None keeps all.
     sharded_tables : "session", "auto", list of str or None
-        Which ``Embedding`` tables are sharded across the workers, with their
-        optimizer slots: ``"auto"`` every table whose rows and slots exceed
-        ``spark.sparktf.shardTableBytes`` (default 256m), a list exactly
-        those layers, None none; ``"session"`` (the default) the session's
-        ``spark.sparktf.shardTables`` and ``shardTableBytes``. A name that is
-        not an ``Embedding`` of the model is a ``ConfigurationError``. See
+        Which ``Embedding`` tables are sharded across the workers, with their optimizer slots: ``"auto"`` every
+        table whose rows and slots exceed ``spark.sparktf.shardTableBytes`` (default 256m), a list exactly those
+        layers, None none; ``"session"`` (the default) the session's ``spark.sparktf.shardTables`` and
+        ``shardTableBytes``. A name that is not an ``Embedding`` of the model is a ``ConfigurationError``. See
         ``docs/guides/recommendation.md``.
     """
 
@@ -277,54 +271,45 @@ class TFOptimizer:
         Parameters
         ----------
         end_trigger : Trigger
-            When to stop (absolute counters: a resumed run that already
-            reached it trains nothing).
+            When to stop (absolute counters: a resumed run that already reached it trains nothing).
         checkpoint_trigger : Trigger
             When to write a checkpoint to ``model_dir`` (if set).
         validation_trigger : Trigger, optional
-            When to validate on the dataset's validation data (default:
-            ``checkpoint_trigger``).
+            When to validate on the dataset's validation data (default: ``checkpoint_trigger``).
         callbacks : list of keras.callbacks.Callback, optional
-            Run on the driver with Keras' hook names and ``logs`` (see
-            ``docs/guides/training.md`` for which work): segments then end at every
-            epoch end, where validation runs when there is validation data.
+            Run on the driver with Keras' hook names and ``logs`` (see ``docs/guides/training.md`` for which work):
+            segments then end at every epoch end, where validation runs when there is validation data.
         verbose : int, optional
-            0 silent, 1 a progress bar per epoch, 2 one line per epoch;
-            default 1 in a terminal or notebook, else 2.
+            0 silent, 1 a progress bar per epoch, 2 one line per epoch; default 1 in a terminal or notebook, else 2.
         class_weight : dict, optional
-            Class index -> weight, as ``fit``'s: a record's loss is weighted by
-            its label's class weight (times its sample weight, if the dataset
-            has them). Training only, not validation; single-output models.
+            Class index -> weight, as ``fit``'s: a record's loss is weighted by its label's class weight (times its
+            sample weight, if the dataset has them). Training only, not validation; single-output models.
         checkpoint_failures : int
             Failed checkpoint writes in a row that stop training (default 3); fewer are logged and retried.
         profile_steps : tuple of int, optional
-            ``(start, end)``: the iterations (absolute, inclusive) whose phases
-            every rank records; the call then writes a Chrome-trace JSON (one
-            track per rank, open it in Perfetto or ``chrome://tracing``) to
-            ``model_dir`` (a temporary folder for a remote or no
-            ``model_dir``), whose path is :attr:`last_timeline`.
+            ``(start, end)``: the iterations (absolute, inclusive) whose phases every rank records; the call then
+            writes a Chrome-trace JSON (one track per rank, open it in Perfetto or ``chrome://tracing``) to
+            ``model_dir`` (a temporary folder for a remote or no ``model_dir``), whose path is
+            :attr:`last_timeline`.
 
         Returns
         -------
         dict
-            ``{"loss": [one value per iteration of this call], "<metric>": [one
-            value per epoch completed in this call], "val_<metric>": [one value
-            per validation], "iterations": n, "epochs": e}`` with the absolute
-            counters at the end; a training metric is the compiled metric over
-            the epoch's records, as ``fit`` reports it.
+            ``{"loss": [one value per iteration of this call], "<metric>": [one value per epoch completed in this
+            call], "val_<metric>": [one value per validation], "iterations": n, "epochs": e}`` with the absolute
+            counters at the end; a training metric is the compiled metric over the epoch's records, as ``fit``
+            reports it.
 
         Raises
         ------
         DataError
-            When the dataset has no ``batch_size`` (or it does not fit
-            ``num_workers``); for a ``class_weight`` that does not fit the labels.
+            When the dataset has no ``batch_size`` (or it does not fit ``num_workers``); for a ``class_weight`` that
+            does not fit the labels.
         SparkTFError
-            When ``min_workers`` (default ``num_workers``) is more than the
-            cluster's task slots.
+            When ``min_workers`` (default ``num_workers``) is more than the cluster's task slots.
         TrainingError
-            When the loss becomes non-finite, training failed more than
-            ``max_failures`` times, or fewer than ``min_workers`` slots are
-            left after ``replace_wait``.
+            When the loss becomes non-finite, training failed more than ``max_failures`` times, or fewer than
+            ``min_workers`` slots are left after ``replace_wait``.
         StorageError
             After ``checkpoint_failures`` failed checkpoint writes in a row, or when the last one was never written.
         """
@@ -348,78 +333,52 @@ class TFOptimizer:
                         continue_model: bool = False) -> Any:
         """Train continuously on a streaming dataset, each micro-batch exactly once; returns the running query.
 
-        Each micro-batch is first evaluated with the model as it stands
-        (test-then-train: ``test_loss`` and ``test_<metric>``), then trained
-        on in one pass of global batches of ``batch_size`` (the last one
-        partial; in order without ``shuffle``), on the same warm workers.
-        The checkpoint written after it (``model_dir/checkpoint-<iteration>.npz``)
-        records the query's id and the micro-batch's ``batchId``: a query
-        restarted from the same ``model_dir`` and ``checkpoint_location``, in
-        this process or a new one, resumes from it and trains no micro-batch
-        twice or not at all. See ``docs/guides/streaming.md``.
+        Each micro-batch is evaluated with the model as it stands (test-then-train: ``test_loss``,
+        ``test_<metric>``), then trained on in one pass of global batches of ``batch_size`` (the last one partial;
+        in order without ``shuffle``). Its checkpoint records the query's id and ``batchId``: a query restarted on
+        the same ``model_dir`` and ``checkpoint_location`` trains no micro-batch twice or not at all. Where the
+        session has a task slot beside the ``num_workers`` ranks, one training job stays up for the whole query
+        while ``foreachBatch`` stages the micro-batches. See ``docs/guides/streaming.md``.
 
         Parameters
         ----------
         trigger : dict, optional
-            ``DataStreamWriter.trigger`` keywords, e.g. ``{"processingTime":
-            "2 seconds"}`` or ``{"availableNow": True}`` (default: Spark's,
-            a micro-batch as soon as the last one ends).
+            ``DataStreamWriter.trigger`` keywords, e.g. ``{"processingTime": "2 seconds"}`` or
+            ``{"availableNow": True}`` (default: Spark's).
         publish_every : int, optional
-            Every this many trained micro-batches, the model is written to
-            ``model_dir/published/<version>/`` (``model.keras`` and
-            ``manifest.json``: version, batchId, time, the test-then-train
-            metrics) for ``TFPredictor.from_published``; the newest
-            ``keep_checkpoints`` versions are kept. None publishes nothing.
+            Every this many trained micro-batches, a version is published to ``model_dir/published/<version>/``
+            for ``TFPredictor.from_published`` (the newest ``keep_checkpoints`` kept). None publishes nothing.
         checkpoint_location : str, optional
-            The query's own checkpoint (offsets, commits); default
-            ``model_dir/stream``. A location of another query than the one
-            whose micro-batches the model's checkpoint holds is refused
-            (they would all train again), unless ``continue_model``.
+            The query's own checkpoint (offsets, commits); default ``model_dir/stream``. Another query's than
+            the one the model's checkpoint trained is refused (its micro-batches would all train again).
         callbacks : list of keras.callbacks.Callback, optional
-            Run on the driver: ``on_train_begin`` when the query starts,
-            ``on_epoch_begin(batchId)`` and ``on_epoch_end(batchId, logs)``
-            for every micro-batch trained, ``logs`` holding ``loss``, the
-            ``test_*`` metrics and ``records``.
+            Run on the driver: ``on_train_begin``, then ``on_epoch_begin(batchId)`` and ``on_epoch_end(batchId,
+            logs)`` per micro-batch, ``logs`` holding ``loss``, the ``test_*`` metrics and ``records``.
         max_staged : int
-            With a resident training job (a session with a task slot beside
-            the ``num_workers``): the micro-batches staged and not yet trained
-            before ``foreachBatch`` waits for training (back-pressure).
+            A resident job's back-pressure: micro-batches staged and untrained before ``foreachBatch`` waits.
         publish_if : callable, optional
-            A quality gate: a version that is due is published only when
-            ``publish_if(logs)`` (the micro-batch's ``loss``, ``test_*``
-            metrics and ``records``) is true, e.g. ``lambda m: m["test_auc"]
-            >= 0.7``; otherwise the progress entry says ``publish_refused``
-            and the version stays due for the next micro-batch.
+            A quality gate on ``logs``, e.g. ``lambda m: m["test_auc"] >= 0.7``: a due version it refuses is not
+            published (``publish_refused`` in the progress) and stays due.
         full_every : int, optional
-            Versions between full ones are deltas: the dense weights and only
-            the embedding tables' rows changed since the previous version;
-            every ``full_every``-th version is full. ``from_published``
-            applies them (the weights equal a full version's). None: every
-            version is full.
+            Versions between full ones hold the dense weights and only the table rows changed since the previous
+            one; every ``full_every``-th is full (None: all). ``from_published`` applies them.
         resident : bool, optional
-            None (default): train in one job that stays up across
-            micro-batches when the session has a task slot beside the
-            ``num_workers`` ranks for the stream's own jobs, else in jobs of
-            each micro-batch (said once in the log). False: always a job per
-            micro-batch. True: resident, or a ``ConfigurationError`` saying
-            why not.
+            None: a resident job where the slots allow, else a job per micro-batch (said once in the log).
+            False: a job per micro-batch. True: resident, or a ``ConfigurationError`` saying why not.
         continue_model : bool
-            The query is a new one that continues the model (its micro-batches
-            train on top of what the model's checkpoint holds of another query).
+            The query is a new one that continues the model trained by another (see ``checkpoint_location``).
 
         Returns
         -------
         pyspark.sql.streaming.StreamingQuery
-            The running query (``awaitTermination``, ``stop``, ``exception``),
-            whose ``training_progress`` lists each micro-batch's metrics.
+            The running query, whose ``training_progress`` lists each micro-batch's metrics and timings.
 
         Raises
         ------
         ConfigurationError
-            Before any job: the dataset is not a streaming one, ``model_dir``
-            is missing, ``trigger`` is not one Spark knows, the session is a
-            Spark Connect one (its ``foreachBatch`` runs on the server), or
-            ``checkpoint_location`` is another query's (see above).
+            Before any job: the dataset is not a streaming one, ``model_dir`` is missing, a setting is wrong, the
+            session is a Spark Connect one (its ``foreachBatch`` runs on the server), or ``checkpoint_location``
+            is another query's.
         """
         from sparktf.streaming.query import start_training_query
 

@@ -158,10 +158,7 @@ class BlockDataset:
     def mapped(self, function: Any) -> "BlockDataset":
         """A dataset of the same records whose batches go through ``function`` on the workers (its validation
         dataset's too). The function is traced on the specs here: one that fails raises ``DataError`` now."""
-        dataset = copy.copy(self)
-        dataset._maps = self._maps.then(function)
-        dataset._mapped_structure = None
-        dataset._training_blocks = self._training_blocks  # the same records: their layouts are shared
+        dataset = self._derived(maps=self._maps.then(function))  # the same records: their layouts are shared
         if self._val_dataset is not None:
             dataset._val_dataset = self._val_dataset.mapped(function)
         dataset.element_structure  # traced now: a function that fails, fails here
@@ -179,8 +176,21 @@ class BlockDataset:
         each rank's shard is its local batch for every full global batch plus
         its part of the last, partial one, whatever the number of workers.
         """
+        return self._derived(one_pass=True)
+
+    def _derived(self, blocks: Optional[BlockSet] = None, maps: Optional[BatchMaps] = None,
+                 one_pass: Optional[bool] = None, sequential_order: Optional[bool] = None) -> "BlockDataset":
+        """A copy of this dataset with what is given changed; what was computed from it starts anew (the counts
+        and layouts of other records, the structure after other maps, the layouts of another pass)."""
         dataset = copy.copy(self)
-        dataset._one_pass, dataset._training_blocks = True, {}
+        if blocks is not None:
+            dataset._blocks, dataset._partition_counts, dataset._training_blocks = blocks, None, {}
+        if maps is not None:
+            dataset._maps, dataset._mapped_structure = maps, None
+        if one_pass is not None:
+            dataset._one_pass, dataset._training_blocks = one_pass, {}
+        if sequential_order is not None:
+            dataset._sequential_order = sequential_order
         return dataset
 
     def shard_bounds(self, num_workers: int) -> List[int]:

@@ -83,7 +83,7 @@ class SegmentSpec:
         How the model's optimizer updates its tables, probed once on the
         driver (None: probed here, when a table needs it).
     optimizer_state_root : str, optional
-        Where the ranks write the sharded tables' slots at the end (``optimizer_state_store``).
+        Where the ranks write the sharded tables' optimizer state at the end (``optimizer_state_store``).
     single_pass : SinglePass, optional
         The segment reads each record of its shards once, its last batch
         partial (a stream's micro-batch); None: the shards are read endlessly.

@@ -107,7 +107,7 @@ class TrainStep:
         self.metric_names: List[str] = []
         self._exchange_call = _ExchangeCall()  # the traced step calls it; each run gives it that run's exchange
         self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
-        self.sharded: frozenset = frozenset()  # positions of sharded tables: their owners update them (sharding/)
+        self.sharded: frozenset = frozenset()  # positions of sharded tables: their owners update them (tables/)
         self._xla_update: Optional[Any] = None  # an update in the step: its XLA-compiled function, once it takes it
         self._compile_tried = False  # whether the update in the step was lowered to XLA (or found not to lower)
         self._last_compiled = False  # whether the last iteration's update ran XLA-compiled
@@ -419,7 +419,8 @@ class TrainStep:
 
 @dataclass(frozen=True)
 class _StepTrace:
-    """What tracing the step found, kept on its graph: a retrace has its own."""
+    """What tracing the step found, kept beside its concrete function (``TrainStep._traces``, by the inputs'
+    signature): a retrace has its own."""
 
     layout: GradientLayout  # which gradients travel dense, which as rows
     update_in_step: bool  # False: the update is a call of its own
