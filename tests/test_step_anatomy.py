@@ -196,3 +196,25 @@ def test_recorded_runs_without_a_slow_rank_name_nobody_and_a_slowed_one_is_named
         assert timings[rank]["exchange_wait"] + timings[rank]["transfer"] == \
             pytest.approx(steps[rank][:, exchange].sum())
     assert chrome_trace(_records(steps))["traceEvents"][0]["ph"] == "M"
+
+
+def test_a_bursty_rank_is_named_by_the_seconds_the_others_lost_waiting_for_it():
+    steps = _recorded()
+    stall, every = 0.07, 10  # a CPU quota's bursts: most steps at full speed, one in ten stalled 70 ms
+    bursty = [steps[0].copy(), steps[1].copy()]
+    stalled = np.arange(0, len(steps[0]), every)
+    bursty[1][stalled, STEP_COLUMNS.index("compute")] += stall
+    bursty[0][stalled, STEP_PHASES.index("exchange")] += stall  # the healthy rank waits for it in the all-reduce
+    assert find_stragglers(_records(steps)) == []
+    injected = stall * len(stalled)
+    found = find_stragglers(_records(bursty))
+    assert [(s.rank, s.phase) for s in found] == [(1, "compute")]  # its median step hardly moved
+    healthy = rank_timings(_records(steps))[1]["lost_seconds"]
+    assert found[0].lost_seconds - healthy == pytest.approx(injected, rel=0.1)
+    assert rank_timings(_records(bursty))[1]["lost_seconds"] - healthy == pytest.approx(injected, rel=0.1)
+    assert 0.1 < found[0].lost_share < 1 and "the others waited" in found[0].describe()
+    # a rank slower in a phase where the others spend nothing is described without dividing by their zero
+    slowed = [steps[0], steps[1].copy()]
+    slowed[1][:, STEP_COLUMNS.index("lookup")] += SLEEP
+    (lookup,) = find_stragglers(_records(slowed))
+    assert lookup.phase == "lookup" and "infx" not in lookup.describe() and "who spend no time" in lookup.describe()

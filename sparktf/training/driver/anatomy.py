@@ -8,28 +8,33 @@ rank and segment) give:
   a step's all-reduce together, so the rank that arrived last waited least:
   per step, the transfer is the shortest exchange of any rank, and a rank's
   wait is the rest of its exchange;
+* :func:`lost_seconds`: per rank, the seconds the others spent waiting for
+  it in the exchange (in each step, the rank that arrived last cost the
+  others their waits);
 * :func:`find_stragglers`: a rank whose median seconds in a phase are well
-  above the other ranks' median, step after step;
+  above the other ranks' median, step after step, or whose lost seconds
+  pass a share of the call (a bursty one: a CPU quota's stalls);
 * :func:`chrome_trace`: a Chrome-trace / Perfetto JSON of the profiled steps,
   one track per rank.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from sparktf.collective.channel import StepWindow
 from sparktf.training.worker.step_clock import STEP_COLUMNS, STEP_PHASES, WINDOW_STATS, RankAnatomy
 
-__all__ = ["Straggler", "CallAnatomy", "ANATOMY_PHASES", "rank_timings", "step_phases", "find_stragglers",
-           "chrome_trace"]
+__all__ = ["Straggler", "CallAnatomy", "ANATOMY_PHASES", "rank_timings", "step_phases", "lost_seconds",
+           "find_stragglers", "chrome_trace"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
 
@@ -40,6 +45,9 @@ ANATOMY_PHASES = ("data", "lookup", "compute", "exchange_wait", "transfer", "app
 STRAGGLER_FACTOR = 1.5
 #: ... and at least this many seconds more per step (below it, timer noise and scheduling jitter dominate).
 STRAGGLER_EXCESS = 0.005
+#: A rank whose lost seconds (the others' waits for it) pass the other ranks' by this share of the call's step time
+#: is named too.
+LOST_SHARE = 0.10
 #: Steps needed before anyone is named.
 MIN_STEPS = 5
 #: The live judgement looks at each rank's last windows (about a second each).
@@ -61,7 +69,12 @@ class Straggler:
     phase : str
         ``"data"``, ``"lookup"``, ``"compute"``, ``"exchange"`` (its sends are slow) or ``"apply"``.
     factor : float
-        Its median seconds per step in ``phase`` over the other ranks' median.
+        Its median seconds per step in ``phase`` over the other ranks' median (for a rank named by its cost, over
+        the steps it made the others wait: its seconds there over theirs).
+    lost_seconds : float
+        The seconds the other ranks spent waiting for it in the exchange.
+    lost_share : float
+        ``lost_seconds`` over the call's step time.
     """
 
     rank: int
@@ -69,19 +82,23 @@ class Straggler:
     host: str
     phase: str
     factor: float
+    lost_seconds: float = 0.0
+    lost_share: float = 0.0
 
     def describe(self) -> str:
-        return (f"rank {self.rank} (executor {self.executor}, host {self.host}) is {self.factor:.1f}x slower than "
-                f"the median in {self.phase}")
+        slower = (f"{self.factor:.1f}x slower than the median" if np.isfinite(self.factor)
+                  else "slower than the others, who spend no time")
+        cost = (f"; the others waited {self.lost_seconds:.1f} s for it ({self.lost_share:.0%} of the call)"
+                if self.lost_seconds else "")
+        return f"rank {self.rank} (executor {self.executor}, host {self.host}) is {slower} in {self.phase}{cost}"
 
 
-def step_phases(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
-    """``{rank: (steps, len(ANATOMY_PHASES)) seconds}`` over the records' segments (in order), the exchange split
-    into wait and transfer per step."""
+def _segment_phases(anatomies: Iterable[RankAnatomy]) -> Iterator[Dict[int, np.ndarray]]:
+    """Per segment (in order), ``{rank: (steps, len(ANATOMY_PHASES)) seconds}`` over the steps every rank of it ran,
+    the exchange split into wait and transfer per step."""
     by_segment: Dict[int, List[RankAnatomy]] = {}
     for record in anatomies:
         by_segment.setdefault(record.first_iteration, []).append(record)
-    rows: Dict[int, List[np.ndarray]] = {}
     for first in sorted(by_segment):
         records = by_segment[first]
         steps = min(len(record.steps) for record in records)  # ranks of a segment run the same steps
@@ -89,14 +106,38 @@ def step_phases(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
             continue
         exchange = STEP_PHASES.index("exchange")
         transfer = np.min([record.steps[:steps, exchange] for record in records], axis=0)
+        split = {}
         for record in records:
-            split = np.zeros((steps, len(ANATOMY_PHASES)))
+            rows = split[record.rank] = np.zeros((steps, len(ANATOMY_PHASES)))
             for phase in ("data", "lookup", "compute", "apply", "send"):
-                split[:, ANATOMY_PHASES.index(phase)] = record.steps[:steps, STEP_COLUMNS.index(phase)]
-            split[:, ANATOMY_PHASES.index("exchange_wait")] = record.steps[:steps, exchange] - transfer
-            split[:, ANATOMY_PHASES.index("transfer")] = transfer
-            rows.setdefault(record.rank, []).append(split)
+                rows[:, ANATOMY_PHASES.index(phase)] = record.steps[:steps, STEP_COLUMNS.index(phase)]
+            rows[:, ANATOMY_PHASES.index("exchange_wait")] = record.steps[:steps, exchange] - transfer
+            rows[:, ANATOMY_PHASES.index("transfer")] = transfer
+        yield split
+
+
+def step_phases(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
+    """``{rank: (steps, len(ANATOMY_PHASES)) seconds}`` over the records' segments (in order), the exchange split
+    into wait and transfer per step."""
+    rows: Dict[int, List[np.ndarray]] = {}
+    for segment in _segment_phases(anatomies):
+        for rank, split in segment.items():
+            rows.setdefault(rank, []).append(split)
     return {rank: np.concatenate(parts) for rank, parts in rows.items()}
+
+
+def lost_seconds(anatomies: Iterable[RankAnatomy]) -> Dict[int, float]:
+    """``{rank: seconds}`` the other ranks spent waiting for each rank in the exchange: in each step, the rank that
+    arrived last (it waited least) cost every other rank its wait."""
+    lost: Dict[int, float] = {}
+    for segment in _segment_phases(anatomies):
+        ranks = sorted(segment)
+        waits = np.stack([segment[rank][:, ANATOMY_PHASES.index("exchange_wait")] for rank in ranks])
+        last = np.argmin(waits, axis=0)
+        caused = waits.sum(axis=0) - waits[last, np.arange(waits.shape[1])]
+        for i, rank in enumerate(ranks):
+            lost[rank] = lost.get(rank, 0.0) + float(caused[last == i].sum())
+    return lost
 
 
 def rank_timings(anatomies: Sequence[RankAnatomy]) -> Dict[int, Dict[str, float]]:
@@ -112,20 +153,53 @@ def rank_timings(anatomies: Sequence[RankAnatomy]) -> Dict[int, Dict[str, float]
     for rank, rows in step_phases(anatomies).items():
         for i, phase in enumerate(ANATOMY_PHASES):
             timings[rank][phase] = timings[rank].get(phase, 0.0) + float(rows[:, i].sum())
+    for rank, seconds in lost_seconds(anatomies).items():
+        timings[rank]["lost_seconds"] = seconds
     return timings
 
 
 def find_stragglers(anatomies: Sequence[RankAnatomy], factor: float = STRAGGLER_FACTOR,
-                    excess: float = STRAGGLER_EXCESS) -> List[Straggler]:
+                    excess: float = STRAGGLER_EXCESS, share: float = LOST_SHARE) -> List[Straggler]:
     """The ranks whose median seconds per step in a phase are at least ``factor`` times, and ``excess`` seconds
-    more than, the other ranks' median (the slowest first)."""
+    more than, the other ranks' median; and the ranks whose lost seconds pass the other ranks' by ``share`` of the
+    call's step time (and ``excess`` a step), in the phase where they spent the most more than the others in the steps they made them wait.
+    The slowest first, each with its lost seconds."""
     rows = step_phases(anatomies)
     places = {record.rank: (record.executor, record.host) for record in anatomies}
     if len(rows) < 2 or min(len(r) for r in rows.values()) < MIN_STEPS:
         return []
     columns = [ANATOMY_PHASES.index(column) for column in _JUDGED]
     medians = {rank: np.median(steps, axis=0)[columns] for rank, steps in rows.items()}
-    return _judged(medians, places, factor, excess)
+    lost = lost_seconds(anatomies)
+    call = max(float(steps[:, :ANATOMY_PHASES.index("send")].sum()) for steps in rows.values())
+    floor = max(share * call, excess * min(len(steps) for steps in rows.values()))  # above timer noise, as medians
+    found = {(s.rank, s.phase): s for s in _judged(medians, places, factor, excess)}
+    for rank, seconds in lost.items():  # beyond what the others cost: in a healthy run every rank is last at times
+        beyond = seconds - float(np.median([other for r, other in lost.items() if r != rank]))
+        if call > 0 and beyond >= floor and not any(key[0] == rank for key in found):
+            phase, ratio = _costly_phase(rank, anatomies)
+            found[(rank, phase)] = Straggler(rank, *places[rank], phase, ratio)
+    return sorted((dataclasses.replace(s, lost_seconds=round(lost.get(s.rank, 0.0), 4),
+                                       lost_share=round(lost.get(s.rank, 0.0) / call, 4) if call else 0.0)
+                   for s in found.values()), key=lambda straggler: -straggler.factor)
+
+
+def _costly_phase(rank: int, anatomies: Sequence[RankAnatomy]) -> Tuple[str, float]:
+    """The phase where ``rank`` spent the most more than the others in the steps it arrived last in, and its
+    seconds there over theirs (per rank)."""
+    columns = [ANATOMY_PHASES.index(column) for column in _JUDGED]
+    mine, theirs = np.zeros(len(columns)), np.zeros(len(columns))
+    for segment in _segment_phases(anatomies):
+        if rank not in segment or len(segment) < 2:
+            continue
+        ranks = sorted(segment)
+        waits = np.stack([segment[r][:, ANATOMY_PHASES.index("exchange_wait")] for r in ranks])
+        costly = np.argmin(waits, axis=0) == ranks.index(rank)
+        mine += segment[rank][costly][:, columns].sum(axis=0)
+        theirs += np.mean([segment[r][costly][:, columns].sum(axis=0) for r in ranks if r != rank], axis=0)
+    best = int(np.argmax(mine - theirs))
+    ratio = mine[best] / theirs[best] if theirs[best] > 0 else float("inf")
+    return list(_JUDGED.values())[best], round(float(ratio), 2)
 
 
 def _judged(medians: Dict[int, np.ndarray], places: Dict[int, Tuple[str, str]], factor: float,
