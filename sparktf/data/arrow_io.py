@@ -270,7 +270,8 @@ def arrow_to_numpy(
             raise DataError(
                 f"column {column!r}, partition {partition}, row {row} (0-based within the partition): "
                 f"an array of length {int(lengths[wrong[0]])} at nesting level {level}, expected {length} "
-                f"(shape {list(leaf.shape)}, read from the first row). Pad or truncate the arrays to one length."
+                f"(the column's shape {list(leaf.shape)}: a DataFrame's first row's, a stream's from the model's "
+                "inputs or the schema). Pad or truncate the arrays to one length."
             )
         values = values.flatten()
         elements_per_row *= length
@@ -304,7 +305,8 @@ def _sparse_vectors(array: pa.Array, leaf: specs.LeafSpec, column: str, partitio
     if wrong.size:
         raise DataError(
             f"column {column!r}, partition {partition}, row {first_row + int(wrong[0])} (0-based within the "
-            f"partition): a vector of size {int(widths[wrong[0]])}, expected {width} (read from the first row). "
+            f"partition): a vector of size {int(widths[wrong[0]])}, expected {width} (a DataFrame's first row's, a "
+            "stream's from the model's inputs or the schema). "
             "Every vector of a column must have one size."
         )
     indptr = np.zeros(len(array) + 1, np.int64)
