@@ -277,8 +277,30 @@ class SleepOnce(PythonHook):
         return {**super().get_config(), "marker": self.marker, "rank": self.rank}
 
 
-def sleep_once_model(marker, rank):
-    model = keras.Sequential([keras.Input((3,)), SleepOnce(marker, rank), keras.layers.Dense(1)])
+class SleepAtStep(SleepOnce):
+    """As ``SleepOnce``, at the rank's ``step``-th training step (its warm-up's included), counted in ``marker.steps``."""
+
+    def __init__(self, marker, rank, step, **kwargs):
+        super().__init__(marker, rank, **kwargs)
+        self.step = step
+
+    def hook(self):
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        if task is not None and task.partitionId() == self.rank:
+            with open(self.marker + ".steps", "a") as steps:
+                steps.write(".")
+            if os.path.getsize(self.marker + ".steps") >= self.step:
+                super().hook()
+
+    def get_config(self):
+        return {**super().get_config(), "step": self.step}
+
+
+def sleep_once_model(marker, rank, step=None):
+    hook = SleepOnce(marker, rank) if step is None else SleepAtStep(marker, rank, step)
+    model = keras.Sequential([keras.Input((3,)), hook, keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     return model
 
@@ -289,11 +311,24 @@ def test_a_rank_blocked_inside_a_graph_op_is_ended_and_training_completes(sc, tm
     optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=1), dataset, collective_timeout=5)
     started = time.monotonic()
     history = optimizer.optimize(MaxIteration(4))
-    # rank 0's collective timeout failed the segment; the message says where rank 1 was: in the hook's sleep
-    assert re.search(r"rank 1 stayed longest in phase '\w+'; its innermost frames: .*in hook: .*every rank's stack",
-                     caplog.text)
+    # rank 0's collective timeout failed the segment; the message says where rank 1 was: in the hook's sleep (its
+    # file and line, though AutoGraph converted the layer's call), at the iteration it hung in
+    assert re.search(r"rank 1 stayed longest in phase '\w+' at iteration \d; its innermost frames: .*"
+                     r"test_optimizer_failures\.py:\d+ in hook: time\.sleep\(600\).*every rank's stack", caplog.text)
     assert history["iterations"] == 4 and len(history["loss"]) == 4
     assert time.monotonic() - started < 5 + 60
+    assert_process_ends(int(open(marker).read()))
+
+
+def test_a_rank_hung_in_a_training_step_is_named_with_its_step_phase_and_iteration(sc, tmp_path, caplog):
+    marker = str(tmp_path / "slept")
+    dataset = TFDataset.from_ndarrays(data(64), batch_size=16)
+    # rank 1 hangs in the forward pass of its third step (the warm-up, iterations 1 and 2, then 3)
+    optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=1, step=4), dataset, collective_timeout=5)
+    history = optimizer.optimize(MaxIteration(4))
+    assert history["iterations"] == 4
+    assert re.search(r"rank 1 stayed longest in phase 'compute' at iteration 3; its innermost frames: .*"
+                     r"test_optimizer_failures\.py:\d+ in hook: time\.sleep\(600\)", caplog.text), caplog.text
     assert_process_ends(int(open(marker).read()))
 
 

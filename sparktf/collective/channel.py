@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 
 _MAX_PEER_CHARS = 1024
-_MAX_PHASE_NAME_CHARS = 64  # "data_cache", "warm_up", "train", ...: a name, not a message
+_MAX_PHASE_NAME_CHARS = 64  # "data_cache", "warm_up", "compute", ...: a name, not a message
 _MAX_BATCH_NAMES = 256  # the values of one iteration: the loss and the metrics
 _MAX_NAME_CHARS = 256
 _MAX_BATCHES_PER_REPORT = 4096  # a heartbeat sends far fewer (channel_client.MAX_REPORTED_BATCHES)
@@ -104,7 +104,8 @@ class RankReport:
     Attributes
     ----------
     phase : str
-        What the rank is doing (``"data_cache"``, ``"warm_up"``, ``"train"``, ...).
+        What the rank is doing (``"data_cache"``, ``"warm_up"``, a step's ``"data"``, ``"compute"``,
+        ``"exchange"``, ...).
     iteration : int
         Its absolute iteration counter.
     changed_at : float

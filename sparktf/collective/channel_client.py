@@ -11,6 +11,8 @@ channel closed.
 
 from __future__ import annotations
 
+import itertools
+import linecache
 import os
 import select
 import socket
@@ -293,10 +295,20 @@ _IDLE = ("threading.py", "selectors.py", "queue.py", "socket.py", "channel_clien
 
 
 def _frames(frame: Any, limit: int) -> List[str]:
+    """The ``limit`` innermost frames from ``frame`` (outermost first). Code without a file of its own (a function
+    AutoGraph converted: ``<dynamic-code>``, its lines the original's) is named by the file of the module it runs
+    in."""
     if frame is None:
         return []
-    return [f"{entry.filename}:{entry.lineno} in {entry.name}: {(entry.line or '').strip()}"[:_STACK_LINE_CHARS]
-            for entry in traceback.extract_stack(frame, limit=limit)]
+    lines = []
+    for entry, lineno in reversed(list(itertools.islice(traceback.walk_stack(frame), limit))):
+        code = entry.f_code
+        where = code.co_filename
+        if where.startswith("<") and entry.f_globals.get("__file__"):
+            where = entry.f_globals["__file__"]
+        text = linecache.getline(where, lineno).strip()
+        lines.append(f"{where}:{lineno} in {code.co_name}: {text}"[:_STACK_LINE_CHARS])
+    return lines
 
 
 def _nothing() -> None:

@@ -44,6 +44,7 @@ import numpy as np
 
 from sparktf.errors import DataError
 from sparktf.training.driver.progress import ProgressDisplay
+from sparktf.training.worker.step_clock import STEP_PHASES
 from sparktf.triggers import TrainingProgress
 
 __all__ = ["DriverCallbacks", "default_verbose", "UNSUPPORTED_CALLBACKS"]
@@ -182,7 +183,7 @@ class DriverCallbacks:
                 if iteration == self._delivered + 1:  # in order: after a gap, the rest come with the records
                     self._delivered = iteration
                     self._list.on_train_batch_end((iteration - 1) % self._per_epoch, dict(shown))
-        if latest.phase != "train" or latest.iteration <= self._reported or latest.loss is None:
+        if latest.phase not in STEP_PHASES or latest.iteration <= self._reported or latest.loss is None:
             return
         self._reported = latest.iteration
         iteration, mark = self._rate_mark

@@ -187,8 +187,8 @@ class SegmentRunner:
 
     def _gave_up(self, spec: SegmentSpec, error: Exception) -> TrainingError:
         return TrainingError(
-            f"training failed {self.failures} time(s) (max_failures={self.max_failures}) "
-            f"after iteration {spec.start.iteration}; the last failure was: {error}"
+            f"training failed {self.failures} time(s) (max_failures={self.max_failures}) in the segment that "
+            f"started after iteration {spec.start.iteration}; the last failure was: {error}"
         )
 
 

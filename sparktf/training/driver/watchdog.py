@@ -165,7 +165,9 @@ class JobWatchdog:
         stuck = _longest_in_place(reports, besides)
         if stuck is None:
             return ""
-        return f"; {self._task} {stuck} stayed longest in phase {reports[stuck].phase!r}{self._stacks(stuck, reports)}"
+        report = reports[stuck]
+        return (f"; {self._task} {stuck} stayed longest in phase {report.phase!r} at {self._counter} "
+                f"{report.iteration}{self._stacks(stuck, reports)}")
 
     def _stacks(self, stuck: Optional[int], reports: dict) -> str:
         """The stuck task's innermost frames, and the file every task's last stack is written to (for a message;

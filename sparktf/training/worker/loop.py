@@ -98,7 +98,6 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         watch.lap("connect")
         finished = False
         try:
-            heartbeat.phase = "train"
             batches = itertools.chain([first_batch], stream)
             shards = _rank_shards(spec, held, kept, step, rank, communicator)
             held = None  # the shards hold their copy now
@@ -141,18 +140,20 @@ def train_iterations(
     losses, learning_rates, wall_times, step_seconds, metrics = [], [], [], [], []
     progress = spec.start
     non_finite_iteration = None
-    exchange = _TimedExchange(communicator, spec.gradient_compression, watch, shards)
+    exchange = _TimedExchange(communicator, spec.gradient_compression, watch, heartbeat, shards)
     weight = spec.local_batches[shard] / sum(spec.local_batches)  # this rank's share of the global batch
     per_epoch = progress.iterations_per_epoch
     mapped = batch_mapper(spec.maps, step.model)  # once a segment, not a cache lookup per batch
     step.set_metric_state(spec.metric_state if progress.iteration % per_epoch else None)
     if rank == 0:
         heartbeat.set_batch_names(["loss", *step.metric_names])
-    while True:
+    while True:  # the heartbeat tells the step's phase (STEP_PHASES): where a rank that hangs was
+        heartbeat.phase = "data"
         watch.step(progress.iteration + 1)
         started = time.perf_counter()
         features, labels, sample_weight = _features_labels(spec, mapped, next(batches))
         watch.lap("batches")
+        heartbeat.phase = "compute" if shards is None else "lookup"
         iteration = progress.iteration + 1
         heartbeat.iteration = iteration
         if (iteration - 1) % per_epoch == 0:  # an epoch's first iteration
@@ -163,6 +164,7 @@ def train_iterations(
         if shards is not None:
             features = shards.fetch_rows(features)
             watch.lap("lookup")
+            heartbeat.phase = "compute"
         with classified_failures(rank, shard, iteration, warm_up=False):
             outcome = step.run(features, labels, exchange, weight, sample_weight=sample_weight)
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
@@ -201,17 +203,22 @@ def train_iterations(
 
 class _TimedExchange(GradientExchange):
     """The step's gradient exchange (see ``training.worker.gradient_exchange``), timing ``compute`` before it, itself
-    (``allreduce``) and its sends (``send``)."""
+    (``allreduce``) and its sends (``send``), and telling the heartbeat the step's phase (``exchange``, then
+    ``apply``)."""
 
-    def __init__(self, communicator: Any, compression: Optional[str], watch: PhaseClock, shards: Any = None):
+    def __init__(self, communicator: Any, compression: Optional[str], watch: PhaseClock, heartbeat: Any,
+                 shards: Any = None):
         super().__init__(communicator, compression, shards)
         self._watch = watch
+        self._heartbeat = heartbeat
 
     def __call__(self, layout: Any, parts: Any) -> Any:
         self._watch.lap("compute")
+        self._heartbeat.phase = "exchange"
         sent = self.send_seconds
         summed = super().__call__(layout, parts)
         self._watch.lap("allreduce")
+        self._heartbeat.phase = "apply"
         self._watch.add("send", self.send_seconds - sent)
         return summed
 

@@ -209,7 +209,6 @@ class _RankPasses:
         heartbeat.phase = "test"
         totals = _test_totals(self.step, pass_spec, real, TEST_BATCH_FACTOR * local[rank])
         watch.lap("test")
-        heartbeat.phase = "train"
         result = train_iterations(pass_spec, rank, rank, self.step, batches, self.communicator, watch, heartbeat,
                                   None)
         average_non_trainable(self.step.model, self.communicator)
