@@ -355,7 +355,8 @@ class TFOptimizer:
             Run on the driver: ``on_train_begin``, then ``on_epoch_begin(batchId)`` and ``on_epoch_end(batchId,
             logs)`` per micro-batch, ``logs`` holding ``loss``, the ``test_*`` metrics and ``records``.
         max_staged : int
-            A resident job's back-pressure: micro-batches staged and untrained before ``foreachBatch`` waits.
+            A resident job's back-pressure: at most this many micro-batches staged and untrained (``foreachBatch``
+            waits for training before it stages one more).
         publish_if : callable, optional
             A quality gate on ``logs``, e.g. ``lambda m: m["test_auc"] >= 0.7``: a due version it refuses is not
             published (``publish_refused`` in the progress) and stays due.

@@ -10,9 +10,10 @@ records its ``batchId`` and its staging is then deleted, so a restart trains
 every staged micro-batch after the checkpoint before the new ones, and a
 micro-batch Spark replays that is staged already is not staged again.
 
-``foreachBatch`` waits while more than ``max_staged`` micro-batches are
-staged and untrained (back-pressure: the wait is in the progress as
-``backpressure_seconds``). See ``docs/design/streaming.md``.
+``foreachBatch`` waits, before it stages, until fewer than ``max_staged``
+micro-batches are staged and untrained (back-pressure: the wait is in the
+progress as ``backpressure_seconds``, and ``backlog`` counts the staged and
+untrained ones with it). See ``docs/design/streaming.md``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class ResidentTrainer(MicroBatchTrainer):
         batch_id = int(batch_id)
         if self._trained_already(batch_id) or batch_id in self._submitted:
             return  # trained, or staged by a run that died before Spark's commit: it trains from its staging
+        waited = self._job.wait_for_backlog(self._max_staged - 1)  # back-pressure: room for this one
         dataset = self._optimizer.dataset.micro_batch(batch)
         began = time.perf_counter()
         with naming_micro_batch(batch_id):  # its records are converted as they are staged
@@ -93,10 +95,9 @@ class ResidentTrainer(MicroBatchTrainer):
             return
         for callback in self._callbacks:
             callback.on_epoch_begin(batch_id)
-        self._submit(staged)
-        waited = self._job.wait_for_backlog(self._max_staged)
         self._waits[batch_id] = {"staging_seconds": staging, "backpressure_seconds": waited,
-                                 "backlog": self._job.backlog}
+                                 "backlog": self._job.backlog + 1}  # known before training can take it
+        self._submit(staged)
 
     def finish(self) -> None:
         """Train every staged micro-batch, then end the job (after the query ended)."""

@@ -118,7 +118,6 @@ class ResidentJob:
         self._channel: Any = None
         self._next_first = 0
         self._stopping = False
-        self._draining = False
         self.error: Optional[BaseException] = None
         self.stall_seconds = 2 * (spec.collective_timeout + watchdog_slack(session))
         self._finished: "queue.Queue[Optional[PassResult]]" = queue.Queue()
