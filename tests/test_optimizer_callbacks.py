@@ -110,7 +110,9 @@ def test_progress_is_shown_per_epoch_and_verbose_0_is_silent(sc, capsys, caplog)
     dataset = TFDataset.from_ndarrays(data(), batch_size=16)
     optimizer = TFOptimizer.from_keras(linear_model(), dataset)
     optimizer.optimize(MaxEpoch(2), verbose=2)  # no callbacks: one segment spans both epochs
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    # a straggler's line is the progress output's too, on a loaded machine: not what this test is about
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip() and
+             not line.startswith("straggler: ")]
     assert lines[0] == "Epoch 1/2" and lines[2] == "Epoch 2/2"
     assert all("loss:" in line for line in (lines[1], lines[3])) and len(lines) == 4
     assert len(optimizer.history.history["loss"]) == 2

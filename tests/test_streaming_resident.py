@@ -5,6 +5,7 @@ stream's own jobs, so these tests run the resident job with ``num_workers=1``
 (``bench_stream.py`` runs it with 2 workers in ``local[4]``).
 """
 
+import json
 import logging
 import os
 import signal
@@ -83,7 +84,7 @@ def test_a_driver_killed_with_a_micro_batch_staged_and_untrained_trains_it_at_th
     micro_batches = [write_events(spark, events, index, rng, 37) for index in range(4)]
     program = os.path.join(os.path.dirname(__file__), "programs", "stream_driver.py")
     # dies in foreachBatch of micro-batch 2 after staging it: staged, untrained, not committed by Spark
-    killed = subprocess.run([sys.executable, program, str(events), model_dir, "2", "1", "begin"],
+    killed = subprocess.run([sys.executable, program, str(events), model_dir, "2", "--workers", "1", "--when", "begin"],
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr[-3000:]
     staged = [batch.batch_id for batch in staged_batches(staging_root(model_dir))]
@@ -94,6 +95,30 @@ def test_a_driver_killed_with_a_micro_batch_staged_and_untrained_trains_it_at_th
     assert [batch_id for batch_id in staged if batch_id > trained] == list(range(trained + 1, 3))
 
     resume_trains_the_rest_exactly(spark, events, model_dir, micro_batches, 64, trained + 1)
+
+
+def test_a_resident_job_of_two_ranks_trains_and_tests_as_one_pass_of_the_global_batches(tmp_path, spark):
+    rng = np.random.default_rng(22)
+    events, model_dir = tmp_path / "events", str(tmp_path / "model")
+    micro_batches = [write_events(spark, events, index, rng, 37) for index in range(3)]
+    program = os.path.join(os.path.dirname(__file__), "programs", "stream_driver.py")
+    # a session of its own with a slot beside the 2 ranks; the test's session writes the files only
+    ran = subprocess.run([sys.executable, program, str(events), model_dir, "-1", "--workers", "2", "--master",
+                          "local[3]", "--batch-size", "16"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+    progress = [json.loads(line.split(" ", 1)[1]) for line in ran.stdout.splitlines() if line.startswith("PROGRESS ")]
+    assert [entry["batchId"] for entry in progress] == [0, 1, 2] and all("staging_seconds" in e for e in progress)
+    trained = load_checkpoint(latest_checkpoint(model_dir))
+    model = classifier()
+    trained.apply_to(model)
+    for got, want in zip(model.get_weights(), reference_weights(classifier(), micro_batches, 16, 2)):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    before, tested = classifier(), []  # the test pass: both ranks' shares, with the weights from before each pass
+    for x, y in micro_batches:
+        tested.append(before.evaluate(x, y.reshape(-1, 1).astype(np.float32), verbose=0, return_dict=True))
+        reference_weights(before, [(x, y)], 16, 2)
+    for entry, want in zip(progress, tested):
+        assert entry["test_loss"] == pytest.approx(want["loss"], abs=1e-5)
 
 
 class DiesOnce(keras.layers.Layer):
@@ -325,8 +350,8 @@ def test_a_driver_killed_while_publishing_a_version_publishes_it_at_the_restart_
     micro_batches = [write_events(spark, events, index, rng, 16) for index in range(5)]
     program = os.path.join(os.path.dirname(__file__), "programs", "stream_driver.py")
     # a job per micro-batch, a version every 2: the driver dies writing micro-batch 3's, after its checkpoint
-    killed = subprocess.run([sys.executable, program, str(events), model_dir, "3", "2", "publish", "2"],
-                            capture_output=True, text=True, timeout=300)
+    killed = subprocess.run([sys.executable, program, str(events), model_dir, "3", "--when", "publish",
+                             "--publish-every", "2"], capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr[-3000:]
     assert load_checkpoint(latest_checkpoint(model_dir)).stream[1] == 3
     assert [read_version(model_dir, n).manifest["batchId"] for n in versions(model_dir)] == [1]

@@ -1,17 +1,23 @@
-"""A driver of its own for ``optimize_stream``, killed with SIGKILL at the worst moment.
+"""A driver of its own for ``optimize_stream``, killed with SIGKILL at the worst moment (or not at all).
 
-``python stream_driver.py EVENTS MODEL_DIR KILL_AFTER [WORKERS [WHEN [PUBLISH_EVERY]]]`` trains
-the stream of EVENTS' files (one a micro-batch, ``availableNow``) as
-``tests/test_streaming.py`` does, on WORKERS workers (default 2: a job per
-micro-batch; 1 leaves a slot for a resident job), and SIGKILLs itself in
-``on_epoch_end`` of micro-batch KILL_AFTER (WHEN ``end``, the default): after
-its checkpoint was written, before Spark commits the micro-batch. With WHEN
-``begin`` it dies in ``on_epoch_begin``: a resident job's micro-batch is then
-staged, not trained, and not committed. With WHEN ``publish`` it dies while
-publishing that micro-batch's version (``publish_every=PUBLISH_EVERY``),
-after its checkpoint and before the version's manifest.
+``python stream_driver.py EVENTS MODEL_DIR KILL_AFTER [--workers N] [--when end|begin|publish]
+[--publish-every N] [--master MASTER] [--batch-size B]`` trains the stream of
+EVENTS' files (one a micro-batch, ``availableNow``) as ``tests/test_streaming.py``
+does, on N workers (default 2 in ``local[2]``: a job per micro-batch; 1 there,
+or 2 in ``local[3]``, leaves a slot for a resident job), and SIGKILLs itself
+at micro-batch KILL_AFTER (-1: never; then it prints each micro-batch's
+progress entry as a ``PROGRESS <json>`` line):
+
+* ``end`` (default): in ``on_epoch_end``, after its checkpoint was written,
+  before Spark commits the micro-batch;
+* ``begin``: in ``on_epoch_begin``: a resident job's micro-batch is then
+  staged, not trained, and not committed;
+* ``publish``: while publishing its version (``--publish-every``), after its
+  checkpoint and before the version's manifest.
 """
 
+import argparse
+import json
 import os
 import signal
 import sys
@@ -25,10 +31,18 @@ from spark_conf import CONF  # beside this program
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from test_streaming import classifier, event_stream  # noqa: E402 - the test's model and stream
 
-events, model_dir, kill_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
-workers, when = (int(sys.argv[4]) if len(sys.argv) > 4 else 2), (sys.argv[5] if len(sys.argv) > 5 else "end")
-publish_every = int(sys.argv[6]) if len(sys.argv) > 6 else None
-spark = sparktf.init_spark("local[2]", conf=CONF)
+parser = argparse.ArgumentParser()
+parser.add_argument("events")
+parser.add_argument("model_dir")
+parser.add_argument("kill_after", type=int)
+parser.add_argument("--workers", type=int, default=2)
+parser.add_argument("--when", choices=("end", "begin", "publish"), default="end")
+parser.add_argument("--publish-every", type=int, default=None)
+parser.add_argument("--master", default="local[2]")
+parser.add_argument("--batch-size", type=int, default=64)
+args = parser.parse_args()
+events, model_dir, kill_after, when = args.events, args.model_dir, args.kill_after, args.when
+spark = sparktf.init_spark(args.master, conf=CONF)
 spark.sparkContext.setLogLevel("ERROR")
 
 
@@ -38,9 +52,9 @@ def die(batch_id, logs):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-dataset = sparktf.TFDataset.from_dataframe(event_stream(spark, events), "features", "label", batch_size=64,
-                                           shuffle=False)
-optimizer = sparktf.TFOptimizer.from_keras(classifier(), dataset, model_dir=model_dir, num_workers=workers)
+dataset = sparktf.TFDataset.from_dataframe(event_stream(spark, events), "features", "label",
+                                           batch_size=args.batch_size, shuffle=False)
+optimizer = sparktf.TFOptimizer.from_keras(classifier(), dataset, model_dir=model_dir, num_workers=args.workers)
 kill = {"on_epoch_end": die} if when == "end" else {"on_epoch_begin": lambda batch_id: die(batch_id, None)}
 if when == "publish":  # the manifest of KILL_AFTER's version is never written
     write_manifest = published._write_manifest
@@ -48,6 +62,8 @@ if when == "publish":  # the manifest of KILL_AFTER's version is never written
         die(manifest.get("batchId"), None), write_manifest(store, path, number, manifest))[1]
     kill = {}
 query = optimizer.optimize_stream(trigger={"availableNow": True}, callbacks=[keras.callbacks.LambdaCallback(**kill)],
-                                  publish_every=publish_every)
+                                  publish_every=args.publish_every)
 query.awaitTermination(600)
 print("the query ended without being killed", flush=True)
+for entry in query.training_progress:
+    print("PROGRESS", json.dumps(entry), flush=True)

@@ -126,18 +126,23 @@ def step_phases(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
     return {rank: np.concatenate(parts) for rank, parts in rows.items()}
 
 
-def lost_seconds(anatomies: Iterable[RankAnatomy]) -> Dict[int, float]:
-    """``{rank: seconds}`` the other ranks spent waiting for each rank in the exchange: in each step, the rank that
-    arrived last (it waited least) cost every other rank its wait."""
-    lost: Dict[int, float] = {}
+def _waits_caused(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
+    """``{rank: seconds per step}`` the other ranks waited for each rank in the exchange: in each step, the rank
+    that arrived last (it waited least) cost every other rank its wait (0 in the steps it did not arrive last)."""
+    caused: Dict[int, List[np.ndarray]] = {}
     for segment in _segment_phases(anatomies):
         ranks = sorted(segment)
         waits = np.stack([segment[rank][:, ANATOMY_PHASES.index("exchange_wait")] for rank in ranks])
         last = np.argmin(waits, axis=0)
-        caused = waits.sum(axis=0) - waits[last, np.arange(waits.shape[1])]
+        others = waits.sum(axis=0) - waits[last, np.arange(waits.shape[1])]
         for i, rank in enumerate(ranks):
-            lost[rank] = lost.get(rank, 0.0) + float(caused[last == i].sum())
-    return lost
+            caused.setdefault(rank, []).append(np.where(last == i, others, 0.0))
+    return {rank: np.concatenate(parts) for rank, parts in caused.items()}
+
+
+def lost_seconds(anatomies: Iterable[RankAnatomy]) -> Dict[int, float]:
+    """``{rank: seconds}`` the other ranks spent waiting for each rank in the exchange (see :func:`_waits_caused`)."""
+    return {rank: float(steps.sum()) for rank, steps in _waits_caused(anatomies).items()}
 
 
 def rank_timings(anatomies: Sequence[RankAnatomy]) -> Dict[int, Dict[str, float]]:
@@ -162,7 +167,8 @@ def find_stragglers(anatomies: Sequence[RankAnatomy], factor: float = STRAGGLER_
                     excess: float = STRAGGLER_EXCESS, share: float = LOST_SHARE) -> List[Straggler]:
     """The ranks whose median seconds per step in a phase are at least ``factor`` times, and ``excess`` seconds
     more than, the other ranks' median; and the ranks whose lost seconds pass the other ranks' by ``share`` of the
-    call's step time (and ``excess`` a step), in the phase where they spent the most more than the others in the steps they made them wait.
+    call's step time (and ``excess`` a step), over at least :data:`MIN_STEPS` steps that made the others wait
+    ``excess`` or more, in the phase where they spent the most more than the others in the steps they made them wait.
     The slowest first, each with its lost seconds."""
     rows = step_phases(anatomies)
     places = {record.rank: (record.executor, record.host) for record in anatomies}
@@ -170,13 +176,15 @@ def find_stragglers(anatomies: Sequence[RankAnatomy], factor: float = STRAGGLER_
         return []
     columns = [ANATOMY_PHASES.index(column) for column in _JUDGED]
     medians = {rank: np.median(steps, axis=0)[columns] for rank, steps in rows.items()}
-    lost = lost_seconds(anatomies)
+    caused = _waits_caused(anatomies)
+    lost = {rank: float(steps.sum()) for rank, steps in caused.items()}
     call = max(float(steps[:, :ANATOMY_PHASES.index("send")].sum()) for steps in rows.values())
     floor = max(share * call, excess * min(len(steps) for steps in rows.values()))  # above timer noise, as medians
     found = {(s.rank, s.phase): s for s in _judged(medians, places, factor, excess)}
     for rank, seconds in lost.items():  # beyond what the others cost: in a healthy run every rank is last at times
         beyond = seconds - float(np.median([other for r, other in lost.items() if r != rank]))
-        if call > 0 and beyond >= floor and not any(key[0] == rank for key in found):
+        repeated = int((caused[rank] >= excess).sum()) >= MIN_STEPS  # stalls, not one hiccup (a first step's)
+        if call > 0 and beyond >= floor and repeated and not any(key[0] == rank for key in found):
             phase, ratio = _costly_phase(rank, anatomies)
             found[(rank, phase)] = Straggler(rank, *places[rank], phase, ratio)
     return sorted((dataclasses.replace(s, lost_seconds=round(lost.get(s.rank, 0.0), 4),
