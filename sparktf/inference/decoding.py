@@ -27,6 +27,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from sparktf.models.keras_internals import cache_builder
+
 __all__ = ["CacheLayout", "Decoder", "cache_layout", "unsupported_reason"]
 
 
@@ -44,7 +46,7 @@ def cache_layout(lm: Any) -> Optional[CacheLayout]:
     """The layout of ``lm``'s cache, read from two tiny prefills (None: not one tensor, or no single sequence axis)."""
     import tensorflow as tf
 
-    build = getattr(lm, "_build_cache", None)
+    build = cache_builder(lm)
     if build is None or list(inspect.signature(build).parameters) != ["token_ids"]:
         return None
     shapes = []

@@ -8,14 +8,19 @@ that cannot be rebuilt is refused), table handling the rest: which
 ``Embedding`` layers a model has, which optimizer variables are a table's
 state (and of which kind: ``"momentum"``, ``"velocity"``, ...), and whether a
 table's ids are a model input or a column of one (``ids[:, i]``, Keras'
-``GetItem``). When Keras changes one of these, this module is what changes.
+``GetItem``). The compile arguments a model keeps, a ``Lambda``'s
+function as Keras serializes it, the compiled loss and metrics objects,
+Adagrad's accumulator of a variable and a Keras Hub ``CausalLM``'s cache
+builder are read here too. When Keras changes one of these, this module is
+what changes.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["call_nodes", "column_of", "is_functional", "nested_layers", "optimizer_tracks", "row_state_variables",
+__all__ = ["adagrad_accumulator", "cache_builder", "call_nodes", "column_of", "compile_config", "compiled_losses",
+           "is_functional", "nested_layers", "optimizer_tracks", "row_state_variables", "serialized_function",
            "tracked_variables"]
 
 
@@ -69,3 +74,29 @@ def column_of(tensor: Any) -> Optional[Tuple[Any, Any]]:
         return None
     args = nodes[history.node_index].arguments.args
     return (args[0], args[1]) if len(args) == 2 else None
+
+
+def compile_config(model: Any) -> Optional[Dict[str, Any]]:
+    """The arguments ``model.compile`` was called with (``_compile_config``), None before it was."""
+    config = getattr(model, "_compile_config", None)
+    return None if config is None else config.config
+
+
+def serialized_function(layer: Any, function: Any) -> Any:
+    """A ``Lambda`` layer's ``function`` as Keras writes it into the layer's config."""
+    return layer._serialize_function_to_config(function)
+
+
+def compiled_losses(model: Any) -> List[Any]:
+    """The compiled loss and metrics containers of ``model`` (``_compile_loss``, ``_compile_metrics``; None: none)."""
+    return [getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None)]
+
+
+def adagrad_accumulator(optimizer: Any, variable: Any) -> Any:
+    """Keras' ``Adagrad``'s accumulator of ``variable``."""
+    return optimizer._accumulators[optimizer._get_variable_index(variable)]
+
+
+def cache_builder(lm: Any) -> Any:
+    """A Keras Hub ``CausalLM``'s ``_build_cache(token_ids)`` (None: it has none)."""
+    return getattr(lm, "_build_cache", None)

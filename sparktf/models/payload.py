@@ -40,7 +40,7 @@ import numpy as np
 
 from sparktf.errors import DataError, InternalError
 from sparktf.models import layer_state, rebuild
-from sparktf.models.keras_internals import nested_layers
+from sparktf.models.keras_internals import compile_config, nested_layers, serialized_function
 from sparktf.models.layer_state import LayerState
 from sparktf.spark.user_code import pickle_by_value
 
@@ -305,9 +305,9 @@ def _referenced_objects(model: Any) -> Iterator[Any]:
     for layer in nested_layers(model, include_self=True):
         yield layer
         yield from _nested_values(vars(layer).values())
-    compile_config = getattr(model, "_compile_config", None)
-    if compile_config is not None:
-        yield from _nested_values(compile_config.config.values())
+    compiled = compile_config(model)
+    if compiled is not None:
+        yield from _nested_values(compiled.values())
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
         yield optimizer
@@ -344,7 +344,7 @@ def _replace_lambdas(model: Any, config: Any) -> Dict[str, Any]:
         for attribute in _LAMBDA_ATTRIBUTES:
             fn = getattr(layer, attribute, None)
             if isinstance(fn, types.LambdaType) and fn.__name__ == "<lambda>":
-                node = layer._serialize_function_to_config(fn)
+                node = serialized_function(layer, fn)
                 name = f"{_LAMBDA_PREFIX}{len(by_config)}"
                 by_config.setdefault(_canonical(node), (name, fn))
     if by_config:

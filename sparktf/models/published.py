@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from sparktf.errors import SparkTFError
+from sparktf.models.keras_internals import nested_layers
 from sparktf.storage import join, local_copy, store_for
 
 __all__ = ["PublishedVersion", "VersionWriter", "published_root", "publish", "newest_version", "versions",
@@ -156,7 +157,7 @@ def table_indices(model: Any) -> List[int]:
     import keras
 
     positions = {id(variable): index for index, variable in enumerate(model.weights)}
-    return sorted(positions[id(layer.embeddings)] for layer in model._flatten_layers(include_self=False)
+    return sorted(positions[id(layer.embeddings)] for layer in nested_layers(model)
                   if isinstance(layer, keras.layers.Embedding) and id(layer.embeddings) in positions)
 
 

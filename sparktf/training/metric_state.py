@@ -19,6 +19,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from sparktf.models.keras_internals import compiled_losses
+
 __all__ = ["metric_variables", "training_metrics", "build_metrics", "metric_results", "result_names",
            "load_metric_totals", "epoch_ends"]
 
@@ -47,7 +49,7 @@ def build_metrics(model: Any, features: Any, labels: Any) -> None:
     """
     import tensorflow as tf
 
-    compiled = [getattr(model, "_compile_loss", None), getattr(model, "_compile_metrics", None)]
+    compiled = compiled_losses(model)
     if all(part is None or part.built for part in compiled):
         return
 

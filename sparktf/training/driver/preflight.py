@@ -17,6 +17,7 @@ from sparktf.collective.communicator import WIRE_DTYPES
 from sparktf.data.block_dataset import BlockDataset
 from sparktf.data.specs import LeafSpec
 from sparktf.errors import ConfigurationError, DataError
+from sparktf.models.keras_internals import compile_config
 from sparktf.storage import is_local, local_path, store_for
 from sparktf.training.worker.class_weights import ClassWeights, class_weights
 from sparktf.triggers import Trigger, check_trigger, uses_score
@@ -152,7 +153,7 @@ def recompile(keras_model: Any, optimizer: Any, metrics: Optional[list]) -> None
             "or pass optimizer=..."
         )
     if optimizer is not None or metrics is not None:
-        settings = dict(keras_model._compile_config.config) if compiled else {}
+        settings = dict(compile_config(keras_model) or {}) if compiled else {}
         if optimizer is not None:
             settings["optimizer"] = resolve_optimizer(optimizer, "optimizer")
         if metrics is not None:

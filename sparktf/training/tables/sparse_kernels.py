@@ -40,7 +40,7 @@ from typing import Any, Optional
 import keras
 import tensorflow as tf
 
-from sparktf.models.keras_internals import optimizer_tracks
+from sparktf.models.keras_internals import adagrad_accumulator, optimizer_tracks
 from sparktf.optimizers import LazyAdam, RowWiseAdagrad
 from sparktf.optimizers.rows import native_variable, sum_duplicate_rows
 
@@ -160,7 +160,7 @@ def _adagrad_rows(optimizer: Any, variable: Any, indices: tf.Tensor, rows: tf.Te
     A row with no gradient is unchanged by Keras' dense update too (``acc +=
     0``, ``w -= 0``), so updating the present rows alone is exact.
     """
-    accumulator = native_variable(optimizer._accumulators[optimizer._get_variable_index(variable)])
+    accumulator = native_variable(adagrad_accumulator(optimizer, variable))
     accumulated = tf.gather(accumulator, indices) + tf.square(rows)
     accumulator.scatter_update(tf.IndexedSlices(accumulated, indices))
     step = lr * rows / tf.sqrt(accumulated + tf.cast(optimizer.epsilon, rows.dtype))
