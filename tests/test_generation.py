@@ -92,3 +92,17 @@ def test_a_dataframe_of_prompts_keeps_its_order_and_one_bad_row_is_named_or_null
                                         r"length 16"):
         raising.predict_dataframe(frame, "prompt", output_col="completion").collect()
     frame.unpersist()
+
+
+def test_a_null_rows_warning_gives_its_reason_without_telling_to_pass_what_was_passed(caplog):
+    from sparktf.inference.generation import GenerationEngine, generation_options
+
+    lm = gpt2_lm()
+    too_long = " ".join(["a"] * 14)
+    engine = GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 4, "stop_token_ids": None,
+                                                          "on_error": "null"}))
+    with caplog.at_level("WARNING", logger="sparktf"):
+        completions, _ = engine.complete([too_long, PROMPTS[0]], 2)
+    assert completions[0] is None and completions[1] == _alone(lm, PROMPTS[0], 4, None)
+    assert "longer than the model's sequence length 16. Shorten it or lower max_new_tokens" in caplog.text
+    assert "pass on_error='null'" not in caplog.text

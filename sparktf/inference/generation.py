@@ -248,10 +248,12 @@ class GenerationEngine:
             end = max(end, length)
             if end > self.limit or len(tokens) > self.limit:
                 counted = f"more than {self.limit}" if len(tokens) > self.limit else str(length)
+                advice = ("Shorten it or lower max_new_tokens" if options.on_error == "null" else
+                          "Shorten it, lower max_new_tokens, or pass on_error='null' to give such rows a null "
+                          "completion")
                 rejected.append((offset, f"the prompt has {counted} tokens (the start token and prefix included) and "
                                  f"{max(end - length, 0)} new tokens are wanted: longer than the model's sequence "
-                                 f"length {self.limit}. Shorten it, lower max_new_tokens, or pass on_error='null' to "
-                                 "give such rows a null completion"))
+                                 f"length {self.limit}. {advice}"))
                 continue
             token_ids = np.concatenate([prefix, tokens]).astype(np.int64)[:length]
             shown = length if options.strip_prompt else len(prefix)
