@@ -137,7 +137,7 @@ def run_resident(spec: SegmentSpec, partition: Iterable[Any]) -> Iterator[Any]:
         raise
     finally:
         heartbeat.stop(failure=failure)
-    yield watch.anatomy(rank, address, address.rsplit(":", 1)[0])
+    yield rank_pass.watch.anatomy(rank, address, address.rsplit(":", 1)[0])  # the last pass's
 
 
 def _next_order(orders: ChannelClient, heartbeat: Any, done: Dict[str, Any], arrays: List[np.ndarray],
@@ -186,7 +186,10 @@ class _RankPasses:
                       error)
 
     def run(self, order: ResidentOrder) -> Tuple[Dict[str, Any], List[np.ndarray]]:
-        """Test then train one pass; what the rank reports of it."""
+        """Test then train one pass, timed by a clock of its own (a job that lives for days keeps no row of every
+        step it ran); what the rank reports of it."""
+        if self.step is not None:
+            self.watch = PhaseClock(self.spec.profile_steps)
         spec, rank, heartbeat, watch = self.spec, self.rank, self.heartbeat, self.watch
         heartbeat.phase = "data"
         records = order.batch.records
