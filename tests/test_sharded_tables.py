@@ -79,13 +79,12 @@ def train_ranks(rank, peers, listener, secret):
             rows = state_rows(working, plan, rank)  # the rank's rows of the tables, all it is given
             shards.start(apply_start_state(start.rows(rows), working, plan), None)  # fresh slots
             for trained, shards in ((model, None), (working, shards)):
-                step = TrainStep(trained)
-                step.sharded = frozenset() if shards is None else shards.positions
+                step = TrainStep(trained, sharded=frozenset() if shards is None else shards.positions)
                 exchange = GradientExchange(comm, None, shards)
                 for features, labels in _batches():
                     features = [f[half] for f in features]
                     if shards is not None:
-                        features = shards.fetch_rows(features)
+                        features = shards.lookup(features)
                     assert step.run(features, labels[half], exchange, weight=0.5).applied
                     if shards is not None:
                         shards.apply()

@@ -120,7 +120,7 @@ class ResidentTrainer(MicroBatchTrainer):
                            start, MaxIteration(optimizer.iteration + 1), optimizer.clipping,
                            optimizer.collective_timeout, gradient_compression=optimizer.gradient_compression,
                            gpus=gpu_plan(session.conf, profile), maps=self._elements,
-                           table_updates=self._session.tables.updates,
+                           tables=self._session.tables.for_workers(),
                            local_batches=np.diff(balanced_bounds(optimizer.dataset.batch_size,
                                                                  optimizer.num_workers)).tolist())
         return ResidentJob(session, spec, optimizer.num_workers, self._session.capture, self._on_pass,

@@ -31,7 +31,7 @@ from sparktf.training.tables.strategy import TableStrategy
 from sparktf.training.tables.update_form import log_table_updates
 from sparktf.training.worker.resident import TEST_BATCH_FACTOR
 from sparktf.training.worker.segment_spec import SegmentSpec
-from sparktf.training.worker.single_pass import SinglePass
+from sparktf.training.batch_schedule import SinglePass
 
 __all__ = ["GradientClipping", "PassResult", "ResidentJob", "RunRequest", "RunSettings", "RunState", "SegmentSpec",
            "SinglePass", "TEST_BATCH_FACTOR", "TableStrategy", "TrainingRun", "TrainingSession", "metrics_of_totals",

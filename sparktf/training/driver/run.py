@@ -39,7 +39,7 @@ from sparktf.training.driver.segment_records import record_segment, record_valid
 from sparktf.training.tables.plan import ShardPlan, check_trainable
 from sparktf.training.tables.strategy import TableStrategy
 from sparktf.training.worker.segment_spec import SegmentResult, SegmentSpec
-from sparktf.training.worker.single_pass import SinglePass
+from sparktf.training.batch_schedule import BatchSchedule, EndlessBatches
 from sparktf.triggers import EveryEpoch, MaxEpoch, TrainingProgress, Trigger, TriggerOr
 
 __all__ = ["RunSettings", "RunState", "RunRequest", "TrainingRun", "evaluate_model"]
@@ -108,8 +108,8 @@ class RunState:
 
 @dataclass(frozen=True)
 class RunRequest:
-    """One ``optimize`` call's arguments, checked (see ``TFOptimizer.optimize``); ``single_pass`` trains one pass
-    over the dataset's records, its last batch partial (a stream's micro-batch)."""
+    """One ``optimize`` call's arguments, checked (see ``TFOptimizer.optimize``); a ``schedule`` of ``SinglePass``
+    trains one pass over the dataset's records, its last batch partial (a stream's micro-batch)."""
 
     end_trigger: Trigger
     checkpoint_trigger: Trigger
@@ -118,7 +118,7 @@ class RunRequest:
     verbose: int
     class_weight: Any
     checkpoint_failures: int
-    single_pass: Optional[SinglePass] = None
+    schedule: BatchSchedule = EndlessBatches()
     profile_steps: Optional[Tuple[int, int]] = None
 
 
@@ -168,8 +168,7 @@ class TrainingRun:
         import keras
 
         settings, validation = self._settings, self._dataset.val_dataset
-        sharding = settings.tables.plan
-        check_trainable(sharding, self._model, self._clipping.clip_norm)
+        check_trainable(settings.tables.plan, self._model, self._clipping.clip_norm)
         checkpoints = CheckpointWriter(settings.model_dir, settings.keep_checkpoints, request.checkpoint_trigger,
                                        request.checkpoint_failures)
         stops = [request.end_trigger]
@@ -189,8 +188,7 @@ class TrainingRun:
             while not request.end_trigger(progress):
                 driver.segment_begins(progress)
                 first = progress.iteration + 1
-                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request, sharding,
-                                           anatomy.watch)
+                result = self._run_segment(runner, progress, TriggerOr(*stops), driver, request, anatomy.watch)
                 anatomy.add(result.anatomy)
                 progress = self._finish_segment(result, history)
                 checkpoints.after_segment(progress, self._capture)
@@ -256,11 +254,10 @@ class TrainingRun:
         return TrainingProgress(state.iteration, self._per_epoch(), state.last_loss, state.last_score)
 
     def _run_segment(self, runner: SegmentRunner, progress: TrainingProgress, stop: Trigger, driver: DriverCallbacks,
-                     request: RunRequest, sharding: ShardPlan,
-                     watch_steps: Callable[[Dict[int, Any]], None]) -> SegmentResult:
+                     request: RunRequest, watch_steps: Callable[[Dict[int, Any]], None]) -> SegmentResult:
         """One segment from the driver's state (relaunched from it after a failure, maybe on fewer workers), its
-        ``sharding`` planned for ``num_workers`` (the launch plans it again for its own); the ranks' reports go to
-        the progress display and to ``watch_steps``."""
+        tables as the strategy holds them for ``num_workers`` (the launch plans them again for its own); the ranks'
+        reports go to the progress display and to ``watch_steps``."""
         settings = self._settings
         elements = self._elements_of(self._dataset)
         structure = model_structure(self._model, elements.element)  # sparse or dense per model input
@@ -268,9 +265,8 @@ class TrainingRun:
                            maps=elements, gradient_compression=settings.gradient_compression,
                            gpus=gpu_plan(settings.session.conf, settings.resource_profile),
                            metric_state=self._state.metric_state, class_weight=request.class_weight,
-                           sharding=sharding, table_updates=settings.tables.updates,
-                           optimizer_state_root=settings.tables.root,
-                           single_pass=request.single_pass,
+                           tables=settings.tables.for_workers(),
+                           schedule=request.schedule,
                            profile_steps=request.profile_steps)
         def on_reports(reports: Dict[int, Any]) -> None:
             driver.report(reports)

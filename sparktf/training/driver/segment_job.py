@@ -156,11 +156,11 @@ class SegmentRunner:
 
     def _spec_for(self, spec: SegmentSpec, workers: int, feed: Any) -> SegmentSpec:
         # fewer workers end segments at epoch ends (to grow back there); a single pass ends only at its end
-        grows_back = workers < self.membership.num_workers and spec.single_pass is None
+        grows_back = workers < self.membership.num_workers and spec.schedule.grows_back
         stop = TriggerOr(spec.stop, EveryEpoch()) if grows_back else spec.stop
-        single_pass = None if spec.single_pass is None else spec.single_pass.on(self.inputs.shard_records(workers))
         return dataclasses.replace(spec, local_batches=self.inputs.local_batches(workers), feed=feed, stop=stop,
-                                   sharding=spec.sharding.on(workers), single_pass=single_pass)
+                                   tables=spec.tables.on(workers),
+                                   schedule=spec.schedule.on(lambda: self.inputs.shard_records(workers)))
 
     def _relaunch(self, spec: SegmentSpec, workers: int, error: Exception) -> int:
         """The worker count of the relaunch after ``error``; raises when training cannot go on."""

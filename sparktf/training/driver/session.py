@@ -19,7 +19,7 @@ from sparktf.training.checkpoint import ModelState, load_checkpoint, prune_check
 from sparktf.training.clipping import GradientClipping
 from sparktf.training.driver.run import RunRequest, RunSettings, RunState, TrainingRun, evaluate_model
 from sparktf.training.tables.strategy import TableStrategy
-from sparktf.training.worker.single_pass import SinglePass
+from sparktf.training.batch_schedule import SinglePass
 from sparktf.triggers import MaxIteration
 
 __all__ = ["TrainingSession"]

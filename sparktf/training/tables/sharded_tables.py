@@ -2,7 +2,7 @@
 
 The rank trains a copy of the model whose sharded tables are **working
 tables** of ``capacity`` rows (:func:`working_model`): before a step,
-:meth:`RankShards.fetch_rows` replaces the batch's ids by their positions
+:meth:`RankShards.lookup` replaces the batch's ids by their positions
 among its unique ids, asks the owners for those rows (an all-to-all) and
 writes them into the working table. The step's row gradient of a working
 table goes back to the owners of the ids (:meth:`RankShards.route`, called by
@@ -45,6 +45,7 @@ from sparktf.training.tables.lookups import input_names
 from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, read_optimizer_state_rows,
                                                            write_manifest, write_optimizer_state_rows)
 from sparktf.training.tables.plan import ShardedTable, ShardPlan, embedding_layers
+from sparktf.training.tables.rank_tables import RankTables
 from sparktf.training.tables.row_sums import merge_rows
 from sparktf.training.tables.sparse_kernels import apply_rows
 from sparktf.training.tables.update_form import TableUpdates
@@ -149,8 +150,9 @@ class _Shard:
     pending: Optional[Tuple[np.ndarray, np.ndarray]] = None  # the step's summed rows: local ids, rows
 
 
-class RankShards:
-    """The shards rank ``rank`` owns of ``plan``'s tables, for the working ``model`` and ``communicator``.
+class RankShards(RankTables):
+    """The shards rank ``rank`` owns of ``plan``'s tables, for the working ``model`` and ``communicator``; their
+    optimizer state goes to folders under ``optimizer_state_root`` at the segment's end (None: nowhere).
 
     ``kept`` (a dict that lives as long as the working model) keeps the shards' variables, optimizers and
     compiled functions by table, for the next segment with the same plan, whichever rank this process then is
@@ -158,9 +160,12 @@ class RankShards:
     values change, and a process never holds two ranks' shards.
     """
 
+    lookup_phase = "lookup"
+
     def __init__(self, plan: ShardPlan, model: Any, rank: int, communicator: Any, kept: Optional[dict] = None,
-                 updates: Optional[TableUpdates] = None):
+                 updates: Optional[TableUpdates] = None, optimizer_state_root: Optional[str] = None):
         self._comm = communicator
+        self._optimizer_state_root = optimizer_state_root
         self._plan = plan
         self._model = model
         updates = updates or TableUpdates.probe(model.optimizer)  # given: as the driver probed them
@@ -197,7 +202,7 @@ class RankShards:
                 if len(variable.shape) == 0:  # the shard is 2-D: its optimizer's scalars are its own, not per-row state
                     variable.assign(own[variable.name])
 
-    def fetch_rows(self, features: Any) -> Any:
+    def lookup(self, features: Any) -> Any:
         """The batch's features with working-table positions for ids; the owners' rows written into the working
         tables (before the step)."""
         features, unique = working_features(self._plan, self._model, features)
@@ -241,6 +246,18 @@ class RankShards:
             finite = finite and bool(np.isfinite(summed).all())
         return finite
 
+    def route_to_owners(self, layout: Any, parts: Any, rows: List[Any]) -> Tuple[List[int], bool]:
+        """Send the sharded tables' rows of the step (``parts.rows``, as ``layout.sparse`` lists the tables) to
+        their owners; ``rows`` gets none back for them. Which they are, and whether every owner's sum is finite
+        (on every rank)."""
+        sharded = [k for k, table in enumerate(layout.sparse) if table.position in self.positions]
+        finite = np.array([self.route([(layout.sparse[k].position, *parts.rows[k]) for k in sharded])
+                           if sharded else True], np.int32)
+        self._comm.allreduce(finite, op="sum")
+        for k in sharded:
+            rows[k] = (np.zeros(0, np.int64), np.zeros((0, *layout.sparse[k].shape[1:]), np.float32))
+        return sharded, bool(finite[0] == self._comm.world_size)
+
     def apply(self, clipping: GradientClipping = GradientClipping()) -> None:
         """Apply the step's summed rows, clipped, to this rank's shards (every step, also without rows)."""
         for shard in self._shards:
@@ -250,6 +267,19 @@ class RankShards:
             shard.update(tf.IndexedSlices(tf.constant(rows, tf.float32), tf.constant(ids, tf.int64),
                                           tf.constant([shard.table.rows_per_rank, *shard.table.row_shape], tf.int64)))
             shard.pending = None
+
+    def finish(self, model: Any, iteration: int, rank: int, launch_secret: bytes,
+               channel: bool) -> Tuple[Optional[ModelState], RowRanges]:
+        """Every rank writes its rows of the tables' optimizer state to a new folder (the state names it) and hands
+        back its rows of the tables, which the job ``channel`` joins; without a channel, the ranks gather them
+        through the ring for rank 0's."""
+        folder = self.save_optimizer_state(self._optimizer_state_root, iteration, launch_secret)
+        if channel:
+            state, rows = self.captured_state(iteration)
+        else:
+            state, rows = self.gathered_state(iteration), {}  # a collective: every rank takes part
+        state.optimizer_state_folder = folder  # the driver's next state names it (its own capture says which tables)
+        return (state if rank == 0 or channel else None), rows
 
     def save_optimizer_state(self, root: Optional[str], iteration: int, launch_secret: bytes) -> Optional[str]:
         """Write this rank's rows of the tables' optimizer state to the launch's folder of ``iteration`` under

@@ -33,6 +33,7 @@ from sparktf.training.tables.optimizer_state_store import (optimizer_state_root,
 from sparktf.training.tables.plan import ShardPlan, ShardingRequest, embedding_layers
 from sparktf.training.tables.sharded_tables import apply_without_optimizer_state, optimizer_state_positions
 from sparktf.training.tables.update_form import TableUpdates
+from sparktf.training.tables.worker_tables import WorkerTables, worker_tables
 
 __all__ = ["ReplicatedTables", "ShardedTables", "TableStrategy"]
 
@@ -83,6 +84,10 @@ class TableStrategy:
     def optimizer_state_tables(self) -> Tuple[str, ...]:
         """The layers whose optimizer state lives in files (none without a root)."""
         return tuple(table.layer for table in self.plan.tables) if self.root else ()
+
+    def for_workers(self) -> WorkerTables:
+        """The role the workers' loop, step and exchange take the tables by (:mod:`.worker_tables`)."""
+        return worker_tables(self.plan, self.updates, self.root)
 
     def build_optimizer(self, model: Any) -> None:
         """Build ``model``'s optimizer for every trainable variable but the sharded tables.

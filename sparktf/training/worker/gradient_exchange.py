@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from sparktf.collective import WIRE_DTYPES
 from sparktf.optimizers.rows import sum_duplicate_rows
+from sparktf.training.tables.rank_tables import RankTables
 from sparktf.training.tables.row_sums import merge_rows
 
 __all__ = ["ExchangedParts", "GradientExchange", "GradientLayout", "SparseTable", "Traffic", "wire_bytes"]
@@ -238,11 +239,12 @@ class GradientExchange:
     compression : {None, "bf16", "fp16"}
         The wire dtype of gradient values (dense gradients and rows); the
         loss and metric states always travel exactly.
-    shards : RankShards, optional
-        The rank's shards of sharded tables (``training.tables``): those
-        tables' rows go to their owners, exactly, and come back to the step
-        as no rows; when an owner's sum is not finite, the result's
-        ``finite`` is 0 on every rank, so that no rank applies the step.
+    tables : RankTables, optional
+        The rank's tables (``training.tables.rank_tables``; None: replicated):
+        the rows of the tables their owners update go to the owners, exactly,
+        and come back to the step as no rows; when an owner's sum is not
+        finite, the result's ``finite`` is 0 on every rank, so that no rank
+        applies the step.
 
     Attributes
     ----------
@@ -250,12 +252,13 @@ class GradientExchange:
         What this rank sent, counted over the calls.
     """
 
-    def __init__(self, communicator: Any = None, compression: Optional[str] = None, shards: Any = None):
+    def __init__(self, communicator: Any = None, compression: Optional[str] = None,
+                 tables: Optional[RankTables] = None):
         self._communicator = communicator
-        self._shards = shards
+        self._rank_tables = tables or RankTables()
         self._compression = compression
         self._wire = np.dtype(np.float32) if compression is None else WIRE_DTYPES[compression]
-        self._tables: dict = {}  # densified tables' buffers, by position, reused across steps
+        self._densified: dict = {}  # densified tables' buffers, by position, reused across steps
         self.traffic = Traffic()
 
     @property
@@ -270,7 +273,7 @@ class GradientExchange:
 
     def __call__(self, layout: GradientLayout, parts: ExchangedParts) -> ExchangedParts:
         """The global sums of ``parts`` (``GradientLayout.pack``'s, in NumPy): the same on every rank."""
-        if self.world_size == 1 and self._shards is None:  # a lone rank with sharded tables still routes their rows
+        if self.world_size == 1 and not self._rank_tables.positions:  # a lone owner of tables still routes their rows
             return parts
         comm = self._communicator
         fused = parts.fused if parts.fused.flags.writeable else parts.fused.copy()
@@ -287,7 +290,8 @@ class GradientExchange:
         if layout.sparse:
             counts[comm.rank] = [indices.size for indices, _ in parts.rows]
             comm.allreduce(counts, op="sum")
-            sharded, finite = self._route_to_owners(layout, parts, rows)
+            sharded, finite = self._rank_tables.route_to_owners(layout, parts, rows)
+            self.traffic.sharded_tables += len(sharded)
             for k, table in enumerate(layout.sparse):
                 if k in sharded:
                     continue
@@ -303,21 +307,6 @@ class GradientExchange:
         self.traffic.dense += dense
         return ExchangedParts(fused, rows, np.float32(finite))
 
-    def _route_to_owners(self, layout: GradientLayout, parts: ExchangedParts,
-                         rows: List[Any]) -> Tuple[List[int], bool]:
-        """Send the sharded tables' rows to their owners; the step gets no rows back for them. Which they are, and
-        whether every owner's sum is finite."""
-        if self._shards is None:
-            return [], True
-        sharded = [k for k, table in enumerate(layout.sparse) if table.position in self._shards.positions]
-        self.traffic.sharded_tables += len(sharded)
-        finite = np.array([self._shards.route([(layout.sparse[k].position, *parts.rows[k]) for k in sharded])
-                           if sharded else True], np.int32)
-        self._communicator.allreduce(finite, op="sum")
-        for k in sharded:
-            rows[k] = (np.zeros(0, np.int64), np.zeros((0, *layout.sparse[k].shape[1:]), np.float32))
-        return sharded, bool(finite[0] == self.world_size)
-
     def _travels_as_rows(self, table: SparseTable, total_rows: int) -> bool:
         """Whether the rows move fewer bytes than the table (every rank decides alike from the same counts).
 
@@ -331,9 +320,9 @@ class GradientExchange:
                                                                                               np.ndarray]:
         """All-reduce the rows scattered into the table, with a mask of the rows any rank touched."""
         size = table.rows * table.row_size
-        buffer = self._tables.get(table.position)
+        buffer = self._densified.get(table.position)
         if buffer is None:
-            buffer = self._tables[table.position] = np.empty(size + table.rows, np.float32)
+            buffer = self._densified[table.position] = np.empty(size + table.rows, np.float32)
         buffer.fill(0.0)
         values, touched = buffer[:size].reshape(table.rows, -1), buffer[size:]
         values[indices] = rows.reshape(len(indices), -1)

@@ -29,14 +29,14 @@ from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.sparse import model_values
 from sparktf.data.specs import flatten
 from sparktf.errors import task_record
-from sparktf.models.cache import batch_mapper, cached, load_cached
-from sparktf.models.payload import ModelPayload, payload_key
+from sparktf.models.cache import batch_mapper, cached
+from sparktf.models.payload import payload_key
 from sparktf.spark.task_devices import prepare_tensorflow_task
 from sparktf.spark.worker_gc import freeze_alive
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.state_source import StateSource
-from sparktf.training.tables.sharded_tables import (HeldTables, RankShards, apply_start_state, state_rows,
-                                                    working_features, working_model)
+from sparktf.training.tables.rank_tables import RankTables
+from sparktf.training.tables.sharded_tables import HeldTables
 from sparktf.training.worker.class_weights import batch_parts
 from sparktf.training.worker.failures import classified_failures
 from sparktf.training.worker.gradient_exchange import GradientExchange
@@ -99,12 +99,12 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
         finished = False
         try:
             batches = itertools.chain([first_batch], stream)
-            shards = _rank_shards(spec, held, kept, step, rank, communicator)
-            held = None  # the shards hold their copy now
-            result = train_iterations(spec, rank, shard, step, batches, communicator, watch, heartbeat, shards)
+            tables = spec.tables.on_rank(step.model, rank, communicator, kept, held)
+            held = None  # the rank's tables hold their copy now
+            result = train_iterations(spec, rank, shard, step, batches, communicator, watch, heartbeat, tables)
             heartbeat.phase = "finish"
             average_non_trainable(step.model, communicator)
-            final, rows = _final_state(spec, step, shards, result.iteration, rank)
+            final, rows = tables.finish(step.model, result.iteration, rank, spec.secret, spec.directory is not None)
             watch.lap("finish")
             if final is not None:
                 heartbeat.phase = "state_upload"
@@ -135,13 +135,12 @@ def train_iterations(
     communicator: Any,
     watch: PhaseClock,
     heartbeat: Any,
-    shards: Optional[RankShards],
+    tables: RankTables,
 ) -> SegmentResult:
     losses, learning_rates, wall_times, step_seconds, metrics = [], [], [], [], []
     progress = spec.start
     non_finite_iteration = None
-    exchange = _TimedExchange(communicator, spec.gradient_compression, watch, heartbeat, shards)
-    weight = spec.local_batches[shard] / sum(spec.local_batches)  # this rank's share of the global batch
+    exchange = _TimedExchange(communicator, spec.gradient_compression, watch, heartbeat, tables)
     per_epoch = progress.iterations_per_epoch
     mapped = batch_mapper(spec.maps, step.model)  # once a segment, not a cache lookup per batch
     step.set_metric_state(spec.metric_state if progress.iteration % per_epoch else None)
@@ -153,25 +152,22 @@ def train_iterations(
         started = time.perf_counter()
         features, labels, sample_weight = _features_labels(spec, mapped, next(batches))
         watch.lap("batches")
-        heartbeat.phase = "compute" if shards is None else "lookup"
+        heartbeat.phase = tables.lookup_phase
         iteration = progress.iteration + 1
         heartbeat.iteration = iteration
         if (iteration - 1) % per_epoch == 0:  # an epoch's first iteration
             step.set_metric_state(None)
-        if spec.single_pass is not None:  # the pass's last batch is partial: its fill weighs nothing
-            weight, mask = spec.single_pass.step(shard, iteration, spec.local_batches)
-            sample_weight = spec.single_pass.masked(mask, sample_weight, spec.local_batches[shard])
-        if shards is not None:
-            features = shards.fetch_rows(features)
-            watch.lap("lookup")
-            heartbeat.phase = "compute"
+        # this rank's share of the global batch, and its sample weights (a pass's partial last batch: masked)
+        weight, sample_weight = spec.schedule.weights(shard, iteration, spec.local_batches, sample_weight)
+        features = tables.lookup(features)
+        watch.lap("lookup")
+        heartbeat.phase = "compute"
         with classified_failures(rank, shard, iteration, warm_up=False):
             outcome = step.run(features, labels, exchange, weight, sample_weight=sample_weight)
         if not outcome.applied:  # a non-finite loss or gradient: nothing was applied
             non_finite_iteration = iteration
             break
-        if shards is not None:
-            shards.apply(spec.clipping)
+        tables.apply(spec.clipping)
         ended = watch.lap("apply")
         learning_rates.append(outcome.learning_rate)
         losses.append(outcome.loss)
@@ -207,8 +203,8 @@ class _TimedExchange(GradientExchange):
     ``apply``)."""
 
     def __init__(self, communicator: Any, compression: Optional[str], watch: PhaseClock, heartbeat: Any,
-                 shards: Any = None):
-        super().__init__(communicator, compression, shards)
+                 tables: RankTables):
+        super().__init__(communicator, compression, tables)
         self._watch = watch
         self._heartbeat = heartbeat
 
@@ -240,7 +236,6 @@ def prepared_step(
     that cannot run is not relaunched); the input's errors are its own.
     """
     heartbeat.phase = "model_load"
-    plan = spec.sharding
     with classified_failures(rank, None, spec.start.iteration + 1, warm_up=True):
         step, kept = _cached_step(spec)
     watch.lap("model_load")
@@ -251,57 +246,21 @@ def prepared_step(
         heartbeat.phase = "warm_up"
         with classified_failures(rank, shard, spec.start.iteration + 1, warm_up=True):
             features, labels, weights = _features_labels(spec, batch_mapper(spec.maps, step.model), batch)
-            if spec.single_pass is not None:  # a pass's batches all carry weights: traced once, here
-                weights = spec.single_pass.masked(None, weights, spec.local_batches[shard])
-            step.sharded = frozenset()
-            step.warm_up(working_features(plan, step.model, features)[0] if plan.tables else features, labels, weights,
-                         long_run)
+            weights = spec.schedule.warm_up_weights(weights, spec.local_batches[shard])
+            step.warm_up(spec.tables.warm_up_features(step.model, features), labels, weights, long_run)
         freeze_alive()  # the model and its traced graphs stay: keep them out of the daemon's gc after each task
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
-    rows = state_rows(step.model, plan, rank)  # the rank's rows of the sharded tables (none without)
+    rows = spec.tables.start_rows(step.model, rank)  # the rank's rows of the sharded tables (none without)
     state = state_source(spec, world_size).fetch(rank, rows)  # also undoes the warm-up's update
-    held = apply_start_state(state, step.model, plan), state.optimizer_state_folder
+    held = spec.tables.take_start_state(state, step.model)
     watch.lap("state_fetch")
     return step, held, kept
-
-
-def _rank_shards(spec: SegmentSpec, held: Tuple[HeldTables, Optional[str]], kept: Optional[dict], step: TrainStep,
-                 rank: int, communicator: Any) -> Optional[RankShards]:
-    """This rank's shards of the spec's sharded tables (None: none), holding its share of the start state and its
-    optimizer state."""
-    step.sharded = frozenset()
-    plan = spec.sharding
-    if not plan.tables:
-        return None
-    shards = RankShards(plan, step.model, rank, communicator, kept, spec.table_updates)
-    shards.start(*held)
-    step.sharded = shards.positions
-    return shards
 
 
 def state_source(spec: SegmentSpec, world_size: int) -> StateSource:
     """Where the segment's start state comes from and its final state goes: the job channel, or the broadcast."""
     return StateSource(spec.directory, spec.secret, world_size, spec.collective_timeout, spec.state)
-
-
-def _final_state(spec: SegmentSpec, step: TrainStep, shards: Optional[RankShards], iteration: int,
-                 rank: int) -> Tuple[Optional[ModelState], RowRanges]:
-    """What the rank hands back and the rows of it that are its share of the sharded tables (None: nothing).
-
-    Rank 0 hands back the model's state. With sharded tables, every rank writes its rows of their optimizer state
-    to a new folder (the state names it) and hands back its rows of them, which the job channel joins; without a
-    channel, the ranks gather them through the ring for rank 0's.
-    """
-    if shards is None:
-        return (ModelState.capture(step.model, iteration) if rank == 0 else None), {}
-    folder = shards.save_optimizer_state(spec.optimizer_state_root, iteration, spec.secret)
-    if spec.directory is None:
-        state, rows = shards.gathered_state(iteration), {}  # a collective: every rank takes part
-    else:
-        state, rows = shards.captured_state(iteration)
-    state.optimizer_state_folder = folder  # the driver's next state names it (its own capture says which tables)
-    return (state if rank == 0 or spec.directory is not None else None), rows
 
 
 def _features_labels(spec: SegmentSpec, mapped: Callable[[list], list], arrays: List[np.ndarray]) -> tuple:
@@ -324,7 +283,7 @@ def _open_input(spec: SegmentSpec, rank: int, blocks: Iterable[tuple], connectin
     workers. Only then does opening wait for the ranks to connect.
     """
     shard = shards_for_claims(connecting.result().claims)[rank] if spec.feed.moves_shards else rank
-    start = spec.start.iteration if spec.single_pass is None else spec.single_pass.start_batch(spec.start.iteration)
+    start = spec.schedule.start_batch(spec.start.iteration)
     stream = spec.feed.open(shard, blocks, spec.local_batches[shard], start)
     try:
         return stream, next(stream), shard
@@ -346,22 +305,15 @@ def _close_when_connected(connecting: Future) -> None:
 
 
 def _cached_step(spec: SegmentSpec) -> Tuple[TrainStep, Optional[dict]]:
-    """The process's TrainStep (model + traced functions) for the payload, clipping and sharded tables, and the
-    ranks' shards kept with the step (None without sharded tables).
+    """The process's TrainStep (model + traced functions) for the payload, clipping and tables, and what the
+    rank's tables keep with the step (None: nothing)."""
+    key, build = spec.tables.step_model(spec.payload, max(spec.local_batches))
 
-    With sharded tables the step trains the model built with working tables instead, and the whole model is never
-    built here (``training.tables``).
-    """
-    key = f"{payload_key(spec.payload.value)}/train-step/{spec.clipping!r}"
-    plan = spec.sharding
-    if not plan.tables:
-        model = load_cached(spec.payload)  # the key names the model object: a reloaded model gets a new step
-        return cached(f"{key}/{id(model)}", lambda: TrainStep(model, spec.clipping, spec.table_updates)), None
-    local_batch = max(spec.local_batches)
-    return cached(f"{key}/sharded/{plan!r}/{local_batch}", lambda: (
-        TrainStep(working_model(ModelPayload.from_bytes(spec.payload.value), plan, local_batch), spec.clipping,
-                  spec.table_updates), {}))
+    def built() -> Tuple[TrainStep, Optional[dict]]:
+        model, kept = build()
+        return TrainStep(model, spec.clipping, spec.tables.updates, spec.tables.owned_positions(model)), kept
 
+    return cached(f"{payload_key(spec.payload.value)}/train-step/{spec.clipping!r}/{key}", built)
 
 def average_non_trainable(model: Any, communicator: Any) -> None:
     """All-reduce (mean) the non-trainable float variables, e.g. BatchNorm moving statistics."""

@@ -15,7 +15,7 @@ it. The rank then, in the same task:
    keeps its metric states' totals (the driver adds the ranks' up);
 3. trains one pass of ``ceil(n / batch_size)`` global batches with
    :func:`~sparktf.training.worker.loop.train_iterations`, the partial last
-   batch masked (:class:`~sparktf.training.worker.single_pass.SinglePass`);
+   batch masked (:class:`~sparktf.training.batch_schedule.SinglePass`);
 4. averages the non-trainable variables; rank 0 uploads the state;
 5. reports the pass with its next ``next_order``: its test totals and, on
    rank 0, the per-iteration losses and metrics.
@@ -42,12 +42,12 @@ from sparktf.data.specs import leaf_specs
 from sparktf.errors import task_record
 from sparktf.models.cache import batch_mapper
 from sparktf.spark.task_devices import prepare_tensorflow_task
-from sparktf.training.checkpoint import ModelState
+from sparktf.training.batch_schedule import SinglePass
 from sparktf.training.metric_state import metric_variables
+from sparktf.training.tables.rank_tables import RankTables
 from sparktf.training.worker.evaluation import keras_element
 from sparktf.training.worker.loop import average_non_trainable, prepared_step, state_source, train_iterations
 from sparktf.training.worker.segment_spec import SegmentResult, SegmentSpec
-from sparktf.training.worker.single_pass import SinglePass
 from sparktf.training.worker.step import TrainStep
 from sparktf.training.worker.step_clock import PhaseClock
 from sparktf.triggers import MaxIteration, TrainingProgress
@@ -162,6 +162,7 @@ class _RankPasses:
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.communicator, self.watch, self.heartbeat = communicator, watch, heartbeat
         self.step: Optional[TrainStep] = None
+        self.tables: Optional[RankTables] = None
 
     def prepare(self) -> None:
         """Load the model, trace and compile its step and Keras' test function on a batch of zeros (empty strings)
@@ -175,10 +176,9 @@ class _RankPasses:
                  else np.zeros((local[self.rank], *leaf.shape), leaf.dtype) for leaf in leaves]
         opened: Future = Future()
         opened.set_result((None, zeros, self.rank))
-        ready = dataclasses.replace(spec, single_pass=SinglePass(spec.start.iteration, tuple(local)))
+        ready = dataclasses.replace(spec, schedule=SinglePass(spec.start.iteration, tuple(local)))
         try:
-            self.step, _, _ = prepared_step(ready, opened, self.watch, self.heartbeat, self.rank, self.world_size,
-                                            long_run=True)
+            self._prepare(ready, opened, self.watch)
             test_batch = [np.concatenate([array] * TEST_BATCH_FACTOR) for array in zeros]
             _test_totals(self.step, ready, tuple(test_batch), len(test_batch[0]))  # Keras' test function traced too
         except Exception as error:  # noqa: BLE001 - traced on the first micro-batch instead, which raises what is wrong
@@ -201,26 +201,33 @@ class _RankPasses:
             spec, local_batches=local, metric_state=None,
             start=TrainingProgress(order.first_iteration, order.iterations, None, None),
             stop=MaxIteration(order.first_iteration + order.iterations),
-            single_pass=SinglePass(order.first_iteration, tuple(np.diff(bounds).tolist())))
+            schedule=SinglePass(order.first_iteration, tuple(np.diff(bounds).tolist())))
         batches = _pass_batches(shard, local[rank], order.iterations)
         if self.step is None:
             opened: Future = Future()
             opened.set_result((None, next(batches), rank))
-            self.step, _, _ = prepared_step(pass_spec, opened, watch, heartbeat, rank, self.world_size, long_run=True)
+            self._prepare(pass_spec, opened, watch)
             batches = _pass_batches(shard, local[rank], order.iterations)
         real = shard if bounds[rank + 1] > bounds[rank] else None
         heartbeat.phase = "test"
         totals = _test_totals(self.step, pass_spec, real, TEST_BATCH_FACTOR * local[rank])
         watch.lap("test")
         result = train_iterations(pass_spec, rank, rank, self.step, batches, self.communicator, watch, heartbeat,
-                                  None)
+                                  self.tables)
         average_non_trainable(self.step.model, self.communicator)
-        if rank == 0 and result.non_finite_iteration is None:
-            heartbeat.phase = "state_upload"
-            state_source(pass_spec, self.world_size).hand_back(rank, ModelState.capture(self.step.model,
-                                                                                         result.iteration), {})
-            watch.lap("state_upload")
+        if result.non_finite_iteration is None:
+            final, rows = self.tables.finish(self.step.model, result.iteration, rank, spec.secret, channel=True)
+            if final is not None:
+                heartbeat.phase = "state_upload"
+                state_source(pass_spec, self.world_size).hand_back(rank, final, rows)
+                watch.lap("state_upload")
         return _report(order, rank, totals, result)
+
+    def _prepare(self, spec: SegmentSpec, opened: Future, watch: PhaseClock) -> None:
+        """The process's step, warmed up on the batch ``opened`` holds, with the job's start state; the rank's tables."""
+        self.step, held, kept = prepared_step(spec, opened, watch, self.heartbeat, self.rank, self.world_size,
+                                              long_run=True)
+        self.tables = spec.tables.on_rank(self.step.model, self.rank, self.communicator, kept, held)
 
 
 def _shard(order: ResidentOrder, start: int, stop: int, local_batch: int) -> Block:

@@ -11,13 +11,12 @@ import numpy as np
 
 from sparktf.data.batch_maps import MappedElements
 from sparktf.spark.task_devices import GpuPlan
+from sparktf.training.batch_schedule import BatchSchedule, EndlessBatches
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.clipping import GradientClipping
-from sparktf.training.tables.plan import ShardPlan
-from sparktf.training.tables.update_form import TableUpdates
+from sparktf.training.tables.worker_tables import Replicated, WorkerTables
 from sparktf.training.worker.class_weights import ClassWeights
 from sparktf.training.worker.gradient_exchange import Traffic
-from sparktf.training.worker.single_pass import SinglePass
 from sparktf.training.worker.step_clock import RankAnatomy
 from sparktf.triggers import TrainingProgress, Trigger
 
@@ -76,17 +75,13 @@ class SegmentSpec:
         The functions each batch goes through before the model (the dataset's
         maps, the model's preprocessing); ``element_structure`` is what they
         return.
-    sharding : ShardPlan
-        The embedding tables the launch's workers split among them (see
-        :mod:`sparktf.training.tables`), planned on the driver.
-    table_updates : TableUpdates, optional
-        How the model's optimizer updates its tables, probed once on the
-        driver (None: probed here, when a table needs it).
-    optimizer_state_root : str, optional
-        Where the ranks write the sharded tables' optimizer state at the end (``optimizer_state_store``).
-    single_pass : SinglePass, optional
-        The segment reads each record of its shards once, its last batch
-        partial (a stream's micro-batch); None: the shards are read endlessly.
+    tables : WorkerTables
+        How the launch's workers hold the model's embedding tables (see
+        :mod:`sparktf.training.tables.worker_tables`): replicated, or split
+        among them as planned on the driver.
+    schedule : BatchSchedule
+        How the ranks read their shards: endlessly (epochs), or each record
+        once, the last batch partial (a stream's micro-batch: ``SinglePass``).
     profile_steps : tuple of int, optional
         ``(start, end)``: the iterations whose phases' wall-clock spans each
         rank keeps for the timeline.
@@ -108,10 +103,8 @@ class SegmentSpec:
     metric_state: Optional[np.ndarray] = None
     class_weight: Optional[ClassWeights] = None
     maps: Optional[MappedElements] = None
-    sharding: ShardPlan = ShardPlan((), 1)
-    table_updates: Optional[TableUpdates] = None
-    optimizer_state_root: Optional[str] = None
-    single_pass: Optional[SinglePass] = None
+    tables: WorkerTables = Replicated()
+    schedule: BatchSchedule = EndlessBatches()
     profile_steps: Optional[Tuple[int, int]] = None
 
 

@@ -89,10 +89,15 @@ class TrainStep:
         A compiled model with an optimizer (built here if it is not yet).
     clipping : GradientClipping, optional
         Clipping of the global gradient before the update.
+    table_updates : TableUpdates, optional
+        How the optimizer updates tables, as the driver probed it (None: probed here when a table needs it).
+    sharded : frozenset
+        The positions among the trainable variables of the tables their owners update
+        (``training.tables.worker_tables``): the step leaves them alone.
     """
 
     def __init__(self, model: Any, clipping: Optional[GradientClipping] = None,
-                 table_updates: Optional[TableUpdates] = None):
+                 table_updates: Optional[TableUpdates] = None, sharded: frozenset = frozenset()):
         self.model = model
         self._table_updates = table_updates  # as the driver probed them (None: probed here when a table needs it)
         self.optimizer = model.optimizer
@@ -107,7 +112,7 @@ class TrainStep:
         self.metric_names: List[str] = []
         self._exchange_call = _ExchangeCall()  # the traced step calls it; each run gives it that run's exchange
         self._update_fns: dict = {}  # by the positions of the gradients that travel as rows, and compiled or not
-        self.sharded: frozenset = frozenset()  # positions of sharded tables: their owners update them (tables/)
+        self._sharded = frozenset(sharded)
         self._xla_update: Optional[Any] = None  # an update in the step: its XLA-compiled function, once it takes it
         self._compile_tried = False  # whether the update in the step was lowered to XLA (or found not to lower)
         self._last_compiled = False  # whether the last iteration's update ran XLA-compiled
@@ -118,9 +123,7 @@ class TrainStep:
         self._loss_scaled = hasattr(self.optimizer, "inner_optimizer") and hasattr(self.optimizer, "scale_loss")
         self._weight = tf.Variable(1.0, trainable=False, dtype=tf.float32)
         self._weight_value = 1.0
-        self._step_fn = tf.function(self._step, autograph=False)  # as Keras' own train function
         self._traces: Dict[Any, Tuple[Any, _StepTrace]] = {}  # by the inputs' signature: the step, what it found
-        self._found: Optional[_StepTrace] = None  # what the trace running now found
         self.warmed_up = False
 
     def warm_up(self, features: Any, labels: Any, sample_weight: Any = None, long_run: bool = False) -> None:
@@ -229,11 +232,10 @@ class TrainStep:
         signature = repr(tf.nest.map_structure(_input_signature, (features, labels, sample_weight)))
         traced = self._traces.get(signature)
         if traced is None:
-            self._found = None
-            concrete = self._step_fn.get_concrete_function(features, labels, sample_weight)
-            found = self._found or next(  # tf.function's own trace of another signature of ours
-                trace for step, trace in self._traces.values() if step.graph is concrete.graph)
-            traced = self._traces[signature] = (concrete, found)
+            found: List[_StepTrace] = []  # the trace's finding, handed back by _step
+            step = tf.function(lambda *batch: self._step(*batch, found), autograph=False)  # as Keras' train function
+            concrete = step.get_concrete_function(features, labels, sample_weight)
+            traced = self._traces[signature] = (concrete, found[-1])
         return traced
 
     @property
@@ -251,12 +253,13 @@ class TrainStep:
         self._metric_sizes = [int(np.prod(v.shape, dtype=np.int64)) for v in self._metric_variables]
         self._metric_state = tf.Variable(tf.zeros([sum(self._metric_sizes)], tf.float64), trainable=False)
 
-    def _step(self, features: Any, labels: Any, sample_weight: Any) -> Tuple[tf.Tensor, tf.Tensor, list]:
+    def _step(self, features: Any, labels: Any, sample_weight: Any,
+              found: List["_StepTrace"]) -> Tuple[tf.Tensor, tf.Tensor, list]:
         """``(loss, learning rate, finite, metrics)``, the dense global gradients, the rows of the tables.
 
         A small model without tables applies its update here (see
-        :meth:`_applied_in_step`) and returns no gradients. What the trace
-        found goes to ``_found``, which :meth:`_traced_step` keeps with it.
+        :meth:`_update_in_step`) and returns no gradients. What the trace
+        found is appended to ``found``, which :meth:`_traced_step` keeps with it.
         """
         for metric in self._metrics:  # the states of this batch alone
             metric.reset_state()
@@ -283,11 +286,11 @@ class TrainStep:
         if self._metrics:
             outcome = tf.concat([outcome, self._epoch_metrics(layout.metric_states(fused))], axis=0)
         if layout.sparse or len(self.variables) > FUSED_UPDATE_MAX_VARIABLES:
-            self._found = _StepTrace(layout, update_in_step=False)
+            found.append(_StepTrace(layout, update_in_step=False))
             return outcome, update, sparse
         function = self._xla_update or self._update_in_step(layout, jit_compile=False)
         applied = tf.cond(finite, lambda: function(update, []), lambda: tf.constant(False))
-        self._found = _StepTrace(layout, update_in_step=True)
+        found.append(_StepTrace(layout, update_in_step=True))
         with tf.control_dependencies([applied]):
             return tf.identity(outcome), None, None
 
@@ -321,7 +324,6 @@ class TrainStep:
         if not _compiles(compiled, layout):
             return
         self._xla_update = compiled
-        self._step_fn = tf.function(self._step, autograph=False)
         self._traces.clear()
 
     def _epoch_metrics(self, global_states: tf.Tensor) -> tf.Tensor:
@@ -361,7 +363,7 @@ class TrainStep:
         seconds on a large model, which only a long job repays.
         """
         compile_now = bool(layout.sparse) or self._updates >= COMPILE_AFTER_UPDATES
-        key = (tuple(table.position for table in layout.sparse), compile_now, self.sharded)
+        key = (tuple(table.position for table in layout.sparse), compile_now)
         if key not in self._update_fns:
             self._update_fns[key] = self._built_update(layout, compile_now)
         return self._update_fns[key]
@@ -381,7 +383,7 @@ class TrainStep:
             return _Update(tf.function(lambda dense, sparse: self._update(layout, dense, sparse, row_kernels=True),
                                        input_signature=[dense_spec, rows], autograph=False), False)
         function = tf.function(update, input_signature=[dense_spec, rows], autograph=False)
-        if form != "rows" and compile_now and not self.sharded:  # sharded tables' rows: their owners apply them
+        if form != "rows" and compile_now and not self._sharded:  # sharded tables' rows: their owners apply them
             compiled = CompiledUpdate(update, [dense_spec], [table.shape for table in layout.sparse],
                                       as_dense=form == "dense")
             if compiled.compiles():
@@ -392,7 +394,7 @@ class TrainStep:
                 row_kernels: bool = False) -> tf.Tensor:
         """Clip the global gradients and apply them: all through ``optimizer.apply``, or (``row_kernels``) each
         table's rows through :func:`~sparktf.training.tables.sparse_kernels.apply_rows` first, then the rest."""
-        gradients = [None if position in self.sharded else map_values(lambda v: tf.cast(v, variable.dtype), g)
+        gradients = [None if position in self._sharded else map_values(lambda v: tf.cast(v, variable.dtype), g)
                      for position, (g, variable) in enumerate(zip(layout.gradients(dense, sparse), self.variables))]
         if not self._loss_scaled:
             gradients = self.clipping.apply(gradients)
@@ -402,14 +404,14 @@ class TrainStep:
             gradients = [map_values(lambda v: v * scale, g) for g in unscaled]
         if not row_kernels:
             kept = [(g, v) for position, (g, v) in enumerate(zip(gradients, self.variables))
-                    if position not in self.sharded]
+                    if position not in self._sharded]
             self.optimizer.apply([g for g, _ in kept], [v for _, v in kept])
             return tf.constant(True)
-        tables = {table.position for table in layout.sparse} - self.sharded
+        tables = {table.position for table in layout.sparse} - self._sharded
         for position in sorted(tables):  # before apply(), which advances iterations (the schedule's step)
             apply_rows(self.optimizer, self.variables[position], gradients[position], unique_indices=True)
         rest = [(g, v) for position, (g, v) in enumerate(zip(gradients, self.variables))
-                if position not in tables | self.sharded]
+                if position not in tables | self._sharded]
         if rest:
             self.optimizer.apply([g for g, _ in rest], [v for _, v in rest])
         else:

@@ -1,4 +1,5 @@
-"""One pass over a segment's records: the global batches of a stream's micro-batch.
+"""How a segment's ranks read their batches: endlessly, in epochs (:class:`EndlessBatches`), or once, the global
+batches of a stream's micro-batch (:class:`SinglePass`). Made on the driver, read on the workers.
 
 A training segment normally reads its workers' shards endlessly, in batches
 of exactly the local batch size. A :class:`SinglePass` segment (one
@@ -20,15 +21,44 @@ that batch alone. TensorFlow-free.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["SinglePass"]
+__all__ = ["BatchSchedule", "EndlessBatches", "SinglePass"]
+
+
+class BatchSchedule:
+    """Where a segment's ranks start reading, what each batch weighs, and whether the segment may grow back."""
+
+    #: Whether a launch on fewer workers may end at an epoch's end to grow back there.
+    grows_back = True
+
+    def on(self, shard_records: Callable[[], Sequence[int]]) -> "BatchSchedule":
+        """The schedule of a launch whose ranks' shards hold ``shard_records()`` records."""
+        return self
+
+    def start_batch(self, iteration: int) -> int:
+        """The index of the batch after ``iteration`` in the ranks' streams (where a relaunched reader starts)."""
+        return iteration
+
+    def weights(self, rank: int, iteration: int, local_batches: Sequence[int],
+                sample_weight: Optional[np.ndarray]) -> Tuple[float, Optional[np.ndarray]]:
+        """``(weight, sample_weight)`` of rank ``rank``'s batch at absolute ``iteration``: its share of the global
+        batch (the step scales its loss and gradients by it) and the batch's sample weights."""
+        return local_batches[rank] / sum(local_batches), sample_weight
+
+    def warm_up_weights(self, sample_weight: Optional[np.ndarray], batch: int) -> Optional[np.ndarray]:
+        """The sample weights of a warm-up batch, as the segment's batches will carry them (one traced step)."""
+        return sample_weight
+
+
+class EndlessBatches(BatchSchedule):
+    """A segment that reads its shards endlessly, in batches of exactly the local batch size (epochs)."""
 
 
 @dataclass(frozen=True)
-class SinglePass:
+class SinglePass(BatchSchedule):
     """A segment that reads its shards once.
 
     Attributes
@@ -42,13 +72,24 @@ class SinglePass:
     first_iteration: int
     shard_records: Tuple[int, ...] = ()
 
-    def on(self, shard_records: Sequence[int]) -> "SinglePass":
-        """This pass over shards of ``shard_records``."""
-        return SinglePass(self.first_iteration, tuple(int(n) for n in shard_records))
+    grows_back = False
+
+    def on(self, shard_records: Callable[[], Sequence[int]]) -> "SinglePass":
+        """This pass over shards of ``shard_records()`` records."""
+        return SinglePass(self.first_iteration, tuple(int(n) for n in shard_records()))
 
     def start_batch(self, iteration: int) -> int:
-        """The index in the pass of the batch after ``iteration`` (where a relaunched reader starts)."""
         return iteration - self.first_iteration
+
+    def weights(self, rank: int, iteration: int, local_batches: Sequence[int],
+                sample_weight: Optional[np.ndarray]) -> Tuple[float, Optional[np.ndarray]]:
+        """The pass's last batch is partial: its fill weighs nothing (see the module's docstring)."""
+        weight, mask = self.step(rank, iteration, local_batches)
+        return weight, self.masked(mask, sample_weight, local_batches[rank])
+
+    def warm_up_weights(self, sample_weight: Optional[np.ndarray], batch: int) -> Optional[np.ndarray]:
+        """A pass's batches all carry weights."""
+        return self.masked(None, sample_weight, batch)
 
     def step(self, rank: int, iteration: int, local_batches: Sequence[int]) -> Tuple[float, Optional[np.ndarray]]:
         """``(weight, mask)`` of rank ``rank``'s batch at absolute ``iteration``.
