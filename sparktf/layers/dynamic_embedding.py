@@ -62,7 +62,7 @@ class DynamicEmbedding(keras.layers.Layer):
     string layer returns those fingerprints.
 
     In training (``training=True``) with :attr:`admits_in_call` True (the
-    default), each call first :meth:`observe`\\ s its ids, so with
+    default), each call first passes its ids to :meth:`observe`, so with
     ``admit_after=1`` a new id reads its own row in the step that first sees
     it. Inference only looks up and changes nothing. With
     ``admit_after=1``, no eviction and the capacity not reached, training
