@@ -265,3 +265,10 @@ def test_bad_arguments_raise_configuration_errors_naming_them(kwargs, argument):
 def test_float_ids_raise_a_configuration_error():
     with pytest.raises(ConfigurationError, match="dtype='int64'"):
         DynamicEmbedding(DIM, 8)(np.array([1.5, 2.0], np.float32))
+
+
+def test_the_package_exposes_the_layers_lazily():
+    import sparktf
+
+    assert sparktf.layers.DynamicEmbedding is DynamicEmbedding
+    assert keras.saving.get_registered_name(DynamicEmbedding) == "sparktf>DynamicEmbedding"
