@@ -92,6 +92,7 @@ def test_an_id_gets_its_row_at_its_admit_after_th_sighting():
     vector = layer(np.array([42]), training=True).numpy()[0]
     np.testing.assert_array_equal(layer.keys(), [42])
     np.testing.assert_allclose(vector, layer.embeddings.numpy()[0], atol=1e-7)
+    assert not _is_fallback_row(vector, layer)
     assert layer.stats() == {"rows": 1, "capacity": 8, "fallback_reads": 4, "refused_full": 0, "evicted": 0,
                              "step": 3}
     inference = layer(np.array([42, 8]), training=False).numpy()

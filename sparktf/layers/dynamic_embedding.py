@@ -47,6 +47,18 @@ def _check_evict(evict: Any) -> Optional[Dict[str, Any]]:
     return {"lfu": float(value)}
 
 
+def _fallback_initializer(initializer: keras.initializers.Initializer) -> keras.initializers.Initializer:
+    """The fallback table's initializer: the tables' initializer with another seed (the next one, or a random one
+    for an unseeded initializer). A random initializer's draws of two shapes with one seed share their first values:
+    with one initializer, fallback bin ``r`` would start equal to row ``r``."""
+    config = initializer.get_config()
+    if "seed" not in config:  # not random (zeros, ones, constant): nothing to tell apart
+        return initializer
+    seed = config["seed"]
+    config["seed"] = seed + 1 if isinstance(seed, int) else None
+    return type(initializer).from_config(config)
+
+
 @keras.saving.register_keras_serializable(package="sparktf")
 class DynamicEmbedding(keras.layers.Layer):
     """An embedding table whose rows go to the ids it sees, up to ``capacity`` rows, with a hashed fallback table.
@@ -117,7 +129,8 @@ class DynamicEmbedding(keras.layers.Layer):
     fallback_bins : int
         The rows of the fallback table.
     embeddings_initializer : str or keras.initializers.Initializer
-        The initializer of both tables, as ``keras.layers.Embedding``'s.
+        The initializer of the table, as ``keras.layers.Embedding``'s; the
+        fallback table's is the same with the next seed.
     name : str or None
         The layer's name.
     **kwargs
@@ -160,8 +173,8 @@ class DynamicEmbedding(keras.layers.Layer):
         capacity, dim = self.capacity, self.output_dim
         self.embeddings = self.add_weight(shape=(capacity, dim), initializer=self.embeddings_initializer,
                                           name="embeddings", trainable=True)
-        self.fallback = self.add_weight(shape=(self.fallback_bins, dim), initializer=self.embeddings_initializer,
-                                        name="fallback", trainable=True)
+        self.fallback = self.add_weight(shape=(self.fallback_bins, dim), name="fallback", trainable=True,
+                                        initializer=_fallback_initializer(self.embeddings_initializer))
 
         def state(name: str, shape: tuple, dtype: str) -> keras.Variable:
             return self.add_weight(shape=shape, initializer="zeros", dtype=dtype, name=name, trainable=False)
