@@ -177,7 +177,8 @@ class DynamicEmbedding(keras.layers.Layer):
                                         initializer=_fallback_initializer(self.embeddings_initializer))
 
         def state(name: str, shape: tuple, dtype: str) -> keras.Variable:
-            return self.add_weight(shape=shape, initializer="zeros", dtype=dtype, name=name, trainable=False)
+            return self.add_weight(shape=shape, initializer="zeros", dtype=dtype, name=name, trainable=False,
+                                   autocast=False)
 
         self.row_keys = state("row_keys", (capacity,), "int64")
         self.row_used = state("row_used", (capacity,), "int32")
