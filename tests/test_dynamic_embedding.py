@@ -226,6 +226,16 @@ def test_string_ids_train_and_predict():
     assert _is_fallback_row(vectors[1], layer)
 
 
+def test_a_mixed_precision_layer_trains_float32_tables_and_returns_float16():
+    layer = DynamicEmbedding(DIM, 8, embeddings_initializer=_initializer(), dtype="mixed_float16")
+    model = _model(layer, width=0, dense=False)
+    _fit(model, keras.optimizers.SGD(0.5), np.array([1, 2, 1, 3]), np.ones((4, DIM)), batch_size=2)
+    assert layer.embeddings.dtype == "float32" and model.outputs[0].dtype == "float16"
+    np.testing.assert_array_equal(layer.keys(), [1, 2, 3])
+    np.testing.assert_allclose(layer.score.numpy()[:3], [2, 1, 1], atol=1e-6)
+    assert np.abs(layer.embeddings.numpy()[0] - _initializer()((8, DIM))[0]).max() > 1e-2
+
+
 def test_copies_given_the_same_observations_have_identical_state():
     copies = [DynamicEmbedding(DIM, 6, admit_after=2, evict={"lfu": 0.5}, embeddings_initializer=_initializer())
               for _ in range(2)]
