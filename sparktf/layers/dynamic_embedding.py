@@ -48,15 +48,14 @@ def _check_evict(evict: Any) -> Optional[Dict[str, Any]]:
 
 
 def _fallback_initializer(initializer: keras.initializers.Initializer) -> keras.initializers.Initializer:
-    """The fallback table's initializer: the tables' initializer with another seed (the next one, or a random one
-    for an unseeded initializer). A random initializer's draws of two shapes with one seed share their first values:
-    with one initializer, fallback bin ``r`` would start equal to row ``r``."""
-    config = initializer.get_config()
-    if "seed" not in config:  # not random (zeros, ones, constant): nothing to tell apart
+    """The fallback table's initializer: the table's with the next seed. A random initializer's draws of two shapes
+    with one int seed share their first values: with one initializer, fallback bin ``r`` would start equal to row
+    ``r``. An unseeded Keras initializer made its int seed when constructed, so this draws no random number (a model
+    built after ``keras.utils.set_random_seed`` gets the same seeds as with ``keras.layers.Embedding``)."""
+    seed = getattr(initializer, "seed", None)
+    if not isinstance(seed, int):  # not random (zeros, constant), or a SeedGenerator's draws that differ anyway
         return initializer
-    seed = config["seed"]
-    config["seed"] = seed + 1 if isinstance(seed, int) else None
-    return type(initializer).from_config(config)
+    return type(initializer).from_config({**initializer.get_config(), "seed": seed + 1})
 
 
 @keras.saving.register_keras_serializable(package="sparktf")
