@@ -104,7 +104,8 @@ def test_an_id_gets_its_row_at_its_admit_after_th_sighting():
     inference = layer(np.array([42, 8]), training=False).numpy()
     np.testing.assert_allclose(inference[0], layer.embeddings.numpy()[0], atol=1e-7)
     assert _is_fallback_row(inference[1], layer) and layer.stats()["step"] == 3  # inference changes nothing
-    assert layer.sketch.shape == (4, 1024)
+    assert layer.sketch.shape == (4, 1024) and layer.sketch.numpy().sum() == 4 * 5  # 42 3 times, 8 and 9 once
+    assert layer.evict() == 0 and layer.sketch.numpy().sum() == 4 * 1  # aged: 3 halves to 1, 1 to 0
 
 
 def test_a_full_table_refuses_ids_to_the_fallback_rows_which_train():

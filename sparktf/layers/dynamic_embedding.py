@@ -4,7 +4,7 @@ fallback table to the rest; and ``DynamicEmbeddingEviction``, the callback that 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 import numpy as np
@@ -88,7 +88,9 @@ class DynamicEmbedding(keras.layers.Layer):
     count is never under-estimated and over-estimated by at most
     ``e * N / width`` (``N`` the sightings counted) with probability
     ``1 - e**-4``; every counter is halved at each :meth:`evict` (TinyLFU's
-    aging), so old sightings fade.
+    aging, with any ``evict`` policy, ``None`` too), so old sightings fade.
+    The counters are int32: a layer never evicted wraps a counter after
+    2**31 sightings hashed to it.
 
     Eviction (``evict``) runs between steps, never inside one, by
     :meth:`evict` (the :class:`DynamicEmbeddingEviction` callback calls it at
@@ -208,7 +210,7 @@ class DynamicEmbedding(keras.layers.Layer):
                                      f"{ids.dtype.name}; give the model's input dtype='int64' (or 'string')")
         return tf.reshape(keys, [-1])
 
-    def _find(self, keys: tf.Tensor):
+    def _find(self, keys: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
         """``(found, rows)`` of the 1-D int64 ``keys``: whether each holds a row, and that row (meaningless when
         not found)."""
         size = tf.convert_to_tensor(self.size)
@@ -222,10 +224,9 @@ class DynamicEmbedding(keras.layers.Layer):
         used_rows = tf.cast(tf.where(tf.convert_to_tensor(self.row_used) > 0)[:, 0], tf.int32)
         keys = tf.gather(self.row_keys, used_rows)
         order = tf.argsort(keys, stable=True)
-        padding = self.capacity - tf.size(used_rows)
-        self.sorted_keys.assign(tf.concat([tf.gather(keys, order), tf.fill([padding], tf.constant(_INT64_MAX,
-                                                                                                  tf.int64))], 0))
-        self.sorted_rows.assign(tf.concat([tf.gather(used_rows, order), tf.zeros([padding], tf.int32)], 0))
+        padding = [self.capacity - tf.size(used_rows)]
+        self.sorted_keys.assign(tf.concat([tf.gather(keys, order), tf.fill(padding, tf.constant(_INT64_MAX))], 0))
+        self.sorted_rows.assign(tf.concat([tf.gather(used_rows, order), tf.zeros(padding, tf.int32)], 0))
 
     def _set_rows(self, rows: tf.Tensor, **values: Any) -> None:
         """Scatter one value per state variable (``row_used=1``, ...) into the rows ``rows``."""
@@ -303,7 +304,8 @@ class DynamicEmbedding(keras.layers.Layer):
     def evict(self, optimizer: Optional[keras.optimizers.Optimizer] = None) -> int:
         """Free rows by the ``evict`` policy; call it between steps (eagerly), never inside one.
 
-        Halves the sketch's counters (``admit_after > 1``), then frees the
+        Halves the sketch's counters (``admit_after > 1``, whatever the
+        policy, ``None`` too), then frees the
         rows the policy picks (see the class docstring): each is marked free,
         its key leaves ``sorted_keys``, its ``embeddings`` row is redrawn
         from the initializer and, with ``optimizer``, its slots in the
@@ -320,10 +322,12 @@ class DynamicEmbedding(keras.layers.Layer):
         int
             The rows freed (0 with ``evict=None``).
         """
-        if self.eviction is None or not self.built:
+        if not self.built:
             return 0
         if self.sketch is not None:
             self.sketch.assign(self.sketch // 2)
+        if self.eviction is None:
+            return 0
         used = tf.where(tf.convert_to_tensor(self.row_used) > 0)[:, 0]
         if "ttl_steps" in self.eviction:
             idle = tf.convert_to_tensor(self.step) - tf.gather(self.last_seen, used)
