@@ -105,7 +105,12 @@ class DynamicEmbedding(keras.layers.Layer):
 
     A freed row is redrawn from ``embeddings_initializer`` (row ``r`` of the
     full ``[capacity, output_dim]`` draw: with a seeded initializer, the
-    value row ``r`` started with) and its optimizer slots are reset.
+    value row ``r`` started with; the draw holds a table's worth of memory
+    while :meth:`evict` runs) and its optimizer slots are reset.
+
+    ``step`` counts :meth:`observe` calls (a model calling the layer twice
+    in a step counts two); ``refused_full`` counts an id once per call in
+    which the table had no room for it.
 
     All state is variables of the layer (``model.get_weights()``,
     ``model.save`` and checkpoints carry it): trainable ``embeddings``
@@ -145,9 +150,10 @@ class DynamicEmbedding(keras.layers.Layer):
     Attributes
     ----------
     admits_in_call : bool
-        Whether a training call observes its own ids (True). sparktf's
-        distributed trainer sets it False and calls :meth:`observe` itself
-        with the global batch's ids on every rank before each step.
+        Whether a training call observes its own ids (True). A trainer
+        that observes the global batch's ids itself, on every rank before
+        each step (as sparktf's distributed trainer is to), sets it False;
+        training calls then only look up.
     """
 
     def __init__(self, output_dim: int, capacity: int, admit_after: int = 1, evict: Optional[Dict[str, Any]] = None,
