@@ -16,7 +16,7 @@ from sparktf.errors import ConfigurationError
 from sparktf.layers import DynamicEmbedding, DynamicEmbeddingEviction
 from sparktf.layers.sketch import FALLBACK_SALT, bucket
 from sparktf.layers.slots import table_slots
-from sparktf.optimizers import RowWiseAdagrad
+from sparktf.optimizers import LazyAdam, RowWiseAdagrad
 
 DIM = 4
 
@@ -164,6 +164,33 @@ def test_ttl_eviction_frees_idle_rows_to_fresh_values_and_slots():
     layer.observe(np.array([5]))
     np.testing.assert_array_equal(layer.keys(), [5, 6])
     np.testing.assert_allclose(model.predict(np.array([5]), verbose=0)[0], initial[0], atol=1e-7)
+
+
+SLOT_RESETS = {  # optimizer, its slots of a table and their initial value
+    "adagrad": (lambda: keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.3), 1, 0.3),
+    "lazy_adam": (lambda: LazyAdam(0.1), 2, 0.0),
+    "row_wise_adagrad": (lambda: RowWiseAdagrad(0.1), 1, 0.0),
+    "sgd_momentum": (lambda: keras.optimizers.SGD(0.1, momentum=0.9), 1, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SLOT_RESETS))
+def test_a_freed_row_gets_its_slots_initial_values_back(name):
+    make, slots, initial = SLOT_RESETS[name]
+    layer, optimizer = DynamicEmbedding(DIM, 4, evict={"ttl_steps": 1}), make()
+    for ids in ([1, 2], [2], [2]):  # id 1 (row 0) idle for 2 steps
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(layer(np.array(ids), training=True) - 1))
+        optimizer.apply(tape.gradient(loss, layer.trainable_variables), layer.trainable_variables)
+    found = table_slots(optimizer, layer.embeddings)
+    assert len(found) == slots
+    trained = [slot.numpy().copy() for slot, _ in found]
+    assert all(np.abs(values[0] - initial).min() > 1e-4 for values in trained)
+    assert layer.evict(optimizer) == 1
+    for (slot, value), before in zip(found, trained):
+        assert value == pytest.approx(initial)
+        np.testing.assert_allclose(slot.numpy()[0], initial, atol=1e-7)
+        np.testing.assert_array_equal(slot.numpy()[1:], before[1:])
 
 
 def test_lfu_eviction_by_the_callback_makes_room_for_refused_ids():
