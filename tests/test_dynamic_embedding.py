@@ -57,7 +57,7 @@ SLOTS = {"sgd_momentum": 1, "adam": 2, "row_wise_adagrad": 1}
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_training_equals_a_fixed_embedding_fed_first_seen_indices(name):
     rng = np.random.default_rng(0)
-    pool = np.concatenate([rng.integers(-2 ** 62, 2 ** 62, 30), [0, 1, 2, -1]])
+    pool = np.concatenate([rng.integers(-2 ** 62, 2 ** 62, 30), np.array([0, 1, 2, -1, 2 ** 63 - 1, -2 ** 63])])
     x = rng.choice(pool, size=(2000, 2))
     y = rng.normal(size=(2000, 1)).astype("float32")
     first_seen = {key: index for index, key in enumerate(dict.fromkeys(x.reshape(-1).tolist()))}
