@@ -49,8 +49,8 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    if name == "optimizers":  # a subpackage: sparktf.optimizers.LazyAdam without importing it first
-        return importlib.import_module("sparktf.optimizers")
+    if name in ("optimizers", "layers"):  # subpackages: sparktf.layers.DynamicEmbedding without importing it first
+        return importlib.import_module(f"sparktf.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'sparktf' has no attribute {name!r}")

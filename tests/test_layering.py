@@ -19,11 +19,12 @@ ROOT = pathlib.Path(sparktf.__file__).parent
 # worker's loop in its jobs). Fractional layers order a package's own parts and
 # never let them import a sibling package of the same whole layer.
 LAYERS = {
-    "sparktf.errors": 0,
+    "sparktf.errors": -1,  # below every layer: a foundation module may raise sparktf's errors
     "sparktf.triggers": 0,
     "sparktf.context": 3,
     "sparktf.tf_startup": 0,
     "sparktf.optimizers": 0,
+    "sparktf.layers": 0,
     "sparktf.process_state": 0,
     "sparktf.spark": 2,
     "sparktf.collective": 1,
