@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from sparktf.models.batch_errors import essential_line
 
-__all__ = ["MIN_PADDED_ROWS", "CompiledUpdate", "host_padded_rows", "lowers_to_hlo"]
+__all__ = ["MIN_PADDED_ROWS", "CompiledUpdate", "host_padded_rows", "lowers_to_hlo", "update_in_form"]
 
 _LOG = logging.getLogger("sparktf.optimizer")
 
@@ -122,3 +122,25 @@ class CompiledUpdate:
         if self._concrete is None:
             self._concrete = self._function.get_concrete_function()
         return self._concrete(*leading, *parts)
+
+
+def update_in_form(form: str, update: Callable[..., Any], row_kernels: Callable[..., Any],
+                   leading: Sequence[tf.TensorSpec], tables: Sequence[Tuple[int, ...]],
+                   compile_now: bool = True) -> Tuple[Any, bool]:
+    """``(function, compiled)``: an update ``(*leading, rows) -> ...`` of ``tables`` (one ``tf.IndexedSlices`` each)
+    in the ``form`` ``update_form`` finds for the optimizer; the one dispatch on that form, for the step's update and
+    for a shard's.
+
+    ``"kernel"``: ``row_kernels``, the optimizer's exact row update of the touched rows alone. ``"dense"`` (Adam,
+    momentum: every row moves) and ``"padded"`` (SGD): ``update`` XLA-compiled, which fuses the passes over the
+    table (when ``compile_now`` and XLA lowers it). Otherwise (``"rows"`` too): ``update`` as TensorFlow ops.
+    """
+    rows = [tf.IndexedSlicesSpec(shape, tf.float32, tf.int64, tf.int64, [None]) for shape in tables]
+    signature = [*leading, rows]
+    if form == "kernel":
+        return tf.function(row_kernels, input_signature=signature, autograph=False), False
+    if form != "rows" and compile_now:
+        compiled = CompiledUpdate(update, leading, tables, as_dense=form == "dense")
+        if compiled.compiles():
+            return compiled, True
+    return tf.function(update, input_signature=signature, autograph=False), False

@@ -40,7 +40,7 @@ from sparktf.models.keras_internals import row_state_variables, tracked_variable
 from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.clipping import GradientClipping
-from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, CompiledUpdate
+from sparktf.training.tables.compiled_update import MIN_PADDED_ROWS, update_in_form
 from sparktf.training.tables.lookups import input_names
 from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, read_optimizer_state_rows,
                                                            write_manifest, write_optimizer_state_rows)
@@ -143,7 +143,7 @@ class _Shard:
     end: int
     rows: Any  # keras.Variable of the owned rows
     optimizer: Any  # the model optimizer's clone, built on ``rows``
-    update: Any  # tf.function(slices) -> None
+    update: Any  # update([slices]) -> None
     gather: Any  # tf.function(local ids) -> their rows
     initial: Dict[str, np.ndarray]  # a fresh optimizer-state row, by kind
     ids: Optional[np.ndarray] = None  # the step's unique ids: working-table position -> id
@@ -264,8 +264,8 @@ class RankShards(RankTables):
             ids, rows = shard.pending if shard.pending is not None else (
                 np.zeros(0, np.int64), np.zeros((0, *shard.table.row_shape), np.float32))
             rows = clipping.apply_to_rows(rows)
-            shard.update(tf.IndexedSlices(tf.constant(rows, tf.float32), tf.constant(ids, tf.int64),
-                                          tf.constant([shard.table.rows_per_rank, *shard.table.row_shape], tf.int64)))
+            shard.update([tf.IndexedSlices(tf.constant(rows, tf.float32), tf.constant(ids, tf.int64),
+                                           tf.constant([shard.table.rows_per_rank, *shard.table.row_shape], tf.int64))])
             shard.pending = None
 
     def finish(self, model: Any, iteration: int, rank: int, launch_secret: bytes,
@@ -433,23 +433,11 @@ def _gather_function(rows: Any, form: str) -> Any:
 
 
 def _update_function(optimizer: Any, rows: Any, form: str) -> Any:
-    """``update(slices)``: the optimizer's step on the shard, in the form ``update_form`` finds for it.
+    """``update([slices])``: the optimizer's step on the shard, in the form ``update_form`` finds for it
+    (:func:`~sparktf.training.tables.compiled_update.update_in_form`)."""
+    def row_kernels(sparse: List[tf.IndexedSlices]) -> None:
+        apply_rows(optimizer, rows, sparse[0], unique_indices=True)
+        optimizer.iterations.assign_add(1)
 
-    ``"dense"`` (Adam, momentum: every row moves) and ``"padded"`` (SGD) are
-    XLA-compiled, which fuses the passes over the shard; ``"kernel"`` is the
-    optimizer's exact row update; anything else Keras' own update of the rows.
-    """
-    shape = tuple(int(d) for d in rows.shape)
-    slices_spec = tf.IndexedSlicesSpec([None, *shape[1:]], tf.float32, tf.int64, tf.int64, [None])
-    if form == "kernel":
-        def update(slices: tf.IndexedSlices) -> None:
-            apply_rows(optimizer, rows, slices, unique_indices=True)
-            optimizer.iterations.assign_add(1)
-
-        return tf.function(update, input_signature=[slices_spec], autograph=False)
-    if form == "rows":
-        return tf.function(lambda slices: optimizer.apply([slices], [rows]), input_signature=[slices_spec],
-                           autograph=False)
-    compiled = CompiledUpdate(lambda gradients: optimizer.apply(gradients, [rows]), [], [shape],
-                              as_dense=form == "dense")
-    return lambda slices: compiled([slices])
+    return update_in_form(form, lambda sparse: optimizer.apply(sparse, [rows]), row_kernels, [],
+                          [tuple(int(d) for d in rows.shape)])[0]

@@ -39,7 +39,7 @@ from sparktf.errors import InternalError
 from sparktf.training.clipping import GradientClipping, map_values
 from sparktf.training.metric_state import (build_metrics, metric_results, metric_variables, result_names,
                                            training_metrics)
-from sparktf.training.tables.compiled_update import CompiledUpdate, lowers_to_hlo
+from sparktf.training.tables.compiled_update import lowers_to_hlo, update_in_form
 from sparktf.training.tables.sparse_kernels import apply_rows
 from sparktf.training.tables.update_form import TableUpdates
 from sparktf.training.worker.failures import exchange_failure
@@ -370,25 +370,15 @@ class TrainStep:
 
     def _built_update(self, layout: GradientLayout, compile_now: bool) -> "_Update":
         """The update as TensorFlow ops, or (``compile_now``) XLA-compiled where ``update_form`` and XLA allow."""
-        dense_spec = tf.TensorSpec([layout.gradient_size], tf.float32)
-        rows = [tf.IndexedSlicesSpec(table.shape, tf.float32, tf.int64, tf.int64, [None]) for table in layout.sparse]
-
-        def update(dense: tf.Tensor, sparse: list) -> tf.Tensor:
-            return self._update(layout, dense, sparse)
-
         if layout.sparse and self._table_updates is None:
             self._table_updates = TableUpdates.probe(self.optimizer)
         form = self._table_updates.form(len(layout.sparse)) if layout.sparse else "dense"
-        if form == "kernel":  # the touched rows alone, with the optimizer's exact row update
-            return _Update(tf.function(lambda dense, sparse: self._update(layout, dense, sparse, row_kernels=True),
-                                       input_signature=[dense_spec, rows], autograph=False), False)
-        function = tf.function(update, input_signature=[dense_spec, rows], autograph=False)
-        if form != "rows" and compile_now and not self._sharded:  # sharded tables' rows: their owners apply them
-            compiled = CompiledUpdate(update, [dense_spec], [table.shape for table in layout.sparse],
-                                      as_dense=form == "dense")
-            if compiled.compiles():
-                return _Update(compiled, True)
-        return _Update(function, False)
+        function, compiled = update_in_form(
+            form, lambda dense, sparse: self._update(layout, dense, sparse),
+            lambda dense, sparse: self._update(layout, dense, sparse, row_kernels=True),
+            [tf.TensorSpec([layout.gradient_size], tf.float32)], [table.shape for table in layout.sparse],
+            compile_now and not self._sharded)  # sharded tables' rows: their owners apply them
+        return _Update(function, compiled)
 
     def _update(self, layout: GradientLayout, dense: tf.Tensor, sparse: List[tf.IndexedSlices],
                 row_kernels: bool = False) -> tf.Tensor:
