@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 
 __all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone", "StorageError",
            "ConfigurationError", "InternalError", "CancelledError", "FailureRecord", "WorkerTraceback", "task_record",
-           "record_of"]
+           "record_of", "relaunch_helps"]
 
 
 class SparkTFError(Exception):
@@ -199,3 +199,13 @@ def record_of(error: BaseException) -> FailureRecord:
     """The record an error raised on the driver was made from (:meth:`FailureRecord.to_error`), else its own."""
     record = getattr(error, "record", None)
     return record if isinstance(record, FailureRecord) else FailureRecord.of(error)
+
+
+def relaunch_helps(error: BaseException) -> bool:
+    """Whether relaunching the work that failed with ``error`` may succeed (the driver's one rule).
+
+    Decided by the error's :class:`FailureRecord` alone (:attr:`FailureRecord.relaunch_helps`): not for bad data,
+    a failing model, a setting that cannot work, a bug of sparktf's, a path its store refuses or a dead driver JVM.
+    Those fail the same way again, so they are raised at once.
+    """
+    return record_of(error).relaunch_helps

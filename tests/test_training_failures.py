@@ -148,7 +148,7 @@ def test_only_failures_a_relaunch_can_mend_are_relaunched_and_a_record_keeps_cla
 
     from sparktf.errors import ConfigurationError, DriverJVMGone, InternalError, StorageError
     from sparktf.errors import FailureRecord
-    from sparktf.training.worker.failures import relaunch_helps
+    from sparktf.errors import relaunch_helps
 
     never = [DataError("x"), ModelError("x"), ConfigurationError("x"), DriverJVMGone("x"), StorageError("no such key"),
              InternalError("x")]
@@ -173,7 +173,8 @@ def test_only_failures_a_relaunch_can_mend_are_relaunched_and_a_record_keeps_cla
                                               ("CollectiveError", "CollectiveError")])
 def test_a_failing_gradient_exchange_is_sparktfs_error_never_the_datas(raised, expected):
     from sparktf import errors
-    from sparktf.training.worker.failures import classified_failures, relaunch_helps
+    from sparktf.errors import relaunch_helps
+    from sparktf.training.worker.failures import classified_failures
     from sparktf.training.worker.step import TrainStep
 
     raised = errors.CollectiveError("rank 1 vanished") if raised == "CollectiveError" else raised

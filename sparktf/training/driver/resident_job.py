@@ -36,13 +36,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from sparktf.data.staged_batches import StagedBatch
-from sparktf.errors import DataError, TrainingError
+from sparktf.errors import DataError, TrainingError, relaunch_helps
 from sparktf.spark.calls import call_scope
 from sparktf.spark.cluster import watchdog_slack
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.driver.served_job import served_job
-from sparktf.training.state_source import joined_uploads
-from sparktf.training.worker.failures import relaunch_helps
+from sparktf.training.state_source import StateSource, joined_uploads
 from sparktf.training.worker.resident import ORDER_WAIT_SECONDS, ResidentOrder, run_resident
 from sparktf.training.worker.segment_spec import SegmentSpec
 
@@ -251,7 +250,8 @@ class ResidentJob:
             with self._lock:
                 self._channel, self._cursor, self._reports = job.channel, {}, {}
             job.channel.give_orders(self._order)
-            spec = dataclasses.replace(self._spec, secret=job.secret, directory=job.address)
+            spec = dataclasses.replace(self._spec, source=StateSource(job.address, job.secret, self._workers,
+                                                                      self._spec.collective_timeout))
             placeholder = self._session_blocks()
             job.run(partial(placeholder.collect, partial(run_resident, spec), barrier=True, profile=self._profile),
                     what, self._spec.collective_timeout)

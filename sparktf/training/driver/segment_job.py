@@ -28,14 +28,13 @@ import time
 from functools import partial
 from typing import Any, Callable, Optional
 
-from sparktf.errors import SparkTFError, TrainingError
+from sparktf.errors import SparkTFError, TrainingError, relaunch_helps
 from sparktf.spark.jobs import run_job
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.driver.inputs import WorkerInputs
 from sparktf.training.driver.membership import Membership
 from sparktf.training.driver.served_job import served_job
-from sparktf.training.state_source import joined_uploads
-from sparktf.training.worker.failures import relaunch_helps
+from sparktf.training.state_source import StateSource, joined_uploads
 from sparktf.training.worker.loop import run_segment
 from sparktf.training.worker.segment_spec import SegmentResult, SegmentSpec
 from sparktf.training.worker.step_clock import RankAnatomy
@@ -123,7 +122,7 @@ class SegmentRunner:
         DataError, ModelError, ConfigurationError, StorageError, DriverJVMGone
             At once, as themselves, whatever ``max_failures`` is: the data, the
             model, a setting or a path the store refuses would fail again, or
-            there is no JVM (see :func:`sparktf.training.worker.failures.relaunch_helps`).
+            there is no JVM (see :func:`sparktf.errors.relaunch_helps`).
         TrainingError
             After more than ``max_failures`` failures (the last one as
             cause), or when fewer than ``min_workers`` task slots are left.
@@ -234,10 +233,10 @@ def run_segment_job(
     started = time.perf_counter()
     with served_job(session, num_workers, state) as job:
         if job.channel is None:
-            result = _run_with_broadcast(session, blocks, dataclasses.replace(spec, secret=job.secret), state, what,
-                                         profile)
+            result = _run_with_broadcast(session, blocks, spec, job.secret, num_workers, state, what, profile)
         else:
-            job_spec = dataclasses.replace(spec, secret=job.secret, directory=job.address)
+            job_spec = dataclasses.replace(spec, source=StateSource(job.address, job.secret, num_workers,
+                                                                    spec.collective_timeout))
             # a rank that failed knowingly reported its record first: the watchdog raises that
             result = _only_result(job.run(partial(_collect, blocks, job_spec, profile), what, spec.collective_timeout,
                                           on_reports=on_reports, stacks_folder=stacks_folder))
@@ -251,12 +250,13 @@ def _collect(blocks: Any, spec: SegmentSpec, profile: Any) -> list:
     return blocks.collect(partial(run_segment, spec), barrier=True, profile=profile)
 
 
-def _run_with_broadcast(session: Any, blocks: Any, spec: SegmentSpec, state: ModelState, what: str,
-                        profile: Any) -> SegmentResult:
+def _run_with_broadcast(session: Any, blocks: Any, spec: SegmentSpec, secret: bytes, num_workers: int,
+                        state: ModelState, what: str, profile: Any) -> SegmentResult:
     """The segment without a job channel (classic sessions): state in a broadcast and in rank 0's task result."""
     state_broadcast = session.spark_context(what, "").broadcast(state)
     try:
-        job_spec = dataclasses.replace(spec, state=state_broadcast)
+        job_spec = dataclasses.replace(spec, source=StateSource(None, secret, num_workers, spec.collective_timeout,
+                                                                state_broadcast))
         return _only_result(run_job(session, partial(_collect, blocks, job_spec, profile), what))
     finally:
         state_broadcast.destroy()

@@ -19,10 +19,10 @@ from typing import Iterator, Optional
 
 import tensorflow as tf
 
-from sparktf.errors import CollectiveError, DataError, InternalError, ModelError, SparkTFError, record_of
+from sparktf.errors import CollectiveError, DataError, InternalError, ModelError, SparkTFError
 from sparktf.models.batch_errors import essential_line
 
-__all__ = ["classified_failures", "deterministic_failure", "exchange_failure", "relaunch_helps"]
+__all__ = ["classified_failures", "deterministic_failure", "exchange_failure"]
 
 # What a batch that does not fit the model raises, at trace time or at run time.
 _BATCH_ERRORS = (
@@ -96,17 +96,6 @@ def deterministic_failure(
             "error's __cause__."
         )
     return None
-
-
-def relaunch_helps(error: BaseException) -> bool:
-    """Whether relaunching a training segment after ``error`` may succeed (the driver's one rule).
-
-    Decided by the error's :class:`~sparktf.errors.FailureRecord`
-    alone: not for bad data, a failing model, a setting that cannot work, a
-    bug of sparktf's, a path its store refuses or a dead driver JVM. Those
-    fail the same way again, so they are raised at once.
-    """
-    return record_of(error).relaunch_helps
 
 
 @contextlib.contextmanager

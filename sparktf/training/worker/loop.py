@@ -24,7 +24,6 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from sparktf.collective.channel_client import start_heartbeat
 from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.sparse import model_values
 from sparktf.data.specs import flatten
@@ -33,8 +32,6 @@ from sparktf.models.cache import batch_mapper, cached
 from sparktf.models.payload import payload_key
 from sparktf.spark.task_devices import prepare_tensorflow_task
 from sparktf.spark.worker_gc import freeze_alive
-from sparktf.training.checkpoint import ModelState, RowRanges
-from sparktf.training.state_source import StateSource
 from sparktf.training.tables.rank_tables import RankTables
 from sparktf.training.tables.sharded_tables import HeldTables
 from sparktf.training.worker.class_weights import batch_parts
@@ -45,7 +42,7 @@ from sparktf.training.worker.step import TrainStep
 from sparktf.training.worker.step_clock import PhaseClock
 from sparktf.triggers import TrainingProgress
 
-__all__ = ["run_segment", "train_iterations", "prepared_step", "state_source", "average_non_trainable"]
+__all__ = ["run_segment", "train_iterations", "prepared_step", "average_non_trainable"]
 
 
 def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentResult]:
@@ -66,9 +63,8 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
     watch = PhaseClock(spec.profile_steps)
     context = BarrierTaskContext.get()
     rank = context.partitionId()
-    world_size = len(context.getTaskInfos())
     address = context.getTaskInfos()[rank].address
-    heartbeat = start_heartbeat(spec.directory, rank, world_size, spec.secret, spec.collective_timeout)
+    heartbeat = spec.source.heartbeat(rank)
     heartbeat.step_window = partial(watch.take_window, address)
     failure = shard = None
     try:
@@ -78,14 +74,14 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             connecting = pool.submit(
                 Communicator.from_barrier_context,
                 context,
-                spec.secret,
+                spec.source.secret,
                 spec.collective_timeout,
-                spec.directory,
+                spec.source.address,
                 spec.feed.ready_shard(spec.local_batches, spec.start.iteration),
             )
             opening = pool.submit(_open_input, spec, rank, blocks, connecting)
             try:
-                step, held, kept = prepared_step(spec, opening, watch, heartbeat, rank, world_size)
+                step, held, kept = prepared_step(spec, opening, watch, heartbeat, rank)
                 heartbeat.phase = "data_cache"
                 stream, first_batch, shard = opening.result()
                 watch.lap("data_cache")
@@ -104,11 +100,11 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             result = train_iterations(spec, rank, shard, step, batches, communicator, watch, heartbeat, tables)
             heartbeat.phase = "finish"
             average_non_trainable(step.model, communicator)
-            final, rows = tables.finish(step.model, result.iteration, rank, spec.secret, spec.directory is not None)
+            final, rows = tables.finish(step.model, result.iteration, rank, spec.source.secret, spec.source.address is not None)
             watch.lap("finish")
             if final is not None:
                 heartbeat.phase = "state_upload"
-                result.state = state_source(spec, world_size).hand_back(rank, final, rows)
+                result.state = spec.source.hand_back(rank, final, rows)
                 watch.lap("state_upload")
             finished = True
         finally:
@@ -225,7 +221,6 @@ def prepared_step(
     watch: PhaseClock,
     heartbeat: Any,
     rank: int,
-    world_size: int,
     long_run: bool = False,
 ) -> Tuple[TrainStep, HeldTables, Optional[dict]]:
     """The process's TrainStep, traced and compiled (on the input's first batch), holding the segment's start state;
@@ -252,15 +247,10 @@ def prepared_step(
         watch.lap("warm_up")
     heartbeat.phase = "state_fetch"
     rows = spec.tables.start_rows(step.model, rank)  # the rank's rows of the sharded tables (none without)
-    state = state_source(spec, world_size).fetch(rank, rows)  # also undoes the warm-up's update
+    state = spec.source.fetch(rank, rows)  # also undoes the warm-up's update
     held = spec.tables.take_start_state(state, step.model)
     watch.lap("state_fetch")
     return step, held, kept
-
-
-def state_source(spec: SegmentSpec, world_size: int) -> StateSource:
-    """Where the segment's start state comes from and its final state goes: the job channel, or the broadcast."""
-    return StateSource(spec.directory, spec.secret, world_size, spec.collective_timeout, spec.state)
 
 
 def _features_labels(spec: SegmentSpec, mapped: Callable[[list], list], arrays: List[np.ndarray]) -> tuple:

@@ -35,7 +35,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from sparktf.collective.channel_client import IDLE, ChannelClient, start_heartbeat
+from sparktf.collective.channel_client import IDLE, ChannelClient
 from sparktf.data.columnar import Block, balanced_bounds, pass_bounds
 from sparktf.data.staged_batches import StagedBatch, read_records
 from sparktf.data.specs import leaf_specs
@@ -46,7 +46,7 @@ from sparktf.training.batch_schedule import SinglePass
 from sparktf.training.metric_state import metric_variables
 from sparktf.training.tables.rank_tables import RankTables
 from sparktf.training.worker.evaluation import keras_element
-from sparktf.training.worker.loop import average_non_trainable, prepared_step, state_source, train_iterations
+from sparktf.training.worker.loop import average_non_trainable, prepared_step, train_iterations
 from sparktf.training.worker.segment_spec import SegmentResult, SegmentSpec
 from sparktf.training.worker.step import TrainStep
 from sparktf.training.worker.step_clock import PhaseClock
@@ -113,15 +113,16 @@ def run_resident(spec: SegmentSpec, partition: Iterable[Any]) -> Iterator[Any]:
     context = BarrierTaskContext.get()
     rank, world_size = context.partitionId(), len(context.getTaskInfos())
     address = context.getTaskInfos()[rank].address
-    heartbeat = start_heartbeat(spec.directory, rank, world_size, spec.secret, spec.collective_timeout)
+    heartbeat = spec.source.heartbeat(rank)
     failure = None
     try:
         prepare_tensorflow_task(spec.gpus)
-        communicator = Communicator.from_barrier_context(context, spec.secret, spec.collective_timeout,
-                                                         spec.directory)
+        communicator = Communicator.from_barrier_context(context, spec.source.secret, spec.collective_timeout,
+                                                         spec.source.address)
         watch.lap("connect")
         try:
-            with ChannelClient(spec.directory, rank, world_size, spec.secret, spec.collective_timeout) as orders:
+            with ChannelClient(spec.source.address, rank, world_size, spec.source.secret,
+                               spec.collective_timeout) as orders:
                 rank_pass = _RankPasses(spec, rank, world_size, communicator, watch, heartbeat)
                 rank_pass.prepare()  # while Spark plans the first micro-batch
                 done: Tuple[Dict[str, Any], List[np.ndarray]] = ({}, [])
@@ -216,17 +217,16 @@ class _RankPasses:
                                   self.tables)
         average_non_trainable(self.step.model, self.communicator)
         if result.non_finite_iteration is None:
-            final, rows = self.tables.finish(self.step.model, result.iteration, rank, spec.secret, channel=True)
+            final, rows = self.tables.finish(self.step.model, result.iteration, rank, spec.source.secret, channel=True)
             if final is not None:
                 heartbeat.phase = "state_upload"
-                state_source(pass_spec, self.world_size).hand_back(rank, final, rows)
+                spec.source.hand_back(rank, final, rows)
                 watch.lap("state_upload")
         return _report(order, rank, totals, result)
 
     def _prepare(self, spec: SegmentSpec, opened: Future, watch: PhaseClock) -> None:
         """The process's step, warmed up on the batch ``opened`` holds, with the job's start state; the rank's tables."""
-        self.step, held, kept = prepared_step(spec, opened, watch, self.heartbeat, self.rank, self.world_size,
-                                              long_run=True)
+        self.step, held, kept = prepared_step(spec, opened, watch, self.heartbeat, self.rank, long_run=True)
         self.tables = spec.tables.on_rank(self.step.model, self.rank, self.communicator, kept, held)
 
 

@@ -14,6 +14,7 @@ from sparktf.spark.task_devices import GpuPlan
 from sparktf.training.batch_schedule import BatchSchedule, EndlessBatches
 from sparktf.training.checkpoint import ModelState
 from sparktf.training.clipping import GradientClipping
+from sparktf.training.state_source import StateSource
 from sparktf.training.tables.worker_tables import Replicated, WorkerTables
 from sparktf.training.worker.class_weights import ClassWeights
 from sparktf.training.worker.gradient_exchange import Traffic
@@ -27,9 +28,9 @@ __all__ = ["SegmentResult", "SegmentSpec"]
 class SegmentSpec:
     """What every barrier task of a segment needs (pickled into the task closure).
 
-    The driver fills in the launch's fields (``state``, ``local_batches``,
-    ``feed``, ``secret``, ``directory``) for each launch: they depend on its
-    worker count and job channel.
+    The driver fills in the launch's fields (``local_batches``, ``feed``,
+    ``source``) for each launch: they depend on its worker count and job
+    channel.
 
     Attributes
     ----------
@@ -47,8 +48,6 @@ class SegmentSpec:
         Seconds a worker waits for its peers in a collective operation.
     gradient_compression : {None, "bf16", "fp16"}
         The wire dtype of the gradients in the all-reduce (None: float32).
-    state : pyspark.Broadcast, optional
-        :class:`ModelState` to start from, when there is no job channel.
     local_batches : list of int
         Records each rank takes per iteration (they add up to the global
         batch and differ by at most one).
@@ -57,12 +56,11 @@ class SegmentSpec:
         worker's batches; where ``feed.moves_shards``,
         ``feed.ready_shard(local_batches, start_batch)`` the shard whose
         stream the process holds open, if any.
-    secret : bytes
-        Shared secret authenticating the collective's connections.
-    directory : str, optional
-        ``"host:port"`` of the driver's job channel (peer directory, start
-        and final state, heartbeats); None to exchange addresses with
-        ``BarrierTaskContext.allGather`` and take the state from ``state``.
+    source : StateSource, optional
+        The launch's job: its secret (authenticating the collective's
+        connections) and the driver's job channel (peer directory, start and
+        final state, heartbeats), or, without a channel, the start state in a
+        broadcast (addresses exchanged with ``BarrierTaskContext.allGather``).
     gpus : GpuPlan
         How the tasks get their GPUs (see :mod:`sparktf.spark.task_devices`).
     metric_state : numpy.ndarray, optional
@@ -94,11 +92,9 @@ class SegmentSpec:
     clipping: GradientClipping
     collective_timeout: float
     gradient_compression: Optional[str] = None
-    state: Any = None
     local_batches: List[int] = field(default_factory=list)
     feed: Any = None
-    secret: bytes = b""
-    directory: Optional[str] = None
+    source: Optional[StateSource] = None
     gpus: GpuPlan = GpuPlan()
     metric_state: Optional[np.ndarray] = None
     class_weight: Optional[ClassWeights] = None
