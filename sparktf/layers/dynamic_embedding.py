@@ -204,8 +204,14 @@ class DynamicEmbedding(keras.layers.Layer):
             self.sketch = state("sketch", (SKETCH_DEPTH, sketch_width(capacity)), "int32")
         self.built = True
 
-    def _keys_of(self, ids: Any) -> tf.Tensor:
-        """``ids`` as int64 keys, flattened: integers cast, strings fingerprinted."""
+    def keys_of(self, ids: Any) -> tf.Tensor:
+        """``ids`` as the table's int64 keys, flattened: integers cast, strings fingerprinted.
+
+        Raises
+        ------
+        sparktf.errors.ConfigurationError
+            The ids are neither integers nor strings.
+        """
         ids = tf.convert_to_tensor(ids)
         if ids.dtype == tf.string:
             keys = tf.strings.to_hash_bucket_fast(ids, _INT64_MAX)
@@ -268,7 +274,7 @@ class DynamicEmbedding(keras.layers.Layer):
         """
         if not self.built:
             self.build()
-        unique, _, counts = tf.unique_with_counts(self._keys_of(ids))
+        unique, _, counts = tf.unique_with_counts(self.keys_of(ids))
         self.step.assign_add(1)
         held, _ = self._find(unique)
         newcomers, sightings = tf.boolean_mask(unique, ~held), tf.boolean_mask(counts, ~held)
@@ -289,7 +295,7 @@ class DynamicEmbedding(keras.layers.Layer):
         """The vectors of ``ids`` (``ids.shape + [output_dim]``); in training, observes the ids first (see
         :attr:`admits_in_call`) and counts the lookups served by the fallback table."""
         ids = tf.convert_to_tensor(ids)
-        keys = self._keys_of(ids)
+        keys = self.keys_of(ids)
         if training and self.admits_in_call:
             self.observe(keys)
         found, rows = self._find(keys)

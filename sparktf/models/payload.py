@@ -213,6 +213,7 @@ class ModelPayload:
         import keras
 
         importlib.import_module("sparktf.optimizers")  # registers sparktf>RowWiseAdagrad and sparktf>LazyAdam
+        importlib.import_module("sparktf.layers")  # registers sparktf>DynamicEmbedding
 
         config = json.loads(self.config)
         rebuild.require_packages(config)

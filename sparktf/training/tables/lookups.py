@@ -50,9 +50,9 @@ def input_names(model: Any) -> List[str]:
     return [layers.get(id(tensor), tensor.name) for tensor in getattr(model, "inputs", None) or ()]
 
 
-def lookup_of(model: Any, layer: Any) -> Tuple[Optional[Lookup], Optional[str]]:
-    """``(lookup, None)`` when ``layer`` is called once, on a model input of integer ids or on one column of one;
-    ``(None, reason)`` otherwise."""
+def lookup_of(model: Any, layer: Any, strings: bool = False) -> Tuple[Optional[Lookup], Optional[str]]:
+    """``(lookup, None)`` when ``layer`` is called once, on a model input of integer ids (or, with ``strings``,
+    string ids) or on one column of one; ``(None, reason)`` otherwise."""
     nodes = call_nodes(layer)
     if len(nodes) != 1:
         return None, f"it is called {len(nodes)} times (a sharded table is looked up by one model input)"
@@ -65,7 +65,7 @@ def lookup_of(model: Any, layer: Any) -> Tuple[Optional[Lookup], Optional[str]]:
     source, column = (tensor, None) if id(tensor) in inputs else _input_column(tensor, inputs)
     if source is None:
         return None, "its ids are not a model input or a column of one (they are computed inside the model)"
-    if not np.issubdtype(np.dtype(source.dtype), np.integer):
+    if not np.issubdtype(np.dtype(source.dtype), np.integer) and not (strings and source.dtype == "string"):
         return None, f"its model input {name_of[id(source)]!r} is {source.dtype}, not integer ids"
     return Lookup(name_of[id(source)], column, int(np.prod([d or 1 for d in tensor.shape[1:]], dtype=np.int64))), None
 

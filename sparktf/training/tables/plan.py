@@ -27,6 +27,7 @@ import numpy as np
 from sparktf.errors import ConfigurationError
 from sparktf.models.keras_internals import nested_layers
 from sparktf.spark.cluster import size_setting
+from sparktf.layers.dynamic_embedding import dynamic_embeddings
 from sparktf.training.tables.lookups import Lookup, lookup_of, other_readers
 
 __all__ = ["ShardedTable", "ShardPlan", "ShardingRequest", "SHARD_TABLE_BYTES_CONF", "SHARD_TABLES_CONF"]
@@ -118,6 +119,12 @@ class ShardPlan:
         choices = dict(choices or {})
         embeddings = embedding_layers(model)
         unknown = sorted(set(choices) - set(embeddings))
+        dynamic = sorted(set(unknown) & {layer.name for layer in dynamic_embeddings(model)})
+        if dynamic:
+            raise ConfigurationError(
+                f"sharded tables: {dynamic} are DynamicEmbedding tables, which train replicated (every rank holds the "
+                "whole table and admits the same ids); sharding them is not supported: leave them out of "
+                "sharded_tables")
         if unknown:
             raise ConfigurationError(
                 f"sharded tables: {unknown} are not Embedding layers of the model; its Embedding layers are "

@@ -45,6 +45,7 @@ from sparktf.training.tables.lookups import input_names
 from sparktf.training.tables.optimizer_state_store import (optimizer_state_folder, read_optimizer_state_rows,
                                                            write_manifest, write_optimizer_state_rows)
 from sparktf.training.tables.plan import ShardedTable, ShardPlan, embedding_layers
+from sparktf.training.tables.dynamic_tables import DynamicTables
 from sparktf.training.tables.rank_tables import RankTables
 from sparktf.training.tables.row_sums import merge_rows
 from sparktf.training.tables.sparse_kernels import apply_rows
@@ -164,6 +165,7 @@ class RankShards(RankTables):
 
     def __init__(self, plan: ShardPlan, model: Any, rank: int, communicator: Any, kept: Optional[dict] = None,
                  updates: Optional[TableUpdates] = None, optimizer_state_root: Optional[str] = None):
+        super().__init__(DynamicTables(model), communicator)
         self._comm = communicator
         self._optimizer_state_root = optimizer_state_root
         self._plan = plan
@@ -204,7 +206,8 @@ class RankShards(RankTables):
 
     def lookup(self, features: Any) -> Any:
         """The batch's features with working-table positions for ids; the owners' rows written into the working
-        tables (before the step)."""
+        tables (before the step), and the dynamic tables' global ids observed."""
+        features = super().lookup(features)
         features, unique = working_features(self._plan, self._model, features)
         grouped = [_by_owner(shard.table, ids) for shard, ids in zip(self._shards, unique)]
         asked, counts = self._alltoallv([requests for requests, _ in grouped])  # the ids each rank asks this one

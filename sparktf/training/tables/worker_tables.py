@@ -21,6 +21,7 @@ from sparktf.models.cache import load_cached
 from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.tables.plan import ShardPlan, embedding_layers
+from sparktf.training.tables.dynamic_tables import DynamicTables, observed_by_ranks
 from sparktf.training.tables.rank_tables import RankTables
 from sparktf.training.tables.sharded_tables import (HeldTables, RankShards, apply_start_state, state_rows,
                                                     working_features, working_model)
@@ -67,7 +68,7 @@ class WorkerTables:
     def on_rank(self, model: Any, rank: int, communicator: Any, kept: Optional[dict],
                 held: Tuple[HeldTables, Optional[str]]) -> RankTables:
         """The rank's tables for the segment, holding its share of the start state (``held``)."""
-        return RankTables()
+        return RankTables(DynamicTables(model), communicator)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Replicated(WorkerTables):
 
     def step_model(self, payload: Any, local_batch: int) -> Tuple[str, Callable[[], StepModel]]:
         model = load_cached(payload)  # the key names the model object: a reloaded model gets a new step
-        return str(id(model)), lambda: (model, None)
+        return str(id(model)), lambda: (observed_by_ranks(model), None)
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,8 @@ class Sharded(WorkerTables):
 
     def step_model(self, payload: Any, local_batch: int) -> Tuple[str, Callable[[], StepModel]]:
         # the whole model is never built here: the step trains one with working tables of a local batch's ids
-        return f"sharded/{self.plan!r}/{local_batch}", lambda: (
-            working_model(ModelPayload.from_bytes(payload.value), self.plan, local_batch), {})
+        return f"sharded/{self.plan!r}/{local_batch}", lambda: (observed_by_ranks(
+            working_model(ModelPayload.from_bytes(payload.value), self.plan, local_batch)), {})
 
     def owned_positions(self, model: Any) -> frozenset:
         trainable = {id(v): i for i, v in enumerate(model.trainable_variables)}

@@ -99,6 +99,7 @@ def run_segment(spec: SegmentSpec, blocks: Iterable[tuple]) -> Iterator[SegmentR
             held = None  # the rank's tables hold their copy now
             result = train_iterations(spec, rank, shard, step, batches, communicator, watch, heartbeat, tables)
             heartbeat.phase = "finish"
+            tables.end_segment(step.model)  # a boundary: the dynamic tables evict, alike on every rank
             average_non_trainable(step.model, communicator)
             final, rows = tables.finish(step.model, result.iteration, rank, spec.source.secret, spec.source.address is not None)
             watch.lap("finish")

@@ -215,6 +215,7 @@ class _RankPasses:
         watch.lap("test")
         result = train_iterations(pass_spec, rank, rank, self.step, batches, self.communicator, watch, heartbeat,
                                   self.tables)
+        self.tables.end_segment(self.step.model)  # a micro-batch's end: the dynamic tables evict, alike everywhere
         average_non_trainable(self.step.model, self.communicator)
         if result.non_finite_iteration is None:
             final, rows = self.tables.finish(self.step.model, result.iteration, rank, spec.source.secret, channel=True)

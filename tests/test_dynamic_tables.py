@@ -1,0 +1,85 @@
+"""DynamicEmbedding in sparktf's distributed training and scoring, on real Spark: every rank admits alike."""
+
+import keras
+import numpy as np
+import pytest
+
+from sparktf import TFDataset, TFOptimizer, TFPredictor
+from sparktf.errors import ConfigurationError
+from sparktf.layers import DynamicEmbedding
+from sparktf.triggers import MaxIteration
+
+CAPACITY, DIM = 64, 4
+
+
+def _records(count, seed=0):
+    """Ids of any value (a pool of 40, Zipf-like), their labels from a hidden per-id rule."""
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(-2 ** 62, 2 ** 62, size=40)
+    ids = pool[np.minimum(rng.zipf(1.3, size=count) - 1, 39)].astype(np.int64)
+    labels = (np.abs(ids) % 3 == 0).astype(np.float32).reshape(-1, 1)
+    return ids, labels
+
+
+def _model(table):
+    ids = keras.Input((), dtype="int64", name="ids")
+    vectors = table(ids)
+    output = keras.layers.Dense(1, activation="sigmoid", kernel_initializer=keras.initializers.GlorotUniform(3))(vectors)
+    model = keras.Model(ids, output)
+    model.compile(keras.optimizers.Adam(0.05), "binary_crossentropy")
+    return model
+
+
+def _dynamic_model(**options):
+    return _model(DynamicEmbedding(DIM, CAPACITY, embeddings_initializer=keras.initializers.RandomUniform(seed=5),
+                                   name="items", **options))
+
+
+def test_two_ranks_admit_alike_and_train_as_a_fixed_table_of_the_rows_they_gave(sc):
+    ids, labels = _records(240)
+    dynamic = _dynamic_model()
+    TFOptimizer.from_keras(dynamic, TFDataset.from_ndarrays((ids, labels), batch_size=32, shuffle=True, seed=3),
+                           num_workers=2).optimize(MaxIteration(15))
+    layer = dynamic.get_layer("items")
+    # every id seen got a row of its own (the two ranks gave each the same one: a rank's disagreeing row would have
+    # taken the other's gradients)
+    assert sorted(layer.keys().tolist()) == sorted(set(ids.tolist()))
+    row_of = dict(zip(np.asarray(layer.row_keys)[np.asarray(layer.row_used) > 0].tolist(),
+                      np.flatnonzero(np.asarray(layer.row_used)).tolist()))
+    assert layer.stats()["fallback_reads"] == 0 and layer.stats()["step"] == 15
+
+    fixed = _model(keras.layers.Embedding(CAPACITY, DIM, embeddings_initializer=keras.initializers.RandomUniform(seed=5),
+                                          name="items"))
+    rows = np.array([row_of[i] for i in ids.tolist()], np.int64)
+    TFOptimizer.from_keras(fixed, TFDataset.from_ndarrays((rows, labels), batch_size=32, shuffle=True, seed=3),
+                           num_workers=2).optimize(MaxIteration(15))
+    np.testing.assert_allclose(layer.embeddings.numpy(), fixed.get_layer("items").embeddings.numpy(), atol=1e-5)
+    np.testing.assert_allclose(dynamic.layers[-1].kernel.numpy(), fixed.layers[-1].kernel.numpy(), atol=1e-5)
+
+    # scored on the executors as in this process, the unknown ids from the fallback rows
+    unknown = np.array([7, 8, 9], np.int64)
+    scored = np.concatenate([ids[:20], unknown])
+    predictor = TFPredictor.from_keras(dynamic, TFDataset.from_ndarrays(scored, batch_size=8))
+    np.testing.assert_allclose(np.concatenate(predictor.predict().collect()).reshape(-1),
+                               dynamic.predict(scored, verbose=0).reshape(-1), atol=1e-5)
+
+
+def test_eviction_runs_at_a_segments_end_alike_on_every_rank(sc):
+    first, labels = _records(64, seed=1)
+    later = first + 1  # other ids: the first ones go unseen
+    model = _dynamic_model(evict={"ttl_steps": 3})  # the later ids, seen in steps 5-8, stay
+    for part in (first, later):
+        optimizer = TFOptimizer.from_keras(model, TFDataset.from_ndarrays((part, labels), batch_size=16),
+                                           num_workers=2)
+        optimizer.optimize(MaxIteration(optimizer.iteration + 4))
+    layer = model.get_layer("items")
+    assert set(layer.keys().tolist()) == set(later.tolist())  # the first part's ids were not seen for 4 steps
+    assert layer.stats()["evicted"] == len(set(first.tolist()))
+
+
+def test_a_dynamic_table_named_to_be_sharded_is_refused_with_the_reason(sc):
+    ids, labels = _records(32)
+    model = _dynamic_model()
+    with pytest.raises(ConfigurationError, match="DynamicEmbedding.*replicated"):
+        TFOptimizer.from_keras(model, TFDataset.from_ndarrays((ids, labels), batch_size=16), num_workers=2,
+                               sharded_tables=["items"])
