@@ -14,7 +14,7 @@ from sparktf.errors import ConfigurationError
 from sparktf.layers.sketch import FALLBACK_SALT, SKETCH_DEPTH, bucket, sketch_add, sketch_estimate, sketch_width
 from sparktf.layers.slots import native_variable, reset_slot_rows
 
-__all__ = ["DynamicEmbedding", "DynamicEmbeddingEviction"]
+__all__ = ["DynamicEmbedding", "DynamicEmbeddingEviction", "dynamic_embeddings", "table_stats"]
 
 _INT64_MAX = 2 ** 63 - 1
 
@@ -394,6 +394,11 @@ class DynamicEmbedding(keras.layers.Layer):
 def dynamic_embeddings(model: keras.layers.Layer) -> List[DynamicEmbedding]:
     """Every :class:`DynamicEmbedding` in ``model``, nested ones too (``model`` itself included)."""
     return [layer for layer in model._flatten_layers() if isinstance(layer, DynamicEmbedding)]
+
+
+def table_stats(model: keras.layers.Layer) -> Dict[str, Dict[str, int]]:
+    """:meth:`DynamicEmbedding.stats` of every dynamic table of ``model``, by layer name (empty: none)."""
+    return {layer.name: layer.stats() for layer in dynamic_embeddings(model)}
 
 
 class DynamicEmbeddingEviction(keras.callbacks.Callback):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from sparktf.errors import ConfigurationError, DataError
+from sparktf.layers.dynamic_embedding import table_stats
 from sparktf.models.published import VersionWriter, newest_version, prune_versions
 from sparktf.training.driver import TEST_BATCH_FACTOR
 from sparktf.triggers import TrainingProgress
@@ -84,6 +85,7 @@ class MicroBatchTrainer:
         self._query_id: Optional[str] = None
         self._started = threading.Event()
         self.progress: List[Dict[str, Any]] = []
+        self._refused: Dict[str, int] = {}  # each dynamic table's refused admissions at the last entry
 
     @property
     def error(self) -> Optional[BaseException]:
@@ -173,9 +175,13 @@ class MicroBatchTrainer:
         ended = time.time()
         entry = {"batchId": batch_id, "iteration": self._optimizer.iteration, "started": began, "ended": ended,
                  "seconds": ended - began, **logs, **more}
+        tables = table_stats(self._optimizer.model)
+        if tables:
+            entry["dynamic_tables"] = tables
+            self._warn_refused(batch_id, tables)
         entry.update(self._publish(batch_id, logs))
         self.progress.append(entry)
-        self._summarize(tested)
+        self._summarize(tested, tables)
         for callback in self._callbacks:
             callback.on_epoch_end(batch_id, dict(logs))
 
@@ -216,12 +222,26 @@ class MicroBatchTrainer:
         _LOG.info("published version %d (micro-batch %d) to %s", version.version, batch_id, version.path)
         return version.version
 
-    def _summarize(self, tested: Dict[str, float]) -> None:
-        """The test-then-train metrics to the train summary, at the iteration the micro-batch ended."""
+    def _warn_refused(self, batch_id: int, tables: Dict[str, Dict[str, int]]) -> None:
+        """Say when a dynamic table refused ids for want of room in the micro-batch (they read fallback rows)."""
+        for name, stats in tables.items():
+            refused = stats["refused_full"] - self._refused.get(name, 0)
+            self._refused[name] = stats["refused_full"]
+            if refused > 0:
+                _LOG.warning("micro-batch %d: the DynamicEmbedding %r is full (%d of %d rows) and refused %d admissions: "
+                             "those ids read its fallback rows. Raise its capacity, or evict (evict={'ttl_steps': N} or "
+                             "{'lfu': decay})", batch_id, name, stats["rows"], stats["capacity"], refused)
+
+    def _summarize(self, tested: Dict[str, float], tables: Dict[str, Dict[str, int]]) -> None:
+        """The test-then-train metrics and the dynamic tables' counts to the train summary, at the iteration the
+        micro-batch ended."""
         summary = self._optimizer.train_summary
         if summary is None:
             return
         progress = TrainingProgress(self._optimizer.iteration, 1, None, None)
         for name, value in tested.items():
             summary.add_scalar(f"Test{name[:1].upper()}{name[1:]}", float(value), progress)
+        for layer, stats in tables.items():
+            for name in ("rows", "fallback_reads", "refused_full", "evicted"):
+                summary.add_scalar(f"DynamicTables/{layer}/{name}", float(stats[name]), progress)
         summary.flush()
