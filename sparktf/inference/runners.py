@@ -20,7 +20,7 @@ from sparktf.errors import DataError
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed
 from sparktf.inference.generation import WINDOW_BATCHES, GenerationEngine, GenerationOptions, RejectedRow, timed_window
 from sparktf.models.batch_errors import rejected_batch
-from sparktf.models.cache import batch_mapper, cached
+from sparktf.models.cache import batch_mapper, cached, derived
 from sparktf.models.payload import ModelPayload
 from sparktf.models.published import PublishedVersion, load_version, newest_version
 from sparktf.models.saved_model_archive import SavedModelArchive
@@ -107,7 +107,7 @@ class SignatureRunner:
     """Calls one signature of a loaded SavedModel and picks its outputs."""
 
     def __init__(self, loaded: Any, signature: str, outputs: Sequence[str], kind: str):
-        self.loaded = loaded  # keeps the signature's variables alive
+        self.model = loaded  # the cached SavedModel: keeps the signature's variables alive, holds the batch maps
         self._function = loaded.signatures[signature]
         self._outputs = list(outputs)
         self._kind = kind
@@ -187,10 +187,10 @@ class ModelHandle:
             key, build = self._keras_model()
             if self.method == "generate":
                 model = cached("keras-generate:" + key, frozen_after(build))
-                engine = cached(f"generation-engine:{key}:{self.generation!r}",
-                                lambda: GenerationEngine(model, self.generation))
+                engine = derived(model, f"generation-engine/{self.generation!r}",
+                                 lambda lm: GenerationEngine(lm, self.generation))
                 return GenerateRunner(engine, self.batch_size)
-            return cached("keras-predict:" + key, frozen_after(lambda: KerasRunner(build())))
+            return derived(cached("keras-predict:" + key, frozen_after(build)), "keras-runner", KerasRunner)
         loaded = cached("saved-model:" + self.key,
                         frozen_after(lambda: SavedModelArchive(self.broadcast.value, self.key).load()))
         return SignatureRunner(loaded, self.signature, self.outputs, self.output_kind)
@@ -214,7 +214,7 @@ def run_batches(
     partition, the records of the batch and the model's expected input.
     """
     runner = handle.runner()
-    mapped = batch_mapper(handle.elements, getattr(runner, "model", None))  # the dataset's maps, model preprocessing
+    mapped = batch_mapper(handle.elements, runner.model)  # the dataset's maps, model preprocessing
     start = 0
     for leaves in batches:
         size = len(leaves[0])

@@ -29,7 +29,7 @@ from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.sparse import model_values
 from sparktf.data.specs import flatten
 from sparktf.errors import task_record
-from sparktf.models.cache import batch_mapper, cached, load_cached
+from sparktf.models.cache import batch_mapper, cached, derived, load_cached
 from sparktf.models.payload import ModelPayload, payload_key
 from sparktf.spark.task_devices import prepare_tensorflow_task
 from sparktf.spark.worker_gc import freeze_alive
@@ -352,15 +352,15 @@ def _cached_step(spec: SegmentSpec) -> Tuple[TrainStep, Optional[dict]]:
     With sharded tables the step trains the model built with working tables instead, and the whole model is never
     built here (``training.tables``).
     """
-    key = f"{payload_key(spec.payload.value)}/train-step/{spec.clipping!r}"
+    step = f"train-step/{spec.clipping!r}"  # kept on the model's cache entry: a reloaded model gets a new step
     plan = spec.sharding
     if not plan.tables:
-        model = load_cached(spec.payload)  # the key names the model object: a reloaded model gets a new step
-        return cached(f"{key}/{id(model)}", lambda: TrainStep(model, spec.clipping, spec.table_updates)), None
+        return derived(load_cached(spec.payload), step, lambda model: TrainStep(model, spec.clipping,
+                                                                                 spec.table_updates)), None
     local_batch = max(spec.local_batches)
-    return cached(f"{key}/sharded/{plan!r}/{local_batch}", lambda: (
-        TrainStep(working_model(ModelPayload.from_bytes(spec.payload.value), plan, local_batch), spec.clipping,
-                  spec.table_updates), {}))
+    model = cached(f"{payload_key(spec.payload.value)}/working/{spec.clipping!r}/{plan!r}/{local_batch}",
+                   lambda: working_model(ModelPayload.from_bytes(spec.payload.value), plan, local_batch))
+    return derived(model, step, lambda model: (TrainStep(model, spec.clipping, spec.table_updates), {}))
 
 
 def average_non_trainable(model: Any, communicator: Any) -> None:
