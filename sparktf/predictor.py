@@ -34,7 +34,7 @@ from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference import columns as column_checks
 from sparktf.inference.dataframe_output import DataFramePredict, spark_output_type
 from sparktf.inference.feeds import Feed, TensorInfo, feature_leaves
-from sparktf.inference.model_sources import KerasModelSource, ModelSource, PublishedModelSource, SavedModelSource
+from sparktf.inference.model_sources import KerasModelSource, ModelSource, SavedModelSource, keras_source, published_source
 from sparktf.inference.runners import records, run_batches
 from sparktf.spark.raising_rdd import raising_sparktf_errors
 from sparktf.spark.remote_errors import reporting_failures
@@ -120,7 +120,7 @@ class TFPredictor:
             For a keyword neither sparktf nor ``generate`` takes, or a value
             out of range, before any job.
         """
-        return cls(KerasModelSource(keras_model, method, method_kwargs), dataset)
+        return cls(keras_source(keras_model, method, method_kwargs), dataset)
 
     @classmethod
     def from_published(cls, model_dir: str, dataset: Any, method: str = "predict", version_col: Optional[str] = None,
@@ -159,7 +159,7 @@ class TFPredictor:
         method = "call" if method == "predict" else method
         if version_col is not None and not (isinstance(version_col, str) and version_col):
             raise ConfigurationError(f"version_col must be the name of the column to add, got {version_col!r}")
-        return cls(PublishedModelSource(model_dir, method, method_kwargs, version_col), dataset)
+        return cls(published_source(model_dir, method, method_kwargs, version_col), dataset)
 
     @classmethod
     def from_saved_model(
@@ -386,9 +386,9 @@ def dataframe_with_predictions(
     session = current_session(df.sparkSession)
     gpus = gpu_plan(session.conf, profile)
     handle, batch = dataclasses.replace(source.handle, gpus=gpus, elements=elements).for_batch(batch)
-    if df.isStreaming and not session.has_rdds and handle.broadcast is not None:
+    if df.isStreaming and not session.has_rdds:
         # a Connect server's streaming tasks do not see the session's artifacts: the model travels with the function
-        handle = dataclasses.replace(handle, broadcast=source.inline_bytes())
+        handle = handle.with_bytes(source.inline_bytes())
     version_col = source.version_col
     if version_col is not None and (version_col in df.columns or version_col == output_col):
         raise ConfigurationError(f"version_col {version_col!r} names a column the output has already (the "
