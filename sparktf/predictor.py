@@ -26,8 +26,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from sparktf.context import current_session
-import numpy as np
-
 from sparktf.data import arrow_io, batching, specs
 from sparktf.data.batch_maps import NO_MAPS, BatchMaps
 from sparktf.errors import ConfigurationError, DataError
@@ -311,8 +309,9 @@ def column_leaves(df: DataFrame, columns: Sequence[str], source: Optional[ModelS
 
     A DataFrame's array lengths are read from its first row (a small job). A
     streaming DataFrame runs nothing: its lengths come from the inputs
-    ``source`` declares, else from ``known``, the features' specs (e.g. of
-    the dataset a predictor was made with), one per column.
+    ``source`` declares, else from its schema, else from ``known``, the
+    features' specs (e.g. of the dataset a predictor was made with), one per
+    column (see :func:`~sparktf.inference.columns.stream_leaves`).
 
     Raises
     ------
@@ -322,23 +321,11 @@ def column_leaves(df: DataFrame, columns: Sequence[str], source: Optional[ModelS
     if not df.isStreaming:
         layouts = arrow_io.column_layouts(df, columns)
         return [specs.leaf_specs(specs.parse_spec(layout, name), name)[0] for name, layout in zip(columns, layouts)]
-    declared = None if source is None else source.declared_inputs()
-    leaves = column_checks.feature_leaves(df, columns, declared, "feature_cols")
-    if leaves is not None:
-        return leaves
-    kinds = [arrow_io.column_kind(name, df.schema[name].dataType) for name in columns]
-    if not any(depth for _, depth in kinds):
-        return [specs.LeafSpec(name, np.dtype(object if dtype == "string" else dtype), ())
-                for name, (dtype, _) in zip(columns, kinds)]
     stored = [] if known is None else specs.leaf_specs(known, "features")
-    if len(stored) == len(columns) and all(len(leaf.shape) == depth for leaf, (_, depth) in zip(stored, kinds)):
-        return [specs.LeafSpec(name, np.dtype(object if dtype == "string" else dtype), tuple(leaf.shape))
-                for name, (dtype, _), leaf in zip(columns, kinds, stored)]
-    arrays = [name for name, (_, depth) in zip(columns, kinds) if depth]
-    raise DataError(
-        f"the lengths of the array/vector columns {arrays} of a streaming DataFrame cannot be read before its "
-        "query runs: give the model inputs of fixed shapes (keras.Input((n,))), or make the predictor's dataset "
-        "with features of these columns' shapes")
+    fallback = [leaf.shape for leaf in stored] if len(stored) == len(columns) else []
+    return column_checks.stream_leaves(df, columns, None if source is None else source.declared_inputs(), fallback,
+                                       advice=", or make the predictor's dataset with features of these columns' "
+                                              "shapes")
 
 
 def dataframe_with_predictions(
