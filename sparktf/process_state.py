@@ -15,7 +15,7 @@ entry                   owner                          holds, and until when
                                                        derived from its model (traced training step,
                                                        traced batch maps, generation engine,
                                                        prediction runner): the 4 most recently used
-                                                       models, their derived objects leaving with them
+                                                       models, each leaving with its derived objects
 ``in_memory_shards``    ``data.block_feed``            training shards read back from their spills,
                                                        least recently used dropped first to stay
                                                        within ``spark.sparktf.trainDataMemory``

@@ -76,7 +76,7 @@ class ModelHandle:
 
     def with_bytes(self, data: Any) -> "ModelHandle":
         """This handle with the model's bytes ``data`` travelling inside the task's function (a Connect stream's)
-        instead of the shared ones."""
+        instead of the shared ones: a new ``broadcast`` (the handles without one override this)."""
         return dataclasses.replace(self, broadcast=data)
 
 
