@@ -26,15 +26,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from sparktf.context import current_session
-import numpy as np
-
 from sparktf.data import arrow_io, batching, specs
 from sparktf.data.batch_maps import NO_MAPS, BatchMaps
 from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference import columns as column_checks
 from sparktf.inference.dataframe_output import DataFramePredict, spark_output_type
 from sparktf.inference.feeds import Feed, TensorInfo, feature_leaves
-from sparktf.inference.model_sources import KerasModelSource, ModelSource, PublishedModelSource, SavedModelSource
+from sparktf.inference.model_sources import KerasModelSource, ModelSource, SavedModelSource, keras_source, published_source
 from sparktf.inference.runners import records, run_batches
 from sparktf.spark.raising_rdd import raising_sparktf_errors
 from sparktf.spark.remote_errors import reporting_failures
@@ -120,7 +118,7 @@ class TFPredictor:
             For a keyword neither sparktf nor ``generate`` takes, or a value
             out of range, before any job.
         """
-        return cls(KerasModelSource(keras_model, method, method_kwargs), dataset)
+        return cls(keras_source(keras_model, method, method_kwargs), dataset)
 
     @classmethod
     def from_published(cls, model_dir: str, dataset: Any, method: str = "predict", version_col: Optional[str] = None,
@@ -159,7 +157,7 @@ class TFPredictor:
         method = "call" if method == "predict" else method
         if version_col is not None and not (isinstance(version_col, str) and version_col):
             raise ConfigurationError(f"version_col must be the name of the column to add, got {version_col!r}")
-        return cls(PublishedModelSource(model_dir, method, method_kwargs, version_col), dataset)
+        return cls(published_source(model_dir, method, method_kwargs, version_col), dataset)
 
     @classmethod
     def from_saved_model(
@@ -311,8 +309,9 @@ def column_leaves(df: DataFrame, columns: Sequence[str], source: Optional[ModelS
 
     A DataFrame's array lengths are read from its first row (a small job). A
     streaming DataFrame runs nothing: its lengths come from the inputs
-    ``source`` declares, else from ``known``, the features' specs (e.g. of
-    the dataset a predictor was made with), one per column.
+    ``source`` declares, else from its schema, else from ``known``, the
+    features' specs (e.g. of the dataset a predictor was made with), one per
+    column (see :func:`~sparktf.inference.columns.stream_leaves`).
 
     Raises
     ------
@@ -322,23 +321,11 @@ def column_leaves(df: DataFrame, columns: Sequence[str], source: Optional[ModelS
     if not df.isStreaming:
         layouts = arrow_io.column_layouts(df, columns)
         return [specs.leaf_specs(specs.parse_spec(layout, name), name)[0] for name, layout in zip(columns, layouts)]
-    declared = None if source is None else source.declared_inputs()
-    leaves = column_checks.feature_leaves(df, columns, declared, "feature_cols")
-    if leaves is not None:
-        return leaves
-    kinds = [arrow_io.column_kind(name, df.schema[name].dataType) for name in columns]
-    if not any(depth for _, depth in kinds):
-        return [specs.LeafSpec(name, np.dtype(object if dtype == "string" else dtype), ())
-                for name, (dtype, _) in zip(columns, kinds)]
     stored = [] if known is None else specs.leaf_specs(known, "features")
-    if len(stored) == len(columns) and all(len(leaf.shape) == depth for leaf, (_, depth) in zip(stored, kinds)):
-        return [specs.LeafSpec(name, np.dtype(object if dtype == "string" else dtype), tuple(leaf.shape))
-                for name, (dtype, _), leaf in zip(columns, kinds, stored)]
-    arrays = [name for name, (_, depth) in zip(columns, kinds) if depth]
-    raise DataError(
-        f"the lengths of the array/vector columns {arrays} of a streaming DataFrame cannot be read before its "
-        "query runs: give the model inputs of fixed shapes (keras.Input((n,))), or make the predictor's dataset "
-        "with features of these columns' shapes")
+    fallback = [leaf.shape for leaf in stored] if len(stored) == len(columns) else []
+    return column_checks.stream_leaves(df, columns, None if source is None else source.declared_inputs(), fallback,
+                                       advice=", or make the predictor's dataset with features of these columns' "
+                                              "shapes")
 
 
 def dataframe_with_predictions(
@@ -386,9 +373,9 @@ def dataframe_with_predictions(
     session = current_session(df.sparkSession)
     gpus = gpu_plan(session.conf, profile)
     handle, batch = dataclasses.replace(source.handle, gpus=gpus, elements=elements).for_batch(batch)
-    if df.isStreaming and not session.has_rdds and handle.broadcast is not None:
+    if df.isStreaming and not session.has_rdds:
         # a Connect server's streaming tasks do not see the session's artifacts: the model travels with the function
-        handle = dataclasses.replace(handle, broadcast=source.inline_bytes())
+        handle = handle.with_bytes(source.inline_bytes())
     version_col = source.version_col
     if version_col is not None and (version_col in df.columns or version_col == output_col):
         raise ConfigurationError(f"version_col {version_col!r} names a column the output has already (the "

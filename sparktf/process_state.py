@@ -10,8 +10,12 @@ on first use through :func:`process_cache`:
 entry                   owner                          holds, and until when
 ======================  =============================  ==============================================
 ``models``              ``models.cache``               loaded models (Keras payloads, SavedModels,
-                                                       TFNet graphs) and their traced batch maps, by
-                                                       content hash: the 4 most recently used
+                                                       TFNet graphs, sharded tables' working models)
+                                                       by content hash, each entry holding what was
+                                                       derived from its model (traced training step,
+                                                       traced batch maps, generation engine,
+                                                       prediction runner): the 4 most recently used
+                                                       models, each leaving with its derived objects
 ``in_memory_shards``    ``data.block_feed``            training shards read back from their spills,
                                                        least recently used dropped first to stay
                                                        within ``spark.sparktf.trainDataMemory``
@@ -28,9 +32,10 @@ entry                   owner                          holds, and until when
                                                        when a model load collects in full again
 ======================  =============================  ==============================================
 
-The ``models`` entry also holds, beside each loaded model, its traced
-training step (``training.worker.loop``), so a later segment in the same worker
-finds it traced.
+The ``models`` slots count models, not what derives from them: a scoring
+query in a training worker takes one slot, and cannot evict the training
+model's traced step (``training.worker.loop``) apart from its model, so a later
+segment in the same worker finds it traced.
 
 :func:`reset` empties them all and closes what they hold (the tests use it;
 a worker never needs to). Per-call state (a stream's read failures, a step's

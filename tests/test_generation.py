@@ -106,3 +106,31 @@ def test_a_null_rows_warning_gives_its_reason_without_telling_to_pass_what_was_p
     assert completions[0] is None and completions[1] == _alone(lm, PROMPTS[0], 4, None)
     assert "longer than the model's sequence length 16. Shorten it or lower max_new_tokens" in caplog.text
     assert "pass on_error='null'" not in caplog.text
+
+
+def test_the_cache_layout_is_probed_once_on_the_driver_and_travels_with_the_options(monkeypatch):
+    import pickle
+
+    from sparktf.inference import decoding
+
+    lm = gpt2_lm()
+    probes = []
+    builder = decoding.cache_builder
+
+    def counted_builder(model):
+        build = builder(model)
+
+        def counted(token_ids):
+            probes.append(tuple(token_ids.shape))
+            return build(token_ids)
+        return counted
+
+    monkeypatch.setattr(decoding, "cache_builder", counted_builder)
+    options = generation_options(lm, {"max_new_tokens": 2, "stop_token_ids": None})
+    assert probes == [(1, 2), (1, 3)]  # the driver's two tiny prefills
+    shipped = pickle.loads(pickle.dumps(options))
+    assert shipped.cache_layout == options.cache_layout is not None
+    for _ in range(2):  # two workers
+        completions, _ = GenerationEngine(lm, shipped).complete(PROMPTS[:2], batch_size=2)
+        assert completions == [_alone(lm, prompt, 2, None) for prompt in PROMPTS[:2]]
+    assert len(probes) == 2  # no worker probes again

@@ -204,6 +204,24 @@ def test_a_loader_may_load_another_entry():
     assert cache.loads == 2
 
 
+def test_a_scoring_query_does_not_evict_a_training_step_the_slots_count_models():
+    cache = model_cache.ModelCache()  # 4 models
+    trained = cache.get_or_load("payload", object)
+    step = cache.derived(trained, "train-step", lambda model: ("step", model))
+    cache.derived(trained, "batch-maps/k", lambda model: ("maps", model))
+    for query in range(3):  # three scoring queries: a model, its runner and its batch maps each
+        scored = cache.get_or_load(f"keras-predict:{query}", object)
+        cache.derived(scored, "keras-runner", lambda model: ("runner", model))
+        cache.derived(scored, "batch-maps/k", lambda model: ("maps", model))
+    assert cache.derived(trained, "train-step", lambda model: pytest.fail("the step was traced again")) is step
+    assert cache.loads == 4
+
+    for query in range(4):  # the training model leaves with its step
+        cache.get_or_load(f"another:{query}", object)
+    assert cache.derived(trained, "train-step", lambda model: ("new", model)) == ("new", trained)  # not kept
+    assert cache.derived(trained, "train-step", lambda model: ("newer", model)) == ("newer", trained)
+
+
 def test_rebuilt_on_executors_exactly_and_once_per_worker(sc, trained):
     """The executors cannot import this test module: the custom objects travel by value."""
     broadcast = sc.broadcast(ModelPayload.from_model(trained).to_bytes())

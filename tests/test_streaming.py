@@ -229,3 +229,18 @@ def test_streaming_configuration_is_refused_before_any_job(spark, tmp_path):
         TFOptimizer.from_keras(classifier(), batch, model_dir=str(tmp_path / "m")).optimize_stream()
     with pytest.raises(Exception, match="no version is published"):
         TFPredictor.from_published(str(tmp_path / "m"), batch)
+
+
+def test_one_resolver_takes_a_streams_lengths_from_the_models_inputs_the_schema_or_a_fallback(spark, tmp_path):
+    from sparktf.errors import DataError
+    from sparktf.inference.columns import stream_leaves
+    from sparktf.inference.feeds import TensorInfo
+
+    stream = spark.readStream.schema("features array<float>, label array<float>, n int").parquet(str(tmp_path))
+    declared = [TensorInfo("x", np.dtype("float32"), (4,))]
+    leaves = stream_leaves(stream, ["features", "label", "n"], declared, [None, (2,)], features=1)
+    assert [(leaf.path, leaf.dtype.name, leaf.shape) for leaf in leaves] == \
+        [("features", "float32", (4,)), ("label", "float32", (2,)), ("n", "int32", ())]
+    assert stream_leaves(stream, ["features"], None, [(3,)])[0].shape == (3,)
+    with pytest.raises(DataError, match=r"columns \['label'\] of the streaming DataFrame are not known.*or so"):
+        stream_leaves(stream, ["features", "label"], declared, [None, (2, 1)], features=1, advice=", or so")

@@ -16,7 +16,9 @@ Both functions are traced once per worker with any batch size and length
 (:attr:`Decoder.traces` counts them). A model whose cache is not one tensor
 with the batch on its first axis and one axis along the sequence, or whose
 sampler replaces the token loop (beam, contrastive), is not decodable here:
-:func:`unsupported_reason` says why.
+:func:`probe_decoding` says why. It reads the cache's layout from two tiny
+prefills, once on the driver: the layout travels to the workers with
+``method="generate"``'s options, and no worker probes again.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 
 from sparktf.models.keras_internals import cache_builder
 
-__all__ = ["CacheLayout", "Decoder", "cache_layout", "unsupported_reason"]
+__all__ = ["CacheLayout", "Decoder", "probe_decoding"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class CacheLayout:
     dtype: str
 
 
-def cache_layout(lm: Any) -> Optional[CacheLayout]:
+def _cache_layout(lm: Any) -> Optional[CacheLayout]:
     """The layout of ``lm``'s cache, read from two tiny prefills (None: not one tensor, or no single sequence axis)."""
     import tensorflow as tf
 
@@ -62,20 +64,25 @@ def cache_layout(lm: Any) -> Optional[CacheLayout]:
     return CacheLayout(shape, changed[0], cache.dtype.name)
 
 
-def unsupported_reason(lm: Any) -> Optional[str]:
-    """Why ``lm`` cannot be decoded chunk by chunk (None: it can)."""
+def probe_decoding(lm: Any) -> Tuple[Optional[CacheLayout], Optional[str]]:
+    """Whether ``lm`` can be decoded chunk by chunk: ``(its cache's layout, None)``, else ``(None, why not)``.
+
+    The layout is read from two tiny prefills (the only ones before generation), so call it once per model: on the
+    driver, which ships the layout to the workers.
+    """
     from keras_hub.samplers import Sampler
 
     if not callable(getattr(lm, "call_with_cache", None)):
-        return f"{type(lm).__name__} has no call_with_cache(token_ids, cache, cache_update_index)"
+        return None, f"{type(lm).__name__} has no call_with_cache(token_ids, cache, cache_update_index)"
     sampler = getattr(lm, "sampler", None)
     if sampler is None or type(sampler).__call__ is not Sampler.__call__:
-        return (f"its sampler {type(sampler).__name__} runs a loop of its own (beam or contrastive search); "
-                "compile(sampler='greedy' | 'top_k' | 'top_p' | 'random') decodes token by token")
-    if cache_layout(lm) is None:
-        return (f"the cache of {type(lm).__name__}._build_cache is not one tensor with the batch first and one "
-                "sequence axis")
-    return None
+        return None, (f"its sampler {type(sampler).__name__} runs a loop of its own (beam or contrastive search); "
+                      "compile(sampler='greedy' | 'top_k' | 'top_p' | 'random') decodes token by token")
+    layout = _cache_layout(lm)
+    if layout is None:
+        return None, (f"the cache of {type(lm).__name__}._build_cache is not one tensor with the batch first and "
+                      "one sequence axis")
+    return layout, None
 
 
 class Decoder:
@@ -84,9 +91,9 @@ class Decoder:
     Parameters
     ----------
     lm : keras_hub.models.CausalLM
-        A model :func:`unsupported_reason` accepts, compiled with its sampler.
+        A model :func:`probe_decoding` accepts, compiled with its sampler.
     layout : CacheLayout
-        Its cache's layout.
+        Its cache's layout (:func:`probe_decoding`'s).
     """
 
     def __init__(self, lm: Any, layout: CacheLayout):

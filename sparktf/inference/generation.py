@@ -1,7 +1,8 @@
 """Batch generation with a Keras Hub ``CausalLM``: prompts grouped by length, finished rows dropped, a shared prefix.
 
 :func:`generation_options` checks ``method="generate"``'s keywords on the
-driver. On the executors, :class:`GenerationEngine` (one per Python worker,
+driver and probes the model's key/value cache there, once: the options carry
+its layout to the workers. On the executors, :class:`GenerationEngine` (one per Python worker,
 model and options) completes a *window* of prompts (several batches of one
 partition) at a time:
 
@@ -18,12 +19,13 @@ partition) at a time:
 
 With a greedy sampler each completion is the one ``lm.generate`` gives for
 the prompt alone. A model the decoder cannot drive (see
-:func:`~sparktf.inference.decoding.unsupported_reason`) runs ``lm.generate``
+:func:`~sparktf.inference.decoding.probe_decoding`) runs ``lm.generate``
 on the same sorted batches, with each batch's ``max_length``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import math
@@ -34,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from sparktf.errors import ConfigurationError, DataError
-from sparktf.inference.decoding import Decoder, cache_layout, unsupported_reason
+from sparktf.inference.decoding import CacheLayout, Decoder, probe_decoding
 
 __all__ = ["GenerationOptions", "GenerationEngine", "RejectedRow", "generation_options", "grouped_batches",
            "length_buckets", "timed_window", "WINDOW_BATCHES"]
@@ -64,7 +66,9 @@ class RejectedRow(DataError):
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    """``method="generate"``'s keywords, checked (see :func:`generation_options`)."""
+    """``method="generate"``'s keywords, checked, and what the driver probed of the model (see
+    :func:`generation_options`): its cache's ``cache_layout`` when it can be decoded token by token, else
+    ``undecodable``, why not."""
 
     max_new_tokens: Optional[int] = None
     max_length: Optional[int] = None
@@ -72,10 +76,13 @@ class GenerationOptions:
     strip_prompt: bool = False
     prefix: str = ""
     on_error: str = "raise"
+    cache_layout: Optional[CacheLayout] = None
+    undecodable: Optional[str] = None
 
 
 def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions:
-    """``options`` of ``method="generate"`` for ``model``, checked before any job.
+    """``options`` of ``method="generate"`` for ``model``, checked before any job, with the layout of ``model``'s
+    cache probed (two tiny prefills, the only ones: the workers get the layout with the options).
 
     Raises
     ------
@@ -105,11 +112,11 @@ def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions
     if getattr(model, "preprocessor", None) is None:
         raise ConfigurationError(f"method='generate' needs a {type(model).__name__} with its preprocessor: it "
                                  "tokenizes the prompts")
-    reason = unsupported_reason(model)
+    layout, reason = probe_decoding(model)
     if reason is not None and (checked.max_new_tokens is not None or checked.prefix):
         raise ConfigurationError(f"max_new_tokens and prefix need a model sparktf can decode token by token; "
                                  f"this one cannot: {reason}")
-    return checked
+    return dataclasses.replace(checked, cache_layout=layout, undecodable=reason)
 
 
 def length_buckets(limit: int) -> List[int]:
@@ -171,6 +178,7 @@ class GenerationEngine:
     """Completes windows of prompts with ``lm`` (one per Python worker, model and options; see the module docstring)."""
 
     def __init__(self, lm: Any, options: GenerationOptions):
+        """``options`` as :func:`generation_options` made them (its probe of ``lm``'s cache: none here)."""
         self.lm, self.options = lm, options
         self.limit = _sequence_limit(lm)
         self.buckets = length_buckets(self.limit)
@@ -181,10 +189,9 @@ class GenerationEngine:
             stop = [tokenizer.end_token_id] + ([tokenizer.end_token2_id] if hasattr(tokenizer, "end_token2_id") else [])
         self.stop_token_ids = np.array([] if stop is None else list(stop), dtype=np.int64)
         self._start_token = bool(getattr(preprocessor, "add_start_token", False))
-        reason = unsupported_reason(lm)
-        self.decoder = None if reason else Decoder(lm, cache_layout(lm))
-        if reason:
-            _LOG.warning("generating with %s.generate on sorted batches: %s", type(lm).__name__, reason)
+        self.decoder = None if options.cache_layout is None else Decoder(lm, options.cache_layout)
+        if self.decoder is None:
+            _LOG.warning("generating with %s.generate on sorted batches: %s", type(lm).__name__, options.undecodable)
         self.prefix_ids = self._tokens([options.prefix])[0] if options.prefix else None
         self._prefix_cache = None
         if self.prefix_ids is not None and self.decoder is not None:

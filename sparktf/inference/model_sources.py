@@ -1,10 +1,13 @@
 """The models a ``TFPredictor`` (and a ``sparktf.ml.KerasModel``) runs, described on the driver.
 
 A *model source* knows its model's inputs and outputs (:class:`TensorInfo`),
-how a batch's leaves feed them, and the :class:`~sparktf.inference.runners.ModelHandle`
-the executors load it from: a Keras model's payload bytes shared once
-(:class:`KerasModelSource`), a SavedModel's tar (:class:`SavedModelSource`),
-or the newest version published to a ``model_dir`` (:class:`PublishedModelSource`).
+how a batch's leaves feed them, and the handle the executors load it from
+(:mod:`sparktf.inference.handles`): a Keras model called on batches
+(:class:`KerasModelSource`), ``method="generate"`` on a Keras Hub ``CausalLM``
+(:class:`GenerationSource`), a SavedModel signature (:class:`SavedModelSource`).
+A Keras model is shipped as its payload's bytes (:func:`keras_source`), or each
+task reads the newest version published to a ``model_dir``
+(:func:`published_source`).
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ from sparktf.data.batch_maps import BatchMaps, MappedElements
 from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed, TensorInfo, keras_feed, keras_inputs, plan_feed
 from sparktf.inference.generation import GenerationOptions, generation_options
-from sparktf.inference.runners import ModelHandle
+from sparktf.inference.handles import GenerationHandle, KerasHandle, PublishedHandle, SavedModelHandle
 from sparktf.models.payload import ModelPayload
 from sparktf.models.published import load_version, newest_version
 from sparktf.models.saved_model_archive import SavedModelArchive, load_saved_model
 from sparktf.spark.session_kind import InlineBytes
 from sparktf.storage import local_copy, store_for
 
-__all__ = ["KerasModelSource", "PublishedModelSource", "SavedModelSource", "ModelSource"]
+__all__ = ["KerasModelSource", "GenerationSource", "SavedModelSource", "ModelSource", "keras_source",
+           "published_source"]
 
 #: What to do instead of shipping a large model inside a Connect stream's plan.
 _PUBLISH_INSTEAD = ("train or save it to a model_dir the executors can read and score the stream with "
@@ -34,48 +38,48 @@ _PUBLISH_INSTEAD = ("train or save it to a model_dir the executors can read and 
 
 
 class KerasModelSource:
-    """A Keras model on the driver: its inputs, outputs and the handle of its bytes on the executors.
+    """A Keras model on the driver, called on batches: ``model(x, training=False)`` after the model's own
+    preprocessing, as ``model.predict``.
 
-    ``method`` is ``"call"`` (``model(x, training=False)``, after the model's
-    own preprocessing, as ``model.predict``) or ``"generate"`` (``model.generate``
-    on prompts, with ``options`` as its keywords).
+    Parameters
+    ----------
+    model : keras.Model
+        The model (for a published one: the newest version now, whose inputs and outputs every later one keeps).
+    located : PublishedHandle, optional
+        Where the executors read it: a ``model_dir``'s published versions; default: its payload's bytes, shared
+        once.
+    version_col : str, optional
+        The output column of the number of the version that scored a row (published versions only).
     """
 
-    #: The output column of the number of the version that scored a row (published versions only).
-    version_col: Optional[str] = None
-
-    def __init__(self, model: Any, method: str = "call", options: Optional[Dict[str, Any]] = None):
-        self.model, (self.method, generation) = model, _checked_method(model, method, options)
-        payload = ModelPayload.from_model(model, include_optimizer=False)
-        self.handle = ModelHandle("keras", payload.key, current_session().share(payload.to_bytes(), "model"),
-                                  method=method, generation=generation)
+    def __init__(self, model: Any, located: Optional[PublishedHandle] = None, version_col: Optional[str] = None):
+        self.model, self.version_col = model, version_col
+        self.located = located or _shipped(model)
+        self.handle: Union[KerasHandle, PublishedHandle, GenerationHandle] = self.located
 
     def inline_bytes(self) -> Any:
         """The model's bytes to travel inside a task's function (a Connect stream's, see
-        ``predictor.dataframe_with_predictions``)."""
+        ``predictor.dataframe_with_predictions``); None for published versions: the tasks read them from
+        ``model_dir``."""
+        if isinstance(self.located, PublishedHandle):
+            return None
         payload = ModelPayload.from_model(self.model, include_optimizer=False).to_bytes()
         return InlineBytes.of(payload, "the model", _PUBLISH_INSTEAD)
 
     def elements(self, maps: BatchMaps, stored: tuple) -> MappedElements:
-        """Batches of ``stored`` features as the model gets them: after ``maps`` and the model's preprocessing
-        (``generate`` preprocesses prompts itself)."""
-        return MappedElements.of_structure(maps, stored, self.model if self.method == "call" else None)
+        """Batches of ``stored`` features as the model gets them: after ``maps`` and the model's preprocessing."""
+        return MappedElements.of_structure(maps, stored, self.model)
 
     def declared_inputs(self) -> Optional[List[TensorInfo]]:
-        """The inputs the model declares (None: it declares none, or ``generate``'s prompts)."""
-        declared = None if self.method == "generate" else keras_inputs(self.model)
+        """The inputs the model declares (None: it declares none)."""
+        declared = keras_inputs(self.model)
         return None if declared is None else declared[0]
 
     def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
-        if self.method == "generate":
-            return plan_feed([TensorInfo("prompt", np.dtype(object), ())], SINGLE, leaves, names)
         return keras_feed(self.model, leaves, names)
 
     def outputs(self, feed: Feed) -> Tuple[str, List[TensorInfo]]:
         import keras
-
-        if self.method == "generate":
-            return SINGLE, [TensorInfo("completion", np.dtype(str), ())]
 
         symbolic = [keras.KerasTensor((None,) + info.shape, dtype=specs.dtype_name(info.dtype)) for info in feed.inputs]
         spec = self.model.compute_output_spec(feed.structured(symbolic))
@@ -86,34 +90,44 @@ class KerasModelSource:
         return SINGLE, [TensorInfo.from_tensor("output", spec)]
 
 
-class PublishedModelSource(KerasModelSource):
-    """The newest published version of a ``model_dir`` (``optimize_stream``'s): each task loads the newest version
-    when it starts, so a running streaming query picks up new ones. The driver reads the newest one now for the
-    inputs and outputs, which every later version must keep. With ``version_col``, each output row carries the
-    number of the version that scored it."""
+class GenerationSource(KerasModelSource):
+    """``model.generate`` (a Keras Hub ``CausalLM``) on prompts, with ``options`` checked (see
+    :func:`~sparktf.inference.generation.generation_options`); the other parameters as
+    :class:`KerasModelSource`'s."""
 
-    def __init__(self, model_dir: str, method: str = "call", options: Optional[Dict[str, Any]] = None,
+    def __init__(self, model: Any, options: GenerationOptions, located: Optional[PublishedHandle] = None,
                  version_col: Optional[str] = None):
-        version = newest_version(model_dir)
-        if version is None:
-            raise DataError(f"no version is published in {model_dir!r} (no {model_dir}/published/<n>/manifest.json): "
-                            "run TFOptimizer.optimize_stream with publish_every=... first")
-        model = load_version(version)
-        self.model, (self.method, generation) = model, _checked_method(model, method, options)
-        store = store_for(model_dir, "model_dir")
-        self.handle = ModelHandle("published", store.executor_uri(model_dir), None, method=method,
-                                  generation=generation, io_signature=version.manifest.get("signature"))
-        self.version_col = version_col
+        super().__init__(model, located, version_col)
+        self.handle = GenerationHandle(model=self.located, options=options)
 
-    def inline_bytes(self) -> Any:
-        """Nothing: the tasks read the versions from ``model_dir``."""
+    def elements(self, maps: BatchMaps, stored: tuple) -> MappedElements:
+        """Batches of ``stored`` prompts after ``maps`` (``generate`` preprocesses prompts itself)."""
+        return MappedElements.of_structure(maps, stored, None)
+
+    def declared_inputs(self) -> None:
+        """None: the prompts are the input."""
         return None
 
+    def feed(self, leaves: Sequence[specs.LeafSpec], names: Optional[Sequence[str]]) -> Feed:
+        return plan_feed([TensorInfo("prompt", np.dtype(object), ())], SINGLE, leaves, names)
 
-def _checked_method(model: Any, method: str, options: Optional[Dict[str, Any]]
-                    ) -> Tuple[str, Optional[GenerationOptions]]:
-    """``method`` when ``model`` can run it with ``options``, and ``generate``'s options checked (None for
-    ``"call"``); a ``DataError`` saying what fits otherwise (see also ``generation_options``)."""
+    def outputs(self, feed: Feed) -> Tuple[str, List[TensorInfo]]:
+        return SINGLE, [TensorInfo("completion", np.dtype(str), ())]
+
+
+def keras_source(model: Any, method: str = "call", options: Optional[Dict[str, Any]] = None,
+                 located: Optional[PublishedHandle] = None, version_col: Optional[str] = None) -> KerasModelSource:
+    """The source of ``model`` run with ``method``: ``"call"`` (:class:`KerasModelSource`) or ``"generate"``
+    (:class:`GenerationSource`, ``options`` its keywords); ``located`` and ``version_col`` as
+    :class:`KerasModelSource`'s.
+
+    Raises
+    ------
+    DataError
+        For another ``method``, or ``"generate"`` with a model that has no ``generate``.
+    ConfigurationError
+        For ``options`` with ``"call"``, or ones ``generate`` does not take (see ``generation_options``).
+    """
     if method not in ("call", "generate"):
         raise DataError(f"method must be 'call' or 'generate', got {method!r}")
     if method == "generate" and not callable(getattr(model, "generate", None)):
@@ -122,7 +136,36 @@ def _checked_method(model: Any, method: str, options: Optional[Dict[str, Any]]
     if options and method != "generate":
         raise ConfigurationError(f"keywords {sorted(options)} go to the model's method; model(x) takes none. "
                                  "Pass method='generate' to generate text")
-    return method, generation_options(model, options or {}) if method == "generate" else None
+    if method == "generate":
+        return GenerationSource(model, generation_options(model, options or {}), located, version_col)
+    return KerasModelSource(model, located, version_col)
+
+
+def published_source(model_dir: str, method: str = "call", options: Optional[Dict[str, Any]] = None,
+                     version_col: Optional[str] = None) -> KerasModelSource:
+    """The source of the newest version published to ``model_dir`` (``optimize_stream``'s), run with ``method``
+    (as :func:`keras_source`): each task loads the newest version when it starts, so a running streaming query picks
+    up new ones. The driver reads the newest one now for the inputs and outputs, which every later version must
+    keep. With ``version_col``, each output row carries the number of the version that scored it.
+
+    Raises
+    ------
+    DataError
+        When nothing is published in ``model_dir`` (and as :func:`keras_source`).
+    """
+    version = newest_version(model_dir)
+    if version is None:
+        raise DataError(f"no version is published in {model_dir!r} (no {model_dir}/published/<n>/manifest.json): "
+                        "run TFOptimizer.optimize_stream with publish_every=... first")
+    located = PublishedHandle(folder=store_for(model_dir, "model_dir").executor_uri(model_dir),
+                              io_signature=version.manifest.get("signature"))
+    return keras_source(load_version(version), method, options, located, version_col)
+
+
+def _shipped(model: Any) -> KerasHandle:
+    """The handle of ``model``'s payload bytes, shared once with the executors."""
+    payload = ModelPayload.from_model(model, include_optimizer=False)
+    return KerasHandle(key=payload.key, broadcast=current_session().share(payload.to_bytes(), "model"))
 
 
 class SavedModelSource:
@@ -141,8 +184,8 @@ class SavedModelSource:
         names = _selected_outputs(available, outputs, signature)
         self.kind = SINGLE if len(names) == 1 else DICT if outputs is None else LIST
         self.output_infos = [TensorInfo.from_tensor(name, available[name]) for name in names]
-        shared = current_session().share(archive.data, "saved-model")
-        self.handle = ModelHandle("saved_model", archive.key, shared, signature, tuple(names), self.kind)
+        self.handle = SavedModelHandle(key=archive.key, broadcast=current_session().share(archive.data, "saved-model"),
+                                       signature=signature, outputs=tuple(names), output_kind=self.kind)
 
     def inline_bytes(self) -> Any:
         """The SavedModel's tar to travel inside a task's function (a Connect stream's)."""

@@ -1,34 +1,30 @@
 """Executor-side runners: a loaded model called on one batch at a time.
 
-A :class:`ModelHandle` (sent to the executors) loads the model once per
-Python worker through :mod:`sparktf.models.cache` and returns a runner;
-:func:`run_batches` feeds it and names the records of a batch the model
-rejects; :func:`records` splits a batch's output into one element per record.
+A handle (:mod:`sparktf.inference.handles`, sent to the executors) loads the
+model once per Python worker through :mod:`sparktf.models.cache` and returns a
+runner; :func:`run_batches` feeds it and names the records of a batch the
+model rejects; :func:`records` splits a batch's output into one element per
+record.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from pyspark import TaskContext
 
-from sparktf.data.batch_maps import MappedElements
 from sparktf.errors import DataError
 from sparktf.inference.feeds import DICT, LIST, SINGLE, Feed
-from sparktf.inference.generation import WINDOW_BATCHES, GenerationEngine, GenerationOptions, RejectedRow, timed_window
+from sparktf.inference.generation import GenerationEngine, RejectedRow, timed_window
 from sparktf.models.batch_errors import rejected_batch
-from sparktf.models.cache import batch_mapper, cached
-from sparktf.models.payload import ModelPayload
-from sparktf.models.published import PublishedVersion, load_version, newest_version
-from sparktf.models.saved_model_archive import SavedModelArchive
-from sparktf.spark.task_devices import GpuPlan, prepare_tensorflow_task
-from sparktf.spark.worker_gc import frozen_after
+from sparktf.models.cache import batch_mapper
 
-__all__ = ["KerasRunner", "GenerateRunner", "SignatureRunner", "ModelHandle", "run_batches", "records", "flat_outputs", "partition_id",
-           "text_values"]
+if TYPE_CHECKING:
+    from sparktf.inference.handles import ModelHandle
+
+__all__ = ["KerasRunner", "GenerateRunner", "SignatureRunner", "run_batches", "records", "flat_outputs",
+           "partition_id", "text_values"]
 
 
 class KerasRunner:
@@ -107,7 +103,7 @@ class SignatureRunner:
     """Calls one signature of a loaded SavedModel and picks its outputs."""
 
     def __init__(self, loaded: Any, signature: str, outputs: Sequence[str], kind: str):
-        self.loaded = loaded  # keeps the signature's variables alive
+        self.model = loaded  # the cached SavedModel: keeps the signature's variables alive, holds the batch maps
         self._function = loaded.signatures[signature]
         self._outputs = list(outputs)
         self._kind = kind
@@ -120,93 +116,8 @@ class SignatureRunner:
         return dict(zip(self._outputs, arrays)) if self._kind == DICT else arrays
 
 
-@dataclass(frozen=True)
-class ModelHandle:
-    """What executors need to get the runner: the model's shipped bytes (``broadcast``: a broadcast variable or a
-    session artifact, see ``SessionKind.share``), how to load them, and the stage's GPU plan."""
-
-    kind: str  # "keras", "saved_model" or "published" (key: the model_dir whose newest version each task loads)
-    key: str
-    broadcast: Any
-    signature: str = ""
-    outputs: Tuple[str, ...] = ()
-    output_kind: str = SINGLE
-    gpus: GpuPlan = GpuPlan()
-    method: str = "call"
-    generation: Optional[GenerationOptions] = None  # method="generate"'s keywords
-    elements: Optional[MappedElements] = None
-    batch_size: int = 0  # method="generate": prompts per model call (set per job by for_batch)
-    version: Optional[PublishedVersion] = None  # "published": the version a task scores with (set by pinned)
-    io_signature: Optional[Dict[str, Any]] = None  # "published": the inputs and outputs every version must keep
-
-    @property
-    def nullable_output(self) -> bool:
-        """Whether a record's output may be null (generation with ``on_error="null"``)."""
-        return self.generation is not None and self.generation.on_error == "null"
-
-    def for_batch(self, batch: int) -> Tuple["ModelHandle", int]:
-        """This handle for batches of ``batch`` records, and the records each runner call gets: a window of
-        :data:`~sparktf.inference.generation.WINDOW_BATCHES` batches for generation, sorted by length inside it."""
-        if self.method != "generate":
-            return self, batch
-        return dataclasses.replace(self, batch_size=batch), batch * WINDOW_BATCHES
-
-    def pinned(self) -> "ModelHandle":
-        """This handle with the newest published version looked up now, for a whole task: a running query takes a
-        new version from its next micro-batch on, and a task never mixes two (other kinds: the handle itself).
-
-        Raises
-        ------
-        DataError
-            No version is left, or the newest one takes other inputs or gives other outputs than the one the
-            predictor was made with.
-        """
-        if self.kind != "published" or self.version is not None:
-            return self
-        version = newest_version(self.key)
-        if version is None:
-            raise DataError(f"no published version is left in {self.key!r}: it was deleted while scoring")
-        found = version.manifest.get("signature")
-        if self.io_signature is not None and found is not None and found != self.io_signature:
-            raise DataError(f"published version {version.version} of {self.key!r} takes {found} but the predictor "
-                            f"was made for {self.io_signature}: every version must keep the inputs and outputs of "
-                            "the first; make the TFPredictor again for the new model")
-        return dataclasses.replace(self, version=version)
-
-    def runner(self) -> Callable[[Any], Any]:
-        """The cached runner of this process (loads the model on the first call).
-
-        Inside a Spark task, TensorFlow is first bound to the task's GPUs and
-        its threads set to ``spark.task.cpus`` (as for training), so concurrent
-        tasks do not compete for the same GPUs and cores. A freshly loaded
-        model is frozen out of the garbage collector's full collections (see
-        :mod:`sparktf.spark.worker_gc`).
-        """
-        prepare_tensorflow_task(self.gpus)
-        if self.kind in ("keras", "published"):
-            key, build = self._keras_model()
-            if self.method == "generate":
-                model = cached("keras-generate:" + key, frozen_after(build))
-                engine = cached(f"generation-engine:{key}:{self.generation!r}",
-                                lambda: GenerationEngine(model, self.generation))
-                return GenerateRunner(engine, self.batch_size)
-            return cached("keras-predict:" + key, frozen_after(lambda: KerasRunner(build())))
-        loaded = cached("saved-model:" + self.key,
-                        frozen_after(lambda: SavedModelArchive(self.broadcast.value, self.key).load()))
-        return SignatureRunner(loaded, self.signature, self.outputs, self.output_kind)
-
-
-    def _keras_model(self) -> Tuple[str, Callable[[], Any]]:
-        """The cache key of the Keras model and how to build it: the shipped payload's, or the published version
-        the task scores with (:meth:`pinned`)."""
-        if self.kind == "keras":
-            return self.key, lambda: ModelPayload.from_bytes(self.broadcast.value).build()
-        version = self.pinned().version
-        return f"{self.key}#{version.version}", lambda: load_version(version)
-
-
 def run_batches(
-    handle: ModelHandle, feed: Feed, batches: Iterable[List[np.ndarray]], partition: int
+    handle: "ModelHandle", feed: Feed, batches: Iterable[List[np.ndarray]], partition: int
 ) -> Iterator[Tuple[int, Any]]:
     """Yield ``(number of records, raw model output)`` per batch.
 
@@ -214,7 +125,7 @@ def run_batches(
     partition, the records of the batch and the model's expected input.
     """
     runner = handle.runner()
-    mapped = batch_mapper(handle.elements, getattr(runner, "model", None))  # the dataset's maps, model preprocessing
+    mapped = batch_mapper(handle.elements, runner.model)  # the dataset's maps, model preprocessing
     start = 0
     for leaves in batches:
         size = len(leaves[0])

@@ -2,8 +2,10 @@
 
 ``TFDataset.from_dataframe`` of a streaming DataFrame makes one with
 :func:`stream_dataset` (no action: a stream is read only by its query);
-``TFOptimizer`` and ``TFPredictor`` complete it with :func:`resolved_for`, so
-every micro-batch is read in one record format.
+``TFOptimizer`` and ``TFPredictor`` complete it with :func:`resolved_for`
+(through the one resolver of a stream's lengths,
+:func:`~sparktf.inference.columns.stream_leaves`), so every micro-batch is read
+in one record format.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from sparktf.data import specs
 from sparktf.data.sources import one_or_list
 from sparktf.data.stream_frames import StreamFrames, stream_layouts
 from sparktf.errors import DataError
-from sparktf.inference.columns import feature_leaves
+from sparktf.inference.columns import stream_leaves
 from sparktf.inference.feeds import keras_inputs
 
 __all__ = ["stream_dataset", "resolved_for"]
@@ -47,7 +49,8 @@ def stream_dataset(cls: Any, session: Any, df: DataFrame, names: tuple, weight_s
 
 def resolved_for(dataset: Any, model: Any) -> Any:
     """``dataset`` (streaming) with the lengths its schema did not tell taken from ``model``'s inputs (features)
-    and output (labels); ``dataset`` itself when it knows them all.
+    and output (labels); ``dataset`` itself when it knows them all (see
+    :func:`~sparktf.inference.columns.stream_leaves`).
 
     Raises
     ------
@@ -60,21 +63,11 @@ def resolved_for(dataset: Any, model: Any) -> Any:
     frame, columns = dataset.blocks.frame, dataset.blocks.columns
     count = len(specs.leaf_specs(dataset.stored_structure[0], "features"))
     declared = keras_inputs(model)
-    known = feature_leaves(frame, columns[:count], None if declared is None else declared[0], "feature_cols")
-    shapes = [leaf.shape for leaf in known] if known else [leaf.shape for leaf in leaves[:count]]
-    outputs = getattr(model, "outputs", None) or []
-    for leaf, output in zip(leaves[count:], outputs):
-        shapes.append(tuple(output.shape[1:]) if None in leaf.shape else leaf.shape)
-    shapes += [leaf.shape for leaf in leaves[len(shapes):]]
-    unknown = [column for column, shape in zip(columns, shapes) if None in shape]
-    if unknown:
-        raise DataError(
-            f"the lengths of the array columns {unknown} of the streaming DataFrame are not known: a stream "
-            "cannot be read before its query runs, and neither the schema nor the model tells them. Give the "
-            "model inputs (and output) of fixed shapes, e.g. keras.Input((n,)), or assemble the columns with "
-            "VectorAssembler")
+    outputs = [tuple(output.shape[1:]) for output in getattr(model, "outputs", None) or []]
+    resolved_leaves = stream_leaves(frame, columns, None if declared is None else declared[0],
+                                    [None] * count + outputs, count)
     weighted = len(dataset.stored_structure) > 2  # records end with a sample weight
-    layouts = [("string" if leaf.is_string else leaf.dtype.name, shape) for leaf, shape in zip(leaves, shapes)]
+    layouts = [("string" if leaf.is_string else leaf.dtype.name, leaf.shape) for leaf in resolved_leaves]
     resolved = stream_dataset(type(dataset), dataset.blocks.kind, frame,
                               (columns[:count], len(columns) - count - weighted, columns),
                               dataset.stored_structure[2] if weighted else None, None, layouts,

@@ -15,10 +15,10 @@ carried in the segment's spec); :meth:`WorkerTables.on_rank` gives the rank's :c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from sparktf.models.cache import load_cached
-from sparktf.models.payload import ModelPayload
+from sparktf.models.cache import cached, load_cached
+from sparktf.models.payload import ModelPayload, payload_key
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.tables.plan import ShardPlan, embedding_layers
 from sparktf.training.tables.dynamic_tables import DynamicTables, observed_by_ranks
@@ -28,9 +28,6 @@ from sparktf.training.tables.sharded_tables import (HeldTables, RankShards, appl
 from sparktf.training.tables.update_form import TableUpdates
 
 __all__ = ["Replicated", "Sharded", "WorkerTables", "worker_tables"]
-
-#: A step's model and what its rank tables keep with it between segments (see ``RankShards``).
-StepModel = Tuple[Any, Optional[dict]]
 
 
 class WorkerTables:
@@ -42,10 +39,14 @@ class WorkerTables:
         """The tables of a launch on ``world_size`` workers."""
         return self
 
-    def step_model(self, payload: Any, local_batch: int) -> Tuple[str, Callable[[], StepModel]]:
-        """``(key, build)``: the process's step for ``payload`` is cached under ``key``; ``build()`` gives the model
-        it trains and what the rank tables keep with it."""
+    def step_model(self, payload: Any, local_batch: int, clipping: Any) -> Any:
+        """The model the process's step for ``payload`` trains (with ``clipping``), from the process's models
+        cache."""
         raise NotImplementedError
+
+    def kept_with_step(self) -> Optional[dict]:
+        """What the rank's tables keep with the process's step between segments (None: nothing)."""
+        return None
 
     def owned_positions(self, model: Any) -> frozenset:
         """The tables among ``model``'s trainable variables that their owners update (the step leaves them)."""
@@ -83,9 +84,8 @@ class Replicated(WorkerTables):
 
     updates: Optional[TableUpdates] = None
 
-    def step_model(self, payload: Any, local_batch: int) -> Tuple[str, Callable[[], StepModel]]:
-        model = load_cached(payload)  # the key names the model object: a reloaded model gets a new step
-        return str(id(model)), lambda: (observed_by_ranks(model), None)
+    def step_model(self, payload: Any, local_batch: int, clipping: Any) -> Any:
+        return observed_by_ranks(load_cached(payload))
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,14 @@ class Sharded(WorkerTables):
     def on(self, world_size: int) -> "Sharded":
         return Sharded(self.plan.on(world_size), self.updates, self.optimizer_state_root)
 
-    def step_model(self, payload: Any, local_batch: int) -> Tuple[str, Callable[[], StepModel]]:
+    def step_model(self, payload: Any, local_batch: int, clipping: Any) -> Any:
         # the whole model is never built here: the step trains one with working tables of a local batch's ids
-        return f"sharded/{self.plan!r}/{local_batch}", lambda: (observed_by_ranks(
-            working_model(ModelPayload.from_bytes(payload.value), self.plan, local_batch)), {})
+        return cached(f"{payload_key(payload.value)}/working/{clipping!r}/{self.plan!r}/{local_batch}",
+                      lambda: observed_by_ranks(working_model(ModelPayload.from_bytes(payload.value), self.plan,
+                                                              local_batch)))
+
+    def kept_with_step(self) -> Optional[dict]:
+        return {}
 
     def owned_positions(self, model: Any) -> frozenset:
         trainable = {id(v): i for i, v in enumerate(model.trainable_variables)}

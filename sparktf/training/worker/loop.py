@@ -28,8 +28,7 @@ from sparktf.data.block_feed import shards_for_claims
 from sparktf.data.sparse import model_values
 from sparktf.data.specs import flatten
 from sparktf.errors import task_record
-from sparktf.models.cache import batch_mapper, cached
-from sparktf.models.payload import payload_key
+from sparktf.models.cache import batch_mapper, derived
 from sparktf.spark.task_devices import prepare_tensorflow_task
 from sparktf.spark.worker_gc import freeze_alive
 from sparktf.training.tables.rank_tables import RankTables
@@ -296,15 +295,13 @@ def _close_when_connected(connecting: Future) -> None:
 
 
 def _cached_step(spec: SegmentSpec) -> Tuple[TrainStep, Optional[dict]]:
-    """The process's TrainStep (model + traced functions) for the payload, clipping and tables, and what the
-    rank's tables keep with the step (None: nothing)."""
-    key, build = spec.tables.step_model(spec.payload, max(spec.local_batches))
+    """The process's TrainStep (model + traced functions) for the payload, clipping and tables, kept on its model's
+    cache entry (a reloaded model gets a new step), and what the rank's tables keep with the step (None: nothing)."""
+    model = spec.tables.step_model(spec.payload, max(spec.local_batches), spec.clipping)
+    return derived(model, f"train-step/{spec.clipping!r}", lambda model: (
+        TrainStep(model, spec.clipping, spec.tables.updates, spec.tables.owned_positions(model)),
+        spec.tables.kept_with_step()))
 
-    def built() -> Tuple[TrainStep, Optional[dict]]:
-        model, kept = build()
-        return TrainStep(model, spec.clipping, spec.tables.updates, spec.tables.owned_positions(model)), kept
-
-    return cached(f"{payload_key(spec.payload.value)}/train-step/{spec.clipping!r}/{key}", built)
 
 def average_non_trainable(model: Any, communicator: Any) -> None:
     """All-reduce (mean) the non-trainable float variables, e.g. BatchNorm moving statistics."""
