@@ -83,3 +83,30 @@ def test_a_dynamic_table_named_to_be_sharded_is_refused_with_the_reason(sc):
     with pytest.raises(ConfigurationError, match="DynamicEmbedding.*replicated"):
         TFOptimizer.from_keras(model, TFDataset.from_ndarrays((ids, labels), batch_size=16), num_workers=2,
                                sharded_tables=["items"])
+
+
+def test_a_stream_admits_new_ids_evicts_stale_ones_at_micro_batch_ends_and_reports_them(spark, tmp_path):
+    import os
+
+    events, model_dir = str(tmp_path / "events"), str(tmp_path / "model")
+    parts = []
+    for index, seed in enumerate((2, 3)):
+        ids, labels = _records(32, seed)
+        ids = ids + index  # the second micro-batch's ids are others
+        parts.append(ids)
+        rows = [(int(i), float(label)) for i, label in zip(ids, labels.reshape(-1))]
+        spark.createDataFrame(rows, "item long, label float").coalesce(1).write.parquet(
+            os.path.join(events, f"part-{index}"))
+    stream = spark.readStream.schema("item long, label float").option("maxFilesPerTrigger", 1).parquet(
+        os.path.join(events, "part-*"))
+    model = _dynamic_model(evict={"ttl_steps": 1})  # a micro-batch is 2 steps: the first one's ids go stale
+    optimizer = TFOptimizer.from_keras(model, TFDataset.from_dataframe(stream, "item", "label", batch_size=16,
+                                                                       shuffle=False),
+                                       model_dir=model_dir, num_workers=1)
+    query = optimizer.optimize_stream(trigger={"availableNow": True})
+    query.awaitTermination(600)
+    assert query.exception() is None, query.exception()
+    first, second = (entry["dynamic_tables"]["items"] for entry in query.training_progress)
+    assert first["rows"] == len(set(parts[0].tolist())) and first["evicted"] == 0
+    assert second["evicted"] == len(set(parts[0].tolist())) and second["rows"] == len(set(parts[1].tolist()))
+    assert set(model.get_layer("items").keys().tolist()) == set(parts[1].tolist())

@@ -16,6 +16,7 @@ from sparktf.inference.columns import feature_leaves
 from sparktf.ml.outputs import CLASSIFICATION, REGRESSION, task_of, with_prediction_columns
 from sparktf.ml.params import TASKS, ModelParams, init_params
 from sparktf.ml.persistence import SavedStage
+from sparktf.models.rebuild import register_sparktf_classes
 from sparktf.models.saved_model_archive import SavedModelArchive
 from sparktf.inference.model_sources import KerasModelSource, ModelSource, SavedModelSource
 from sparktf.predictor import check_new_column, column_leaves, dataframe_with_predictions
@@ -226,6 +227,7 @@ def load_keras_file(path: str) -> Any:
     """``keras.saving.load_model``, with a ``DataError`` saying how to make custom objects loadable."""
     import keras
 
+    register_sparktf_classes()
     try:
         with warnings.catch_warnings():  # a model saved before its optimizer was built loads fine
             warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")

@@ -26,7 +26,6 @@ Python worker process for the same content.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import pickle
 import sys
@@ -212,8 +211,7 @@ class ModelPayload:
         """
         import keras
 
-        importlib.import_module("sparktf.optimizers")  # registers sparktf>RowWiseAdagrad and sparktf>LazyAdam
-        importlib.import_module("sparktf.layers")  # registers sparktf>DynamicEmbedding
+        rebuild.register_sparktf_classes()
 
         config = json.loads(self.config)
         rebuild.require_packages(config)

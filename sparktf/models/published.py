@@ -34,6 +34,7 @@ import numpy as np
 
 from sparktf.errors import SparkTFError
 from sparktf.models.keras_internals import nested_layers
+from sparktf.models.rebuild import register_sparktf_classes
 from sparktf.storage import join, local_copy, store_for
 
 __all__ = ["PublishedVersion", "VersionWriter", "published_root", "publish", "newest_version", "versions",
@@ -239,6 +240,7 @@ def load_version(version: PublishedVersion) -> Any:
     """
     import keras
 
+    register_sparktf_classes()
     try:
         with local_copy(join(_sibling(version, version.full), MODEL_FILE), "published model") as local:
             model = keras.saving.load_model(local, compile=False)

@@ -17,8 +17,15 @@ from typing import Any, Iterator, Mapping, Optional, Tuple
 
 from sparktf.errors import InternalError, ModelError
 
-__all__ = ["freeze_as_captured", "require_packages", "keep_custom_compile_arguments", "compile_as_captured",
+__all__ = ["register_sparktf_classes", "freeze_as_captured", "require_packages", "keep_custom_compile_arguments", "compile_as_captured",
            "global_policy", "policy_named", "config_native_models", "resize_tables"]
+
+
+def register_sparktf_classes() -> None:
+    """Register sparktf's own Keras classes (``sparktf>RowWiseAdagrad``, ``sparktf>LazyAdam``,
+    ``sparktf>DynamicEmbedding``) in this process, before a model that may hold them is deserialized."""
+    importlib.import_module("sparktf.optimizers")
+    importlib.import_module("sparktf.layers")
 
 
 def freeze_as_captured(model: Any, trainable: Tuple[bool, ...]) -> bool:
