@@ -36,6 +36,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from sparktf.models.cache import derived
 from sparktf.models.keras_internals import row_state_variables, tracked_variables
 from sparktf.models.payload import ModelPayload
 from sparktf.training.checkpoint import ModelState, RowRanges
@@ -165,7 +166,7 @@ class RankShards(RankTables):
 
     def __init__(self, plan: ShardPlan, model: Any, rank: int, communicator: Any, kept: Optional[dict] = None,
                  updates: Optional[TableUpdates] = None, optimizer_state_root: Optional[str] = None):
-        super().__init__(DynamicTables(model), communicator)
+        super().__init__(derived(model, "dynamic-tables", DynamicTables), communicator)
         self._comm = communicator
         self._optimizer_state_root = optimizer_state_root
         self._plan = plan

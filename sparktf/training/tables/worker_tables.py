@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from sparktf.models.cache import cached, load_cached
+from sparktf.models.cache import cached, derived, load_cached
 from sparktf.models.payload import ModelPayload, payload_key
 from sparktf.training.checkpoint import ModelState, RowRanges
 from sparktf.training.tables.plan import ShardPlan, embedding_layers
@@ -69,7 +69,7 @@ class WorkerTables:
     def on_rank(self, model: Any, rank: int, communicator: Any, kept: Optional[dict],
                 held: Tuple[HeldTables, Optional[str]]) -> RankTables:
         """The rank's tables for the segment, holding its share of the start state (``held``)."""
-        return RankTables(DynamicTables(model), communicator)
+        return RankTables(derived(model, "dynamic-tables", DynamicTables), communicator)
 
 
 @dataclass(frozen=True)
