@@ -110,3 +110,20 @@ def test_a_stream_admits_new_ids_evicts_stale_ones_at_micro_batch_ends_and_repor
     assert first["rows"] == len(set(parts[0].tolist())) and first["evicted"] == 0
     assert second["evicted"] == len(set(parts[0].tolist())) and second["rows"] == len(set(parts[1].tolist()))
     assert set(model.get_layer("items").keys().tolist()) == set(parts[1].tolist())
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_one_with_the_same_keys_rows_slots_and_counters(sc, tmp_path):
+    ids, labels = _records(96, seed=4)
+    dataset = TFDataset.from_ndarrays((ids, labels), batch_size=16, shuffle=True, seed=5)
+    model_dir = str(tmp_path / "run")
+    trained = _dynamic_model(admit_after=2, evict={"lfu": 0.5})
+    TFOptimizer.from_keras(trained, dataset, model_dir=model_dir, num_workers=2).optimize(MaxIteration(6))
+    resumed = _dynamic_model(admit_after=2, evict={"lfu": 0.5})
+    continued = TFOptimizer.from_keras(resumed, dataset, model_dir=model_dir, num_workers=1)
+    continued.load_checkpoint()
+    for got, want in zip(resumed.get_weights() + resumed.optimizer.variables, trained.get_weights()
+                         + trained.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # keys, rows, sketch, counts, slots
+    assert resumed.get_layer("items").stats() == trained.get_layer("items").stats()
+    continued.optimize(MaxIteration(9))  # and it trains on from there, on one rank
+    assert resumed.get_layer("items").stats()["step"] == 9
