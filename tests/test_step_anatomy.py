@@ -18,7 +18,7 @@ import tensorflow as tf
 from sparktf import MaxIteration, TFDataset, TFOptimizer
 from sparktf.errors import ConfigurationError
 from sparktf.summary import TrainSummary
-from sparktf.collective.channel import RankReport, StepWindow
+from sparktf.collective.channel import RankReport
 from sparktf.collective.sender import FrameSender
 from sparktf.training.driver.anatomy import ANATOMY_PHASES, CallAnatomy, chrome_trace, find_stragglers, rank_timings
 from sparktf.training.worker.step_clock import STEP_COLUMNS, STEP_PHASES, RankAnatomy, window_summary
@@ -155,8 +155,8 @@ def _recorded():
 def _reports(steps, first, size):
     """Each window of ``size`` steps from ``first`` as the ranks' reports (what the driver's watchdog passes on)."""
     for start in range(first, first + len(steps[0]) - size + 1, size):
-        yield {rank: RankReport("train", start, 0.0, windows=(StepWindow.from_wire(window_summary(
-            rows[start - first:start - first + size], f"127.0.0.1:{4000 + rank}", start)),))
+        yield {rank: RankReport("train", start, 0.0, windows=(window_summary(
+            rows[start - first:start - first + size], f"127.0.0.1:{4000 + rank}", start),))
             for rank, rows in enumerate(steps)}
 
 

@@ -28,6 +28,7 @@ connection, which tells the workers the job is over.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import socket
 import time
@@ -42,7 +43,7 @@ from sparktf.collective.rendezvous import checked_claim, parse_peer
 from sparktf.collective.server import AuthenticatedServer, shut
 from sparktf.errors import FailureRecord
 
-__all__ = ["JobChannel", "RankReport", "StepWindow"]
+__all__ = ["JobChannel", "MAX_WINDOW_BYTES", "RankReport"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,46 +56,14 @@ _MAX_BATCHES_PER_REPORT = 4096  # a heartbeat sends far fewer (channel_client.MA
 MAX_KEPT_BATCHES = 8192  # per rank, until the driver takes them; older ones are dropped beyond that
 MAX_KEPT_WINDOWS = 64  # step windows per rank, until the driver takes them
 MAX_ROW_REQUEST_BYTES = 16 << 20  # the ids of one ``get_rows`` request (2M int64 ids)
-_MAX_WINDOW_COLUMNS = 16
+#: The most bytes of one step window (as JSON): the channel keeps it as it came, the training side reads it.
+MAX_WINDOW_BYTES = 4096
 MAX_ORDER_REPORT_BYTES = 64 << 20  # a resident rank's report of a pass: metric totals, per-iteration values
 
 #: A resident job's orders: ``(rank, header, arrays) -> answer`` (see :meth:`JobChannel.give_orders`).
 Orders = Callable[[int, Dict[str, Any], List[np.ndarray]], Dict[str, Any]]
 #: One iteration's values: ``(iteration, (loss, metric, ...))``.
 BatchValues = Tuple[int, Tuple[float, ...]]
-
-
-@dataclass(frozen=True)
-class StepWindow:
-    """A summary of a rank's step timings over a window of consecutive steps (about a second's).
-
-    Attributes
-    ----------
-    executor : str
-        Where the rank runs (``host:port`` as Spark gives it).
-    first : int
-        The window's first iteration.
-    count : int
-        Its steps.
-    stats : tuple
-        Per step column (see ``sparktf.training.worker.step_clock.STEP_COLUMNS``), seconds: mean, p50, p95 and max.
-    """
-
-    executor: str
-    first: int
-    count: int
-    stats: Tuple[Tuple[float, ...], ...]
-
-    @classmethod
-    def from_wire(cls, message: Any) -> "StepWindow":
-        """Read a report's ``steps``; raises ``ValueError``, ``TypeError`` or ``KeyError`` when it is malformed."""
-        stats = tuple(tuple(float(value) for value in column) for column in message["stats"])
-        if not 0 < len(stats) <= _MAX_WINDOW_COLUMNS or any(len(column) != 4 for column in stats):
-            raise ValueError("a step window of the wrong shape")
-        count = int(message["count"])
-        if count < 1:
-            raise ValueError(f"a step window of {count} steps")
-        return cls(str(message["executor"])[:_MAX_PEER_CHARS], int(message["first"]), count, stats)
 
 
 @dataclass(frozen=True)
@@ -122,8 +91,10 @@ class RankReport:
     stack : tuple of str
         The innermost frames of its task thread (outermost first), sent while
         it stays in one phase and iteration (see ``channel_client.STACK_AFTER_SECONDS``).
-    windows : tuple of StepWindow
-        Its step timings since the last hand-over, in order (handed over like ``batches``).
+    windows : tuple of dict
+        Its step timings since the last hand-over, in order (handed over like ``batches``): opaque here, each a
+        JSON object of at most :data:`MAX_WINDOW_BYTES` that the training side wrote and reads
+        (``training.worker.step_clock.StepWindow``).
     """
 
     phase: str
@@ -134,7 +105,7 @@ class RankReport:
     batches: Tuple[BatchValues, ...] = ()
     failure: Optional[FailureRecord] = None
     stack: Tuple[str, ...] = ()
-    windows: Tuple[StepWindow, ...] = ()
+    windows: Tuple[Dict[str, Any], ...] = ()
 
 
 class JobChannel(AuthenticatedServer):
@@ -166,7 +137,7 @@ class JobChannel(AuthenticatedServer):
         self._reports: Dict[int, RankReport] = {}
         self._batches: Dict[int, Deque[BatchValues]] = {}
         self._batch_names: Dict[int, Tuple[str, ...]] = {}
-        self._windows: Dict[int, Deque[StepWindow]] = {}
+        self._windows: Dict[int, Deque[Dict[str, Any]]] = {}
         self._orders: Optional[Orders] = None
         super().__init__(world_size, secret, host)
 
@@ -260,7 +231,7 @@ class JobChannel(AuthenticatedServer):
             if header.get("batches") is not None:
                 self._record_batches(rank, *_batches(header["batches"]))
             if header.get("steps") is not None:
-                window = StepWindow.from_wire(header["steps"])
+                window = _opaque_window(header["steps"])
                 with self._lock:
                     self._windows.setdefault(rank, deque(maxlen=MAX_KEPT_WINDOWS)).append(window)
             if failure is not None:  # the task waits for this before it fails in Spark
@@ -376,3 +347,10 @@ def _batches(message: Any) -> Tuple[Tuple[str, ...], List[BatchValues]]:
         batches.append((first + offset, tuple(float(value) for value in row)))
     return names, batches
 
+
+def _opaque_window(window: Any) -> Dict[str, Any]:
+    """A report's step window as it came: a JSON object of at most :data:`MAX_WINDOW_BYTES`; raises ``ValueError``
+    otherwise."""
+    if not isinstance(window, dict) or len(json.dumps(window)) > MAX_WINDOW_BYTES:
+        raise ValueError(f"a step window must be a JSON object of at most {MAX_WINDOW_BYTES} bytes")
+    return window

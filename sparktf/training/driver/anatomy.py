@@ -30,8 +30,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optiona
 
 import numpy as np
 
-from sparktf.collective.channel import StepWindow
-from sparktf.training.worker.step_clock import STEP_COLUMNS, STEP_PHASES, WINDOW_STATS, RankAnatomy
+from sparktf.training.worker.step_clock import STEP_COLUMNS, STEP_PHASES, WINDOW_STATS, RankAnatomy, StepWindow
 
 __all__ = ["Straggler", "CallAnatomy", "ANATOMY_PHASES", "rank_timings", "step_phases", "lost_seconds",
            "find_stragglers", "chrome_trace"]
@@ -273,7 +272,7 @@ class CallAnatomy:
         """Take the step windows of the ranks' reports (see ``JobChannel.reports(take_batches=True)``), naming the
         stragglers they show."""
         for rank, report in reports.items():
-            self._windows.setdefault(rank, deque(maxlen=LIVE_WINDOWS)).extend(report.windows)
+            self._windows.setdefault(rank, deque(maxlen=LIVE_WINDOWS)).extend(_read_windows(rank, report.windows))
         windows = {rank: list(kept) for rank, kept in self._windows.items() if kept}
         if len(windows) < 2 or min(sum(w.count for w in kept) for kept in windows.values()) < MIN_STEPS:
             return
@@ -323,3 +322,14 @@ _ADVICE = {
                 "(gradient_compression)",
     "apply": "its update is slower (a busy host): exclude the host or give it fewer tasks",
 }
+
+
+def _read_windows(rank: int, windows: Sequence[Any]) -> List[StepWindow]:
+    """The step windows of rank ``rank``'s report (as the channel carried them), a malformed one left out."""
+    read = []
+    for window in windows:
+        try:
+            read.append(StepWindow.from_wire(window))
+        except (ValueError, TypeError, KeyError) as error:
+            _LOG.debug("rank %d sent a malformed step window (%s): left out", rank, error)
+    return read

@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["STEP_PHASES", "STEP_COLUMNS", "WINDOW_STATS", "PhaseClock", "RankAnatomy", "window_summary"]
+__all__ = ["STEP_PHASES", "STEP_COLUMNS", "WINDOW_STATS", "PhaseClock", "RankAnatomy", "StepWindow",
+           "window_summary"]
 
 #: The phases of a step, as the clock's laps name them: waiting for the batch, the sharded tables' lookup, the
 #: forward and backward pass, the gradient exchange, and the update.
@@ -58,6 +59,40 @@ class RankAnatomy:
     steps: np.ndarray
     first_iteration: int
     spans: List[Tuple[int, str, float, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """A summary of a rank's step timings over a window of consecutive steps (about a second's), as
+    :func:`window_summary` writes it and the driver reads it from a report (the channel carries it opaque).
+
+    Attributes
+    ----------
+    executor : str
+        Where the rank runs (``host:port`` as Spark gives it).
+    first : int
+        The window's first iteration.
+    count : int
+        Its steps.
+    stats : tuple
+        Per step column (:data:`STEP_COLUMNS`), seconds: one value per :data:`WINDOW_STATS`.
+    """
+
+    executor: str
+    first: int
+    count: int
+    stats: Tuple[Tuple[float, ...], ...]
+
+    @classmethod
+    def from_wire(cls, message: Any) -> "StepWindow":
+        """Read a :func:`window_summary`; raises ``ValueError``, ``TypeError`` or ``KeyError`` when it is malformed."""
+        stats = tuple(tuple(float(value) for value in column) for column in message["stats"])
+        if len(stats) != len(STEP_COLUMNS) or any(len(column) != len(WINDOW_STATS) for column in stats):
+            raise ValueError("a step window of the wrong shape")
+        count = int(message["count"])
+        if count < 1:
+            raise ValueError(f"a step window of {count} steps")
+        return cls(str(message["executor"]), int(message["first"]), count, stats)
 
 
 def window_summary(rows: np.ndarray, executor: str, first: int) -> Dict[str, Any]:
