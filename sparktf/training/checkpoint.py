@@ -15,7 +15,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -108,20 +108,6 @@ class ModelState:
         for index, (start, end) in ranges.items():
             cut.set_array(index, self.array(index)[start:end])
         return cut
-
-    def without(self, indices: Sequence[int]) -> "ModelState":
-        """This state without the optimizer variables at ``indices`` (of ``weights + optimizer_variables``): a
-        model's whose sharded tables' optimizer state is in files, as the driver holds it."""
-        count, dropped = len(self.weights), set(indices)
-        kept = [value for k, value in enumerate(self.optimizer_variables) if count + k not in dropped]
-        return dataclasses.replace(self, weights=list(self.weights), optimizer_variables=kept)
-
-    def with_placeholders(self, indices: Sequence[int]) -> "ModelState":
-        """The inverse of :meth:`without`: empty arrays at ``indices``, for ``apply_to(..., keep)`` to skip."""
-        count, values, empty = len(self.weights), iter(self.optimizer_variables), set(indices)
-        total = len(self.optimizer_variables) + len(empty)
-        filled = [np.zeros(0, np.float32) if count + k in empty else next(values) for k in range(total)]
-        return dataclasses.replace(self, weights=list(self.weights), optimizer_variables=filled)
 
     @property
     def nbytes(self) -> int:

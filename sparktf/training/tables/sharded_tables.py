@@ -28,6 +28,7 @@ and checkpoints leave them out (:func:`optimizer_state_positions`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -52,7 +53,7 @@ from sparktf.training.tables.row_sums import merge_rows
 from sparktf.training.tables.sparse_kernels import apply_rows
 from sparktf.training.tables.update_form import TableUpdates
 
-__all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_optimizer_state",
+__all__ = ["RankShards", "HeldTables", "apply_start_state", "apply_without_optimizer_state", "without_optimizer_state",
            "optimizer_state_positions", "state_rows", "table_indices", "working_features", "working_model"]
 
 #: Per sharded layer: the rank's rows of its table, from the segment's start state.
@@ -114,6 +115,24 @@ def optimizer_state_positions(model: Any, layers: Sequence[str]) -> Dict[int, Tu
     return {offset + k: owners[id(v)] for k, v in enumerate(model.optimizer.variables) if id(v) in owners}
 
 
+def without_optimizer_state(state: ModelState, indices: Sequence[int]) -> ModelState:
+    """``state`` without the optimizer variables at ``indices`` (of ``weights + optimizer_variables``,
+    :func:`optimizer_state_positions`): a model's whose sharded tables' optimizer state is in files, as the driver
+    holds it."""
+    count, dropped = len(state.weights), set(indices)
+    kept = [value for k, value in enumerate(state.optimizer_variables) if count + k not in dropped]
+    return dataclasses.replace(state, weights=list(state.weights), optimizer_variables=kept)
+
+
+def _with_placeholders(state: ModelState, indices: Sequence[int]) -> ModelState:
+    """The inverse of :func:`without_optimizer_state`: empty arrays at ``indices``, for ``apply_to(..., keep)`` to
+    skip."""
+    count, values, empty = len(state.weights), iter(state.optimizer_variables), set(indices)
+    total = len(state.optimizer_variables) + len(empty)
+    filled = [np.zeros(0, np.float32) if count + k in empty else next(values) for k in range(total)]
+    return dataclasses.replace(state, weights=list(state.weights), optimizer_variables=filled)
+
+
 def apply_without_optimizer_state(state: ModelState, model: Any, positions: Dict[int, Tuple[str, str]],
                                   keep: frozenset = frozenset()) -> Dict[int, np.ndarray]:
     """Assign a ``state`` without the optimizer state at ``positions`` (:func:`optimizer_state_positions`: the
@@ -121,7 +140,7 @@ def apply_without_optimizer_state(state: ModelState, model: Any, positions: Dict
     whose ``id`` is in ``keep``, whose values are returned by ``id`` (``ModelState.apply_to``)."""
     offset = len(model.weights)
     table_state = frozenset(id(model.optimizer.variables[index - offset]) for index in positions)
-    return state.with_placeholders(list(positions)).apply_to(model, keep | table_state)
+    return _with_placeholders(state, list(positions)).apply_to(model, keep | table_state)
 
 
 def apply_start_state(state: ModelState, model: Any, plan: ShardPlan) -> HeldTables:
@@ -305,7 +324,7 @@ class RankShards(RankTables):
     def captured_state(self, iteration: int) -> Tuple[ModelState, RowRanges]:
         """The model's state as the driver holds it (without the sharded tables' optimizer state) with this rank's
         rows of each sharded table in place of the working tables, and those arrays' rows (:func:`state_rows`)."""
-        state = ModelState.capture(self._model, iteration).without(
+        state = without_optimizer_state(ModelState.capture(self._model, iteration),
             optimizer_state_positions(self._model, [table.layer for table in self._plan.tables]))
         ranges = {}
         for index, layer in table_indices(self._model, self._plan).items():
