@@ -39,7 +39,7 @@ import numpy as np
 from bench_train import SESSION_CONF  # beside this script
 
 CAPACITY, FALLBACK, DIM, TTL = 2000, 256, 8, 40
-STEP_LAPS = ("batches", "lookup", "compute", "allreduce", "apply")
+STEP_LAPS = ("data", "lookup", "compute", "exchange", "apply")
 #: How far the popular ids move each file: the top ranks stay for several files, the tail brings new ids.
 DRIFT = 20
 SCHEMA = "id long, label int"

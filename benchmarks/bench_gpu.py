@@ -73,7 +73,7 @@ RECORDS = 512
 CLASSES = 1000
 FAKE_GPU_ADDRESSES = ["0"]
 SEED_TABLE = "ResNet-101 at 78 images/s on one P40, 204 on four"
-STEP_PHASES = ("batches", "compute", "allreduce", "apply")
+STEP_PHASES = ("data", "compute", "exchange", "apply")
 SMOKE = {"image_size": 32, "iterations": 2, "warm_up": 1, "policy": "float32", "executor_memory": 1024}
 FULL = {"image_size": 224, "iterations": 500, "warm_up": 10, "policy": "mixed_float16", "executor_memory": 16384}
 
@@ -229,7 +229,7 @@ def report(args: argparse.Namespace, results: Dict[str, Dict]) -> None:
         steps, share = "-", "-"
         if "timings" in result:
             step_seconds = sum(result["timings"][phase] for phase in STEP_PHASES)
-            shares[case] = result["timings"]["allreduce"] / step_seconds
+            shares[case] = result["timings"]["exchange"] / step_seconds
             steps, share = f"{images / step_seconds:.1f}", f"{shares[case]:.3f}"
         print(f"{case:18s} {CASES[case]:5d} {result['seconds']:8.2f} {rates[case]:9.1f} {steps:>10s} {share:>15s}")
     for case, result in results.items():

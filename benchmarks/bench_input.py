@@ -67,7 +67,7 @@ JPEG_SIZE, CROP, CLASSES, FILES, BATCH = 96, 64, 10, 8, 64
 WIDTH, FEED_BATCH = 1024, 512
 SPARK_CONF = {**bench_feed.SPARK_CONF, "spark.driver.memory": "6g"}
 FIRST_STEP_PHASES = ("threads", "data_cache", "model_load", "warm_up", "state_fetch", "connect")
-STEP_PHASES = ("batches", "compute", "allreduce", "apply")
+STEP_PHASES = ("data", "compute", "exchange", "apply")
 #: Seconds each timed case of (a) runs at least.
 WINDOW_SECONDS = 20.0
 
@@ -227,7 +227,7 @@ def compare_storage(folder: str, epochs: int, rounds: int) -> Dict[str, List[dic
                                      zip(store.cpu_seconds(), (server_before, proxy_before)))
                     timings = optimizers[name].last_timings
                     runs[name].append({"images_per_second": rate, "seconds": seconds, "server_cpu_s": server,
-                                       "proxy_cpu_s": proxy, "batches_s": timings.get("batches", 0.0),
+                                       "proxy_cpu_s": proxy, "batches_s": timings.get("data", 0.0),
                                        "first_step_s": sum(timings.get(phase, 0.0) for phase in FIRST_STEP_PHASES)})
             return runs
         finally:

@@ -292,7 +292,7 @@ def compare(kind: str, optimizer: str, iterations: int, rounds: int) -> dict:
     best = {method: max(rates) for method, rates in singles.items()}
     steps = iterations - 5
     phases = " ".join(f"{p}={1000 * timings.get(p, 0.0) / steps:.2f}ms"
-                      for p in ("batches", "compute", "allreduce", "apply"))
+                      for p in ("data", "compute", "exchange", "apply"))
     sent, dense = traffic.sent / traffic.steps, traffic.dense / traffic.steps
     one_process_rates = " | ".join(f"{method} {value:9.0f} samples/s" for method, value in best.items())
     ratios = " ".join(f"ratio vs {method} {rate / value:.3f}" for method, value in best.items())

@@ -193,7 +193,7 @@ def run_sparktf(kind: str, batch: int, iterations: int, num_workers: int, verbos
 
 
 def format_timings(timings: Dict[str, float], iterations: int) -> str:
-    per_iteration = ("batches", "compute", "allreduce", "apply")
+    per_iteration = ("data", "compute", "exchange", "apply")
     once = [f"{name}={timings[name]:.2f}s" for name in timings if name not in per_iteration]
     each = [f"{name}={1000 * timings[name] / iterations:.2f}ms" for name in per_iteration]
     return "once: " + " ".join(once) + " | per iteration: " + " ".join(each)
@@ -274,7 +274,7 @@ def step_clock_seconds(steps: int = 20000) -> float:
         started = time.perf_counter()
         for iteration in range(1, steps + 1):
             clock.step(iteration)
-            for phase in ("batches", "lookup", "compute", "allreduce", "apply"):
+            for phase in ("data", "lookup", "compute", "exchange", "apply"):
                 clock.lap(phase)
             clock.add("send", 0.0)
             if iteration % 100 == 0:

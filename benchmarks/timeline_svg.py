@@ -47,7 +47,7 @@ def svg(trace: Dict[str, Any]) -> str:
     for i, (phase, colour) in enumerate(COLOURS.items()):
         x = LEFT + i * 120
         parts.append(f'<rect x="{x}" y="6" width="12" height="12" fill="{colour}"/>'
-                     f'<text x="{x + 16}" y="16">{"all-reduce" if phase == "exchange" else phase}</text>')
+                     f'<text x="{x + 16}" y="16">{phase}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 

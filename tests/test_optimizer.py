@@ -122,7 +122,7 @@ def test_linear_regression_converges_and_continues(sc):
     np.testing.assert_allclose(model.get_weights()[0].ravel(), [1, -2, 3], atol=1e-3)
     np.testing.assert_allclose(model.get_weights()[1], [0.5], atol=1e-3)
     timings = optimizer.last_timings
-    assert {"compute", "allreduce", "apply", "launch", "data_cache", "state_fetch"} <= set(timings)
+    assert {"compute", "exchange", "apply", "launch", "data_cache", "state_fetch"} <= set(timings)
     # a new TFOptimizer on the same (now trained) model finds the executors' model and traced step
     again = TFOptimizer.from_keras(model, dataset)
     again.optimize(MaxIteration(4))

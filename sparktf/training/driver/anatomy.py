@@ -148,11 +148,10 @@ def rank_timings(anatomies: Sequence[RankAnatomy]) -> Dict[int, Dict[str, float]
     """``{rank: {phase: seconds}}`` over the records: the step phases of :data:`ANATOMY_PHASES` and each rank's
     set-up phases (``model_load``, ``warm_up``, ``connect``, ...)."""
     timings: Dict[int, Dict[str, float]] = {}
-    step_laps = {"batches", "lookup", "compute", "allreduce", "apply"}
     for record in anatomies:
         rank = timings.setdefault(record.rank, {})
         for phase, seconds in record.timings.items():
-            if phase not in step_laps:
+            if phase not in STEP_PHASES:
                 rank[phase] = rank.get(phase, 0.0) + seconds
     for rank, rows in step_phases(anatomies).items():
         for i, phase in enumerate(ANATOMY_PHASES):
@@ -233,7 +232,7 @@ def chrome_trace(anatomies: Sequence[RankAnatomy]) -> Dict[str, Any]:
         events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": record.rank,
                        "args": {"name": f"rank {record.rank} ({record.host})"}})
     for rank, iteration, phase, start, end in spans:
-        events.append({"name": "all-reduce" if phase == "exchange" else phase, "cat": phase, "ph": "X", "pid": 1,
+        events.append({"name": phase, "cat": phase, "ph": "X", "pid": 1,
                        "tid": rank, "ts": round((start - origin) * 1e6, 1), "dur": round((end - start) * 1e6, 1),
                        "args": {"iteration": iteration}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}

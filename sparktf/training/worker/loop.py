@@ -147,7 +147,7 @@ def train_iterations(
         watch.step(progress.iteration + 1)
         started = time.perf_counter()
         features, labels, sample_weight = _features_labels(spec, mapped, next(batches))
-        watch.lap("batches")
+        watch.lap("data")
         heartbeat.phase = tables.lookup_phase
         iteration = progress.iteration + 1
         heartbeat.iteration = iteration
@@ -195,7 +195,7 @@ def train_iterations(
 
 class _TimedExchange(GradientExchange):
     """The step's gradient exchange (see ``training.worker.gradient_exchange``), timing ``compute`` before it, itself
-    (``allreduce``) and its sends (``send``), and telling the heartbeat the step's phase (``exchange``, then
+    (``exchange``) and its sends (``send``), and telling the heartbeat the step's phase (``exchange``, then
     ``apply``)."""
 
     def __init__(self, communicator: Any, compression: Optional[str], watch: PhaseClock, heartbeat: Any,
@@ -209,7 +209,7 @@ class _TimedExchange(GradientExchange):
         self._heartbeat.phase = "exchange"
         sent = self.send_seconds
         summed = super().__call__(layout, parts)
-        self._watch.lap("allreduce")
+        self._watch.lap("exchange")
         self._heartbeat.phase = "apply"
         self._watch.add("send", self.send_seconds - sent)
         return summed

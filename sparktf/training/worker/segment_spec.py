@@ -123,9 +123,10 @@ class SegmentResult:
         used, time the iteration ended, its duration.
     timings : dict
         Seconds spent in each phase (``threads``, ``data_cache``,
-        ``model_load``, ``warm_up``, ``state_fetch``, ``connect``,
-        ``batches``, ``compute``, ``allreduce``, ``apply``, ``finish``,
-        ``state_upload``) on rank 0.
+        ``model_load``, ``warm_up``, ``state_fetch``, ``connect``, the step
+        phases of ``step_clock.STEP_PHASES`` (``data``, ``lookup``,
+        ``compute``, ``exchange``, ``apply``), ``finish``, ``state_upload``)
+        on rank 0.
     workers : int
         The workers the segment ran on (set by the driver).
     metrics : dict

@@ -23,10 +23,10 @@ import numpy as np
 __all__ = ["STEP_PHASES", "STEP_COLUMNS", "WINDOW_STATS", "PhaseClock", "RankAnatomy", "StepWindow",
            "window_summary"]
 
-#: The phases of a step, as the clock's laps name them: waiting for the batch, the sharded tables' lookup, the
-#: forward and backward pass, the gradient exchange, and the update.
+#: The phases of a step, one name each wherever they show (the clock's laps, ``last_timings``, the heartbeat, the
+#: anatomy, the timeline): waiting for the batch, the tables' lookup, the forward and backward pass, the gradient
+#: exchange, and the update.
 STEP_PHASES = ("data", "lookup", "compute", "exchange", "apply")
-_STEP_LAPS = {"batches": "data", "lookup": "lookup", "compute": "compute", "allreduce": "exchange", "apply": "apply"}
 #: A step row's columns: the phases, then the seconds this rank's sends took inside the exchange.
 STEP_COLUMNS = STEP_PHASES + ("send",)
 #: What a window's summary gives per column, over its steps.
@@ -128,11 +128,10 @@ class PhaseClock:
         now = time.perf_counter()
         elapsed = now - self._last
         self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
-        step_phase = _STEP_LAPS.get(phase)
-        if self._row is not None and step_phase is not None:
-            self._row[STEP_PHASES.index(step_phase)] += elapsed
+        if self._row is not None and phase in STEP_PHASES:
+            self._row[STEP_PHASES.index(phase)] += elapsed
             if self._profile is not None and self._profile[0] <= self._iteration <= self._profile[1]:
-                self._spans.append((self._iteration, step_phase, self._last + self._wall_offset,
+                self._spans.append((self._iteration, phase, self._last + self._wall_offset,
                                     now + self._wall_offset))
         self._last = now
         return now
