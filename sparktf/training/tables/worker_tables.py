@@ -20,8 +20,8 @@ from typing import Any, Optional, Tuple
 from sparktf.models.cache import cached, derived, load_cached
 from sparktf.models.payload import ModelPayload, payload_key
 from sparktf.training.checkpoint import ModelState, RowRanges
-from sparktf.training.tables.plan import ShardPlan, embedding_layers
 from sparktf.training.tables.dynamic_tables import DynamicTables, observed_by_ranks
+from sparktf.training.tables.plan import ShardPlan, embedding_layers
 from sparktf.training.tables.rank_tables import RankTables
 from sparktf.training.tables.sharded_tables import (HeldTables, RankShards, apply_start_state, state_rows,
                                                     working_features, working_model)
