@@ -50,6 +50,31 @@ def test_each_completion_is_generate_on_its_prompt_alone_with_stop_tokens_a_pref
         [_alone(lm, prompt, 3, None) for prompt in PROMPTS[:4]]
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama3"])
+def test_every_keyword_of_generate_left_unset_or_set_means_what_it_means_to_generate(family):
+    lm = gpt2_lm() if family == "gpt2" else llama3_lm()
+    prompts = PROMPTS[:4] + ["c a b a b c a b c", "a a c b a c a b c a b"]  # longer than GPT-2's sequence length 8
+    stop = [lm.preprocessor.tokenizer.token_to_id("c")]
+    # GPT-2's end token here is its padding token (id 0): generate stops at once with the defaults
+    for keywords in ({}, {"max_length": 6}, {"strip_prompt": True}, {"stop_token_ids": None},
+                     {"stop_token_ids": stop, "max_length": 12}, {"stop_token_ids": None, "strip_prompt": True}):
+        engine = GenerationEngine(lm, generation_options(lm, dict(keywords)))
+        completions, _ = engine.complete(prompts, batch_size=2)
+        assert completions == [str(lm.generate([prompt], **keywords)[0]) for prompt in prompts], keywords
+
+
+def test_a_preset_round_trip_generates_as_generate_with_its_defaults(spark, tmp_path):
+    lm = gpt2_lm()
+    lm.save_to_preset(str(tmp_path / "preset"))
+    loaded = keras_hub.models.CausalLM.from_preset(str(tmp_path / "preset"))
+    frame = spark.createDataFrame([(prompt,) for prompt in PROMPTS[:6]], "prompt string").repartition(2).cache()
+    prompts = [row["prompt"] for row in frame.collect()]
+    dataset = TFDataset.from_dataframe(frame, "prompt", batch_per_thread=2)
+    completions = TFPredictor.from_keras(loaded, dataset, method="generate", max_length=16).predict().collect()
+    assert completions == [str(text) for text in loaded.generate(prompts, max_length=16)] == prompts
+    frame.unpersist()
+
+
 def test_length_buckets_are_few_and_fixed_and_a_beam_sampler_keeps_generate():
     assert length_buckets(16) == [8, 16]
     assert length_buckets(1024) == [96, 128, 184, 256, 368, 512, 728, 1024]

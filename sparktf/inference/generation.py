@@ -39,7 +39,7 @@ from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference.decoding import CacheLayout, Decoder, probe_decoding
 
 __all__ = ["GenerationOptions", "GenerationEngine", "RejectedRow", "generation_options", "grouped_batches",
-           "length_buckets", "timed_window", "WINDOW_BATCHES"]
+           "length_buckets", "padding_stops", "stop_token_ids", "timed_window", "WINDOW_BATCHES"]
 
 _LOG = logging.getLogger("sparktf.generate")
 
@@ -116,7 +116,35 @@ def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions
     if reason is not None and (checked.max_new_tokens is not None or checked.prefix):
         raise ConfigurationError(f"max_new_tokens and prefix need a model sparktf can decode token by token; "
                                  f"this one cannot: {reason}")
+    stops = stop_token_ids(model, checked.stop_token_ids)
+    if padding_stops(model, stops):
+        _LOG.warning("generate: stop token id %d is also %s's padding token, so, as lm.generate does (it reads the "
+                     "padding after a prompt as that stop token), every completion is its prompt with no new token. "
+                     "Pass stop_token_ids=None or ids without it to generate", model.preprocessor.tokenizer.pad_token_id,
+                     type(model).__name__)
     return dataclasses.replace(checked, cache_layout=layout, undecodable=reason)
+
+
+def stop_token_ids(lm: Any, stop: Any) -> np.ndarray:
+    """The token ids ``lm.generate(..., stop_token_ids=stop)`` stops at: ``"auto"`` is its preprocessor's end
+    token (and second end token, Llama 3's), ``None`` none."""
+    if isinstance(stop, str) and stop == "auto":
+        tokenizer = lm.preprocessor.tokenizer
+        stop = [tokenizer.end_token_id] + ([tokenizer.end_token2_id] if hasattr(tokenizer, "end_token2_id") else [])
+    return np.array([] if stop is None else list(stop), dtype=np.int64)
+
+
+def padding_stops(lm: Any, stops: np.ndarray) -> bool:
+    """Whether a stop token of ``stops`` is ``lm``'s padding token, so that ``lm.generate`` makes no new token.
+
+    Keras Hub's sampler stops once every row holds a stop token after its
+    prompt, and reads the padding after a prompt as tokens held: with the
+    padding's id among the stop tokens (a vocabulary whose end token is id 0,
+    GPT-2's padding), ``generate`` gives back each prompt (cut to
+    ``max_length``) without a new token.
+    """
+    padding = getattr(lm.preprocessor.tokenizer, "pad_token_id", None)
+    return padding is not None and bool(np.isin(padding, stops))
 
 
 def length_buckets(limit: int) -> List[int]:
@@ -183,11 +211,12 @@ class GenerationEngine:
         self.limit = _sequence_limit(lm)
         self.buckets = length_buckets(self.limit)
         preprocessor = lm.preprocessor
-        stop = options.stop_token_ids
-        if stop == "auto":
-            tokenizer = preprocessor.tokenizer
-            stop = [tokenizer.end_token_id] + ([tokenizer.end_token2_id] if hasattr(tokenizer, "end_token2_id") else [])
-        self.stop_token_ids = np.array([] if stop is None else list(stop), dtype=np.int64)
+        self.stop_token_ids = stop_token_ids(lm, options.stop_token_ids)
+        # generate's max_length defaults to the preprocessor's sequence length (prompts cut to it) unless
+        # max_new_tokens is given
+        self.max_length = options.max_length if options.max_length is not None or options.max_new_tokens is not None \
+            else int(preprocessor.sequence_length)
+        self._stops_at_once = padding_stops(lm, self.stop_token_ids)
         self._start_token = bool(getattr(preprocessor, "add_start_token", False))
         self.decoder = None if options.cache_layout is None else Decoder(lm, options.cache_layout)
         if self.decoder is None:
@@ -246,14 +275,13 @@ class GenerationEngine:
             if len(prefix):
                 tokens = tokens[1:] if self._start_token else tokens
             length = len(prefix) + len(tokens)
-            if options.max_length is not None and length > options.max_length:
-                length = options.max_length  # as generate: the prompt cut to max_length, nothing new
-            end = length + options.max_new_tokens if options.max_new_tokens is not None else \
-                (options.max_length or int(self.lm.preprocessor.sequence_length))
-            if options.max_length is not None:
-                end = min(end, options.max_length)
-            end = max(end, length)
-            if end > self.limit or len(tokens) > self.limit:
+            if self.max_length is not None and length > self.max_length:
+                length = self.max_length  # as generate: the prompt cut to max_length, nothing new
+            end = length + options.max_new_tokens if options.max_new_tokens is not None else self.max_length
+            if self.max_length is not None:
+                end = min(end, self.max_length)
+            end = length if self._stops_at_once else max(end, length)
+            if end > self.limit or (self.max_length is None and len(tokens) > self.limit):
                 counted = f"more than {self.limit}" if len(tokens) > self.limit else str(length)
                 advice = ("Shorten it or lower max_new_tokens" if options.on_error == "null" else
                           "Shorten it, lower max_new_tokens, or pass on_error='null' to give such rows a null "
