@@ -38,7 +38,7 @@ import numpy as np
 from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference.decoding import CacheLayout, Decoder, probe_decoding
 
-__all__ = ["GenerationOptions", "GenerationEngine", "RejectedRow", "generation_options", "grouped_batches",
+__all__ = ["GenerationOptions", "GenerationEngine", "GenerationTotals", "RejectedRow", "generation_options", "grouped_batches",
            "length_buckets", "padding_stops", "stop_token_ids", "timed_window", "WINDOW_BATCHES"]
 
 _LOG = logging.getLogger("sparktf.generate")
@@ -223,6 +223,7 @@ class GenerationEngine:
             _LOG.warning("generating with %s.generate on sorted batches: %s", type(lm).__name__, options.undecodable)
         self.prefix_ids = self._tokens([options.prefix])[0] if options.prefix else None
         self._prefix_cache = None
+        self.totals = GenerationTotals()  # what this engine completed so far (see timed_window)
         if self.prefix_ids is not None and self.decoder is not None:
             self._prefix_cache = self.decoder.prefix_cache(self.prefix_ids)
 
@@ -377,13 +378,35 @@ class GenerationEngine:
                 for value in np.asarray(texts, dtype=object).reshape(-1)]
 
 
+@dataclass
+class GenerationTotals:
+    """What one engine (a worker's, for one model and options) completed so far: the job's share of this worker
+    while its tasks run."""
+
+    prompts: int = 0
+    nulls: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: "GenerationTotals") -> None:
+        """Count ``other`` (a window's figures) in."""
+        self.prompts, self.nulls = self.prompts + other.prompts, self.nulls + other.nulls
+        self.new_tokens, self.seconds = self.new_tokens + other.new_tokens, self.seconds + other.seconds
+
+    def __str__(self) -> str:
+        seconds = max(self.seconds, 1e-9)
+        return (f"{self.prompts} prompts ({self.nulls} null), {self.new_tokens} new tokens in {self.seconds:.2f} s "
+                f"({self.prompts / seconds:.1f} prompts/s, {self.new_tokens / seconds:.1f} new tokens/s)")
+
+
 def timed_window(engine: GenerationEngine, prompts: Sequence[str], batch_size: int) -> List[Optional[str]]:
-    """``engine.complete(prompts, batch_size)``, logging the window's prompts/s, new tokens/s and this worker's
-    compiles."""
+    """``engine.complete(prompts, batch_size)``, logging (INFO) the window's prompts/s, new tokens/s and nulls, the
+    worker's totals with this engine so far (``engine.totals``) and its compiles."""
     started = time.perf_counter()
     completions, new_tokens = engine.complete(prompts, batch_size)
-    seconds = max(time.perf_counter() - started, 1e-9)
-    _LOG.info("generated %d prompts, %d new tokens in %.2f s (%.1f prompts/s, %.1f new tokens/s); %d compiles on "
-              "this worker", len(prompts), new_tokens, seconds, len(prompts) / seconds, new_tokens / seconds,
+    window = GenerationTotals(len(prompts), sum(text is None for text in completions), new_tokens,
+                              time.perf_counter() - started)
+    engine.totals.add(window)
+    _LOG.info("generated %s; this worker so far: %s; %d compiles on this worker", window, engine.totals,
               engine.compiles)
     return completions
