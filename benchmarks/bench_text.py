@@ -59,6 +59,7 @@ NEW_TOKENS = 32
 GENERATE_BATCH = 16
 LM_POSITIONS = 320  # the longest prompt (256 tokens) and its new tokens fit
 PREFIX_WORDS = 127  # with the start token: a 128-token template
+CURVE_LENGTHS = (64, 128, 256, 512)  # cache lengths of the decode-step curve
 
 
 def texts_and_labels(records: int, seed: int = 0):
@@ -105,7 +106,7 @@ def classifier(lora: int = 0) -> Any:
     return model
 
 
-def causal_lm() -> Any:
+def causal_lm(positions: int = LM_POSITIONS) -> Any:
     import keras
     import keras_hub
 
@@ -118,7 +119,7 @@ def causal_lm() -> Any:
     tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
     preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=64)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=4, num_heads=4,
-                                             hidden_dim=256, intermediate_dim=1024, max_sequence_length=LM_POSITIONS)
+                                             hidden_dim=256, intermediate_dim=1024, max_sequence_length=positions)
     lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor)
     lm.compile(sampler="greedy")
     return lm
@@ -171,6 +172,37 @@ def one_process(kind: str, count: int) -> Dict[str, Any]:
     output = subprocess.run([sys.executable, __file__, "--single", kind, str(count)], check=True,
                             capture_output=True, text=True, timeout=3600).stdout
     return json.loads(output.strip().splitlines()[-1])
+
+
+def decode_curve() -> Dict[int, Dict[str, float]]:
+    """Milliseconds per row and decode step at cache lengths 64 to 512 (batches of ``GENERATE_BATCH``, 8 steps,
+    best of 3, TensorFlow on 1 thread as in a task): today's decoder (``call_with_cache``, copying the cache) and the one with a buffer per layer."""
+    import numpy as np
+    import tensorflow as tf
+
+    from sparktf.inference.decoding import Decoder, probe_decoding
+    from sparktf.inference.kv_cache import LayerBufferDecoder, buffer_family
+
+    lm = causal_lm(positions=CURVE_LENGTHS[-1])
+    layout, _ = probe_decoding(lm)
+    family, _ = buffer_family(lm, layout)
+    decoders = {"copying": Decoder(lm, layout), "buffers": LayerBufferDecoder(lm, layout, family)}
+    rng, steps, curve = np.random.default_rng(3), 8, {}
+    for length in CURVE_LENGTHS:
+        token_ids = rng.integers(2, 50, (GENERATE_BATCH, length)).astype(np.int32)
+        tokens, mask = tf.constant(token_ids), tf.constant(np.zeros(token_ids.shape, bool))
+        curve[length] = {}
+        for name, decoder in decoders.items():
+            cache = decoder.prefill(token_ids, length - steps)
+            best = float("inf")
+            for _ in range(4):  # the first traces
+                started = time.perf_counter()
+                decoder.decode(tokens, cache, length - steps, mask, steps)[0].numpy()
+                best = min(best, time.perf_counter() - started)
+            curve[length][name] = best / steps / GENERATE_BATCH * 1e3
+        print(f"decode step at cache length {length}: {curve[length]['copying']:.3f} ms per row copying, "
+              f"{curve[length]['buffers']:.3f} with a buffer per layer", flush=True)
+    return curve
 
 
 # ------------------------------------------------------------------ sparktf

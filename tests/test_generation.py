@@ -17,7 +17,9 @@ from sparktf.errors import ConfigurationError, DataError
 keras_hub = pytest.importorskip("keras_hub")
 
 from sparktf.inference.generation import GenerationEngine, generation_options, length_buckets  # noqa: E402
-from tiny_lms import gpt2_lm, llama3_lm  # noqa: E402
+from sparktf.inference.decoding import Decoder  # noqa: E402
+from sparktf.inference.kv_cache import LayerBufferDecoder  # noqa: E402
+from tiny_lms import gpt2_lm, llama3_lm, qwen_lm  # noqa: E402
 
 PROMPTS = ["a b", "ab c", "c a b", "b", "a a c b a", "c c b", "ab ab", "b c", "a", "c b a c a b c", "b b", "ab"]
 
@@ -79,6 +81,21 @@ def test_a_preset_round_trip_generates_as_generate_with_its_defaults(spark, tmp_
     completions = TFPredictor.from_keras(loaded, dataset, method="generate", max_length=16).predict().collect()
     assert completions == [str(text) for text in loaded.generate(prompts, max_length=16)] == prompts
     frame.unpersist()
+
+
+def test_gpt2_and_llama_decode_with_a_buffer_per_layer_and_another_family_copies_the_cache_saying_so_once(caplog):
+    for lm in (gpt2_lm(), llama3_lm()):  # the completions: the test above
+        assert isinstance(GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 2})).decoder,
+                          LayerBufferDecoder)
+    lm = qwen_lm()
+    with caplog.at_level("INFO", logger="sparktf"):
+        engine = GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 4, "stop_token_ids": None}))
+        completions, _ = engine.complete(PROMPTS[:5], batch_size=2)
+    assert type(engine.decoder) is Decoder
+    said = [record.getMessage() for record in caplog.records if "call_with_cache" in record.getMessage()]
+    assert said == ["decoding QwenCausalLM with call_with_cache, which copies the cache at each step: sparktf has no "
+                    "decode step with a buffer per layer for QwenBackbone"]
+    assert completions == [_alone(lm, prompt, 4, None) for prompt in PROMPTS[:5]]
 
 
 def test_length_buckets_are_few_and_fixed_and_a_beam_sampler_keeps_generate():

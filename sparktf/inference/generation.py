@@ -37,6 +37,7 @@ import numpy as np
 
 from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference.decoding import CacheLayout, Decoder, probe_decoding
+from sparktf.inference.kv_cache import LayerBufferDecoder, buffer_family
 
 __all__ = ["GenerationOptions", "GenerationEngine", "GenerationTotals", "RejectedRow", "generation_options", "grouped_batches",
            "length_buckets", "padding_stops", "stop_token_ids", "timed_window", "WINDOW_BATCHES"]
@@ -68,7 +69,8 @@ class RejectedRow(DataError):
 class GenerationOptions:
     """``method="generate"``'s keywords, checked, and what the driver probed of the model (see
     :func:`generation_options`): its cache's ``cache_layout`` when it can be decoded token by token, else
-    ``undecodable``, why not."""
+    ``undecodable``, why not; the family whose decode steps keep a buffer per layer, ``buffer_family``
+    (:mod:`~sparktf.inference.kv_cache`), else ``no_buffers``, why not."""
 
     max_new_tokens: Optional[int] = None
     max_length: Optional[int] = None
@@ -78,6 +80,8 @@ class GenerationOptions:
     on_error: str = "raise"
     cache_layout: Optional[CacheLayout] = None
     undecodable: Optional[str] = None
+    buffer_family: Optional[str] = None
+    no_buffers: Optional[str] = None
 
 
 def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions:
@@ -122,7 +126,9 @@ def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions
                      "padding after a prompt as that stop token), every completion is its prompt with no new token. "
                      "Pass stop_token_ids=None or ids without it to generate", model.preprocessor.tokenizer.pad_token_id,
                      type(model).__name__)
-    return dataclasses.replace(checked, cache_layout=layout, undecodable=reason)
+    family, no_buffers = buffer_family(model, layout) if layout is not None else (None, reason)
+    return dataclasses.replace(checked, cache_layout=layout, undecodable=reason, buffer_family=family,
+                               no_buffers=no_buffers)
 
 
 def stop_token_ids(lm: Any, stop: Any) -> np.ndarray:
@@ -218,9 +224,14 @@ class GenerationEngine:
             else int(preprocessor.sequence_length)
         self._stops_at_once = padding_stops(lm, self.stop_token_ids)
         self._start_token = bool(getattr(preprocessor, "add_start_token", False))
-        self.decoder = None if options.cache_layout is None else Decoder(lm, options.cache_layout)
+        self.decoder = None if options.cache_layout is None else \
+            LayerBufferDecoder(lm, options.cache_layout, options.buffer_family) if options.buffer_family else \
+            Decoder(lm, options.cache_layout)
         if self.decoder is None:
             _LOG.warning("generating with %s.generate on sorted batches: %s", type(lm).__name__, options.undecodable)
+        elif not options.buffer_family:
+            _LOG.info("decoding %s with call_with_cache, which copies the cache at each step: %s", type(lm).__name__,
+                      options.no_buffers)
         self.prefix_ids = self._tokens([options.prefix])[0] if options.prefix else None
         self._prefix_cache = None
         self.totals = GenerationTotals()  # what this engine completed so far (see timed_window)
