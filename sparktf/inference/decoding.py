@@ -96,6 +96,10 @@ class Decoder:
         Its cache's layout (:func:`probe_decoding`'s).
     """
 
+    #: A row's decode step, in copies of one cached position (see ``grouped_batches``): per position of its cache
+    #: (each step copies the whole cache) and besides.
+    ROW_COSTS = (1.0, 0.0)
+
     def __init__(self, lm: Any, layout: CacheLayout):
         import tensorflow as tf
 

@@ -159,18 +159,21 @@ def length_buckets(limit: int) -> List[int]:
     return sorted(min(length, limit) for length in lengths)
 
 
-def grouped_batches(rows: Sequence[Tuple[int, int]], batch_size: int, buckets: Sequence[int]
-                    ) -> List[Tuple[int, int]]:
+def grouped_batches(rows: Sequence[Tuple[int, int]], batch_size: int, buckets: Sequence[int],
+                    row_costs: Tuple[float, float] = (1.0, 0.0)) -> List[Tuple[int, int]]:
     """Cut ``rows`` (``(prompt length, end)`` pairs sorted by length) into batches of at most ``batch_size``: the
     ``[start, stop)`` spans of least estimated work.
 
     A batch is prefilled up to its longest prompt, then decodes in lockstep
-    from its shortest prompt to its furthest end; each step copies the cache
-    of every active row, as long as the batch's length bucket, and pays a
-    fixed cost. So a long prompt batched with short ones makes them all wait,
-    and tiny batches pay the fixed cost often. The least total is found by
-    dynamic programming (``O(n x batch_size)``).
+    from its shortest prompt to its furthest end; each step costs every
+    active row ``row_costs[0]`` per position of the batch's length bucket
+    (its cache copied or read) and ``row_costs[1]`` (its layers: the
+    decoder's ``ROW_COSTS``), and pays a fixed cost. So a long prompt batched
+    with short ones makes them all wait, and tiny batches pay the fixed cost
+    often.
+    The least total is found by dynamic programming (``O(n x batch_size)``).
     """
+    per_position, per_row = row_costs
     size = max(1, int(batch_size))
     best = [0.0] + [math.inf] * len(rows)
     cut = [0] * (len(rows) + 1)
@@ -180,7 +183,7 @@ def grouped_batches(rows: Sequence[Tuple[int, int]], batch_size: int, buckets: S
             furthest, ends = max(furthest, rows[start][1]), ends + rows[start][1]
             count, first = stop - start, rows[start][0]
             length = next((bucket for bucket in buckets if bucket >= furthest), furthest)
-            decode = length * (ends - count * first) + _STEP_COST * (furthest - first)
+            decode = (per_position * length + per_row) * (ends - count * first) + _STEP_COST * (furthest - first)
             cost = best[start] + decode + _PREFILL_COST * count * longest
             if cost < best[stop]:
                 best[stop], cut[stop] = cost, start
@@ -263,7 +266,8 @@ class GenerationEngine:
         completions: List[Optional[str]] = [None] * len(prompts)
         new_tokens = 0
         rows.sort(key=lambda row: (row.length, row.end))
-        spans = grouped_batches([(row.length, row.end) for row in rows], batch_size, self.buckets)
+        spans = grouped_batches([(row.length, row.end) for row in rows], batch_size, self.buckets,
+                                (self.decoder or Decoder).ROW_COSTS)
         for start, stop in spans:
             batch = rows[start:stop]
             if self.decoder is not None:
