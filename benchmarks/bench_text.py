@@ -184,7 +184,8 @@ def one_process(kind: str, count: int) -> Dict[str, Any]:
 
 def decode_curve() -> Dict[int, Dict[str, float]]:
     """Milliseconds per row and decode step at cache lengths 64 to 512 (batches of ``GENERATE_BATCH``, 8 steps,
-    best of 3, TensorFlow on 1 thread as in a task): today's decoder (``call_with_cache``, copying the cache) and the one with a buffer per layer."""
+    best of 4, TensorFlow on 1 thread as in a task): ``call_with_cache``'s decoder (copying the cache) and the one
+    with a buffer per layer."""
     import numpy as np
     import tensorflow as tf
 

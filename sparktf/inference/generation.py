@@ -14,11 +14,15 @@ partition) at a time:
    that holds its longest prompt plus its new tokens;
 3. it prefills each batch (after the shared prefix, whose cache was computed
    once) and decodes ``chunk_steps`` tokens at a time, dropping the rows that
-   have produced a stop token or their ``max_new_tokens`` between chunks;
+   have produced a stop token or their ``max_new_tokens`` between chunks
+   (GPT-2 and Llama with a key and a value buffer per layer,
+   :mod:`~sparktf.inference.kv_cache`; other models on ``call_with_cache``);
 4. it gives the completions back in the window's order.
 
 With a greedy sampler each completion is the one ``lm.generate`` gives for
-the prompt alone. A model the decoder cannot drive (see
+the prompt alone, with ``generate``'s defaults (``stop_token_ids="auto"``,
+``max_length`` the preprocessor's sequence length unless ``max_new_tokens``
+is given). A model the decoder cannot drive (see
 :func:`~sparktf.inference.decoding.probe_decoding`) runs ``lm.generate``
 on the same sorted batches, with each batch's ``max_length``.
 """
@@ -39,8 +43,8 @@ from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference.decoding import CacheLayout, Decoder, probe_decoding
 from sparktf.inference.kv_cache import LayerBufferDecoder, buffer_family
 
-__all__ = ["GenerationOptions", "GenerationEngine", "GenerationTotals", "RejectedRow", "generation_options", "grouped_batches",
-           "length_buckets", "padding_stops", "stop_token_ids", "timed_window", "WINDOW_BATCHES"]
+__all__ = ["GenerationOptions", "GenerationEngine", "GenerationTotals", "RejectedRow", "generation_options",
+           "grouped_batches", "length_buckets", "padding_stops", "stop_token_ids", "timed_window", "WINDOW_BATCHES"]
 
 _LOG = logging.getLogger("sparktf.generate")
 
@@ -124,8 +128,8 @@ def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions
     if padding_stops(model, stops):
         _LOG.warning("generate: stop token id %d is also %s's padding token, so, as lm.generate does (it reads the "
                      "padding after a prompt as that stop token), every completion is its prompt with no new token. "
-                     "Pass stop_token_ids=None or ids without it to generate", model.preprocessor.tokenizer.pad_token_id,
-                     type(model).__name__)
+                     "Pass stop_token_ids=None or ids without it to generate",
+                     model.preprocessor.tokenizer.pad_token_id, type(model).__name__)
     family, no_buffers = buffer_family(model, layout) if layout is not None else (None, reason)
     return dataclasses.replace(checked, cache_layout=layout, undecodable=reason, buffer_family=family,
                                no_buffers=no_buffers)
@@ -170,8 +174,8 @@ def grouped_batches(rows: Sequence[Tuple[int, int]], batch_size: int, buckets: S
     (its cache copied or read) and ``row_costs[1]`` (its layers: the
     decoder's ``ROW_COSTS``), and pays a fixed cost. So a long prompt batched
     with short ones makes them all wait, and tiny batches pay the fixed cost
-    often.
-    The least total is found by dynamic programming (``O(n x batch_size)``).
+    often. The least total is found by dynamic programming
+    (``O(n x batch_size)``).
     """
     per_position, per_row = row_costs
     size = max(1, int(batch_size))
