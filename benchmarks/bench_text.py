@@ -14,6 +14,13 @@ Side by side in one run, on ``local[2]``:
   320 positions), greedy, 32 new tokens per prompt, prompts of log-normal
   length (8-256 tokens), batches of 16:
 
+  - ``RESULT decode_step_growth``: milliseconds per row and decode step
+    at cache length 512 over 64 with a key and a value buffer per layer
+    (the curve printed, in one process on one thread, batches of 16;
+    ``decode_step_gain_512``: ``call_with_cache``'s step over it at 512);
+  - ``RESULT generate_buffers_ratio``: new tokens/s of the engine against
+    the same engine decoding with ``call_with_cache`` (before per-layer
+    buffers), on the same 2 workers and prompts (goal >= 2);
   - ``RESULT generate_engine_ratio``: useful new tokens/s of
     ``TFPredictor.from_keras(lm, ..., method="generate", max_new_tokens=32)``
     (prompts grouped by length, chunked decoding) against today's path, a
@@ -33,7 +40,7 @@ Side by side in one run, on ``local[2]``:
 
 The one-process sides run in a subprocess of their own (TensorFlow's default
 threads: both cores). Nothing is downloaded: vocabularies and weights are
-made here. ``--quick`` runs fewer batches.
+made here. ``--quick`` runs fewer batches, ``--generation`` generation only.
 
 Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_text.py [--quick]``.
 """
@@ -41,12 +48,13 @@ Run ``flock /tmp/sparktf-bench.lock python benchmarks/bench_text.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # worker_memory, beside this file
 
@@ -59,6 +67,7 @@ NEW_TOKENS = 32
 GENERATE_BATCH = 16
 LM_POSITIONS = 320  # the longest prompt (256 tokens) and its new tokens fit
 PREFIX_WORDS = 127  # with the start token: a 128-token template
+CURVE_LENGTHS = (64, 128, 256, 512)  # cache lengths of the decode-step curve
 
 
 def texts_and_labels(records: int, seed: int = 0):
@@ -105,7 +114,7 @@ def classifier(lora: int = 0) -> Any:
     return model
 
 
-def causal_lm() -> Any:
+def causal_lm(positions: int = LM_POSITIONS) -> Any:
     import keras
     import keras_hub
 
@@ -118,7 +127,7 @@ def causal_lm() -> Any:
     tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
     preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=64)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=4, num_heads=4,
-                                             hidden_dim=256, intermediate_dim=1024, max_sequence_length=LM_POSITIONS)
+                                             hidden_dim=256, intermediate_dim=1024, max_sequence_length=positions)
     lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor)
     lm.compile(sampler="greedy")
     return lm
@@ -171,6 +180,40 @@ def one_process(kind: str, count: int) -> Dict[str, Any]:
     output = subprocess.run([sys.executable, __file__, "--single", kind, str(count)], check=True,
                             capture_output=True, text=True, timeout=3600).stdout
     return json.loads(output.strip().splitlines()[-1])
+
+
+def decode_curve() -> Dict[int, Dict[str, float]]:
+    """Milliseconds per row and decode step at cache lengths 64 to 512 (batches of ``GENERATE_BATCH``, 8 steps,
+    best of 4, TensorFlow on 1 thread as in a task): ``call_with_cache``'s decoder (copying the cache) and the one
+    with a buffer per layer."""
+    import numpy as np
+    import tensorflow as tf
+
+    from sparktf.inference.decoding import Decoder, probe_decoding
+    from sparktf.inference.kv_cache import LayerBufferDecoder, buffer_family
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)  # before TensorFlow's runtime starts: main calls it first
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    lm = causal_lm(positions=CURVE_LENGTHS[-1])
+    layout, _ = probe_decoding(lm)
+    family, _ = buffer_family(lm, layout)
+    decoders = {"copying": Decoder(lm, layout), "buffers": LayerBufferDecoder(lm, layout, family)}
+    rng, steps, curve = np.random.default_rng(3), 8, {}
+    for length in CURVE_LENGTHS:
+        token_ids = rng.integers(2, 50, (GENERATE_BATCH, length)).astype(np.int32)
+        tokens, mask = tf.constant(token_ids), tf.constant(np.zeros(token_ids.shape, bool))
+        curve[length] = {}
+        for name, decoder in decoders.items():
+            cache = decoder.prefill(token_ids, length - steps)
+            best = float("inf")
+            for _ in range(4):  # the first traces
+                started = time.perf_counter()
+                decoder.decode(tokens, cache, length - steps, mask, steps)[0].numpy()
+                best = min(best, time.perf_counter() - started)
+            curve[length][name] = best / steps / GENERATE_BATCH * 1e3
+        print(f"decode step at cache length {length}: {curve[length]['copying']:.3f} ms per row copying, "
+              f"{curve[length]['buffers']:.3f} with a buffer per layer", flush=True)
+    return curve
 
 
 # ------------------------------------------------------------------ sparktf
@@ -241,12 +284,29 @@ def todays_generate(frame: Any, max_length: int) -> Dict[str, Any]:
     return {"seconds": seconds, "outputs": outputs, "peak": memory.peak}
 
 
+@contextlib.contextmanager
+def copying_decoder() -> Iterator[None]:
+    """Predictors made inside decode with ``call_with_cache`` (the engine before per-layer buffers): the driver's
+    check of the model's family answers no."""
+    from sparktf.inference import generation
+
+    checked = generation.buffer_family
+    generation.buffer_family = lambda lm, layout: (None, "the benchmark's baseline")
+    try:
+        yield
+    finally:
+        generation.buffer_family = checked
+
+
 def generation(spark: Any, count: int) -> Dict[str, float]:
-    """The three generation ratios (see the module docstring)."""
+    """The generation ratios (see the module docstring)."""
     lm, items = causal_lm(), prompts(count)
     lengths = [token_count(lm, item) for item in items]
     frame = prompt_frame(spark, items)
     engine = sparktf_generate(frame)
+    with copying_decoder():
+        copying = sparktf_generate(frame)
+    same_engine = sum(copying["outputs"][i] == engine["outputs"][i] for i in range(len(items)))
     today = todays_generate(frame, max(lengths) + NEW_TOKENS)
     same = sum(today["outputs"][i].startswith(engine["outputs"][i]) for i in range(len(items)))
     tokens = NEW_TOKENS * len(items)
@@ -255,6 +315,8 @@ def generation(spark: Any, count: int) -> Dict[str, float]:
           f"new tokens/s ({len(items) / engine['seconds']:.1f} prompts/s); completions the start of today's: "
           f"{same}/{len(items)}; "
           f"peak worker RssAnon: today's {today['peak'] / 2**20:.0f} MB, sparktf {engine['peak'] / 2**20:.0f} MB")
+    print(f"the engine decoding with call_with_cache (copying the cache): {tokens / copying['seconds']:.0f} new "
+          f"tokens/s ({len(items) / copying['seconds']:.1f} prompts/s); completions equal: {same_engine}/{len(items)}")
 
     prefix, short = template(), prompts(count, seed=2, longest=127)
     frame.unpersist()
@@ -270,7 +332,8 @@ def generation(spark: Any, count: int) -> Dict[str, float]:
 
     best = one_process("generate", count)
     print(f"one process, sorted batches, generate on both cores: {best['records'] / best['seconds']:.1f} prompts/s")
-    return {"generate_engine_ratio": today["seconds"] / engine["seconds"],
+    return {"generate_buffers_ratio": copying["seconds"] / engine["seconds"],
+            "generate_engine_ratio": today["seconds"] / engine["seconds"],
             "generate_prefix_ratio": written["seconds"] / shared["seconds"],
             "generate_ratio": best["seconds"] / engine["seconds"]}
 
@@ -278,6 +341,7 @@ def generation(spark: Any, count: int) -> Dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few batches (a few minutes)")
+    parser.add_argument("--generation", action="store_true", help="generation only (no fine-tuning, no LoRA)")
     parser.add_argument("--single", nargs=2, metavar=("KIND", "BATCHES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.single:
@@ -287,7 +351,15 @@ def main() -> None:
     import sparktf
 
     train_batches, generate_prompts = (6, 64) if args.quick else (30, 192)
+    curve = decode_curve()
     spark = sparktf.init_spark(master="local[2]", app_name="bench_text")
+    ratios = generation(spark, generate_prompts)
+    ratios["decode_step_growth"] = curve[CURVE_LENGTHS[-1]]["buffers"] / curve[CURVE_LENGTHS[0]]["buffers"]
+    ratios["decode_step_gain_512"] = curve[CURVE_LENGTHS[-1]]["copying"] / curve[CURVE_LENGTHS[-1]]["buffers"]
+    if args.generation:
+        for name, value in ratios.items():
+            print(f"RESULT {name}={value:.3f}")
+        return
 
     fit = one_process("finetune", train_batches)
     spark_fit = sparktf_finetune(spark, train_batches)
@@ -297,7 +369,6 @@ def main() -> None:
     print(f"bytes per step: full {spark_fit['bytes_per_step'] / 1e6:.2f} MB, LoRA rank 4 "
           f"{lora['bytes_per_step'] / 1e6:.3f} MB")
 
-    ratios = generation(spark, generate_prompts)
     print(f"RESULT lora_bytes_ratio={spark_fit['bytes_per_step'] / lora['bytes_per_step']:.1f}")
     print(f"RESULT text_finetune_ratio={spark_rate / fit_rate:.3f}")
     for name, value in ratios.items():

@@ -2,6 +2,12 @@
 prefix prefilled once, one bad row not failing the job. Every completion is checked against ``lm.generate`` on its
 prompt alone, for a GPT-2 and a Llama 3 built tiny from config."""
 
+import json
+import os
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -11,7 +17,9 @@ from sparktf.errors import ConfigurationError, DataError
 keras_hub = pytest.importorskip("keras_hub")
 
 from sparktf.inference.generation import GenerationEngine, generation_options, length_buckets  # noqa: E402
-from tiny_lms import gpt2_lm, llama3_lm  # noqa: E402
+from sparktf.inference.decoding import Decoder  # noqa: E402
+from sparktf.inference.kv_cache import LayerBufferDecoder  # noqa: E402
+from tiny_lms import gpt2_lm, llama3_lm, qwen_lm  # noqa: E402
 
 PROMPTS = ["a b", "ab c", "c a b", "b", "a a c b a", "c c b", "ab ab", "b c", "a", "c b a c a b c", "b b", "ab"]
 
@@ -48,6 +56,46 @@ def test_each_completion_is_generate_on_its_prompt_alone_with_stop_tokens_a_pref
     completions, _ = stripped.complete(PROMPTS[:4], batch_size=2)
     assert [prompt + text for prompt, text in zip(PROMPTS, completions)] == \
         [_alone(lm, prompt, 3, None) for prompt in PROMPTS[:4]]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama3"])
+def test_every_keyword_of_generate_left_unset_or_set_means_what_it_means_to_generate(family):
+    lm = gpt2_lm() if family == "gpt2" else llama3_lm()
+    prompts = PROMPTS[:4] + ["c a b a b c a b c", "a a c b a c a b c a b"]  # longer than GPT-2's sequence length 8
+    stop = [lm.preprocessor.tokenizer.token_to_id("c")]
+    # GPT-2's end token here is its padding token (id 0): generate stops at once with the defaults
+    for keywords in ({}, {"max_length": 6}, {"strip_prompt": True}, {"stop_token_ids": None},
+                     {"stop_token_ids": stop, "max_length": 12}, {"stop_token_ids": None, "strip_prompt": True}):
+        engine = GenerationEngine(lm, generation_options(lm, dict(keywords)))
+        completions, _ = engine.complete(prompts, batch_size=2)
+        assert completions == [str(lm.generate([prompt], **keywords)[0]) for prompt in prompts], keywords
+
+
+def test_a_preset_round_trip_generates_as_generate_with_its_defaults(spark, tmp_path):
+    lm = gpt2_lm()
+    lm.save_to_preset(str(tmp_path / "preset"))
+    loaded = keras_hub.models.CausalLM.from_preset(str(tmp_path / "preset"))
+    frame = spark.createDataFrame([(prompt,) for prompt in PROMPTS[:6]], "prompt string").repartition(2).cache()
+    prompts = [row["prompt"] for row in frame.collect()]
+    dataset = TFDataset.from_dataframe(frame, "prompt", batch_per_thread=2)
+    completions = TFPredictor.from_keras(loaded, dataset, method="generate", max_length=16).predict().collect()
+    assert completions == [str(text) for text in loaded.generate(prompts, max_length=16)] == prompts
+    frame.unpersist()
+
+
+def test_gpt2_and_llama_decode_with_a_buffer_per_layer_and_another_family_copies_the_cache_saying_so_once(caplog):
+    for lm in (gpt2_lm(), llama3_lm()):  # the completions: the test above
+        assert isinstance(GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 2})).decoder,
+                          LayerBufferDecoder)
+    lm = qwen_lm()
+    with caplog.at_level("INFO", logger="sparktf"):
+        engine = GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 4, "stop_token_ids": None}))
+        completions, _ = engine.complete(PROMPTS[:5], batch_size=2)
+    assert type(engine.decoder) is Decoder
+    said = [record.getMessage() for record in caplog.records if "call_with_cache" in record.getMessage()]
+    assert said == ["decoding QwenCausalLM with call_with_cache, which copies the cache at each step: sparktf has no "
+                    "decode step with a buffer per layer for QwenBackbone"]
+    assert completions == [_alone(lm, prompt, 4, None) for prompt in PROMPTS[:5]]
 
 
 def test_length_buckets_are_few_and_fixed_and_a_beam_sampler_keeps_generate():
@@ -134,3 +182,16 @@ def test_the_cache_layout_is_probed_once_on_the_driver_and_travels_with_the_opti
         completions, _ = GenerationEngine(lm, shipped).complete(PROMPTS[:2], batch_size=2)
         assert completions == [_alone(lm, prompt, 2, None) for prompt in PROMPTS[:2]]
     assert len(probes) == 2  # no worker probes again
+
+
+def test_the_figures_reach_the_executors_log_at_info_without_any_logging_set_up():
+    program = os.path.join(os.path.dirname(__file__), "programs", "generate_program.py")
+    ran = subprocess.run([sys.executable, program], capture_output=True, text=True, timeout=240)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+    completions = json.loads(next(line for line in ran.stdout.splitlines() if line.startswith("COMPLETIONS "))[12:])
+    assert len(completions) == 6 and sum(text is None for text in completions) == 1  # the too long prompt
+    windows = re.findall(r"INFO sparktf.generate: generated (\d+) prompts \((\d+) null\), \d+ new tokens .*new "
+                         r"tokens/s\); this worker so far: .*; 2 compiles on this worker", ran.stderr)
+    assert sum(int(prompts) for prompts, _ in windows) == 6 and sum(int(nulls) for _, nulls in windows) == 1, \
+        ran.stderr[-3000:]
+    assert "WARNING sparktf.generate: generate: 1 of" in ran.stderr  # the null row's reason, through the handler

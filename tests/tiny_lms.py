@@ -1,5 +1,5 @@
 """Tiny Keras Hub causal LMs built from config (vocabularies made here, nothing downloaded): a GPT-2 and a Llama 3,
-both with byte-level BPE tokenizers whose words are the letters a, b and c."""
+both with byte-level BPE tokenizers whose words are the letters a, b and c, and a Qwen."""
 
 import keras
 import keras_hub
@@ -32,5 +32,18 @@ def llama3_lm(seed=5, sequence_length=16):
     backbone = keras_hub.models.Llama3Backbone(vocabulary_size=len(vocabulary), num_layers=1, num_query_heads=2,
                                                num_key_value_heads=1, hidden_dim=16, intermediate_dim=32)
     lm = keras_hub.models.Llama3CausalLM(backbone, preprocessor)
+    lm.compile(sampler="greedy")
+    return lm
+
+
+def qwen_lm(seed=5):
+    """A one-layer Qwen (2 query heads, 1 key/value head): a family decoded with ``call_with_cache``."""
+    keras.utils.set_random_seed(seed)
+    vocabulary = {"<|endoftext|>": 0, "<|im_end|>": 1, **{word: i + 2 for i, word in enumerate(WORDS)}}
+    tokenizer = keras_hub.models.QwenTokenizer(vocabulary=vocabulary, merges=MERGES)
+    preprocessor = keras_hub.models.QwenCausalLMPreprocessor(tokenizer, sequence_length=16)
+    backbone = keras_hub.models.QwenBackbone(vocabulary_size=len(vocabulary), num_layers=1, num_query_heads=2,
+                                             num_key_value_heads=1, hidden_dim=16, intermediate_dim=32)
+    lm = keras_hub.models.QwenCausalLM(backbone, preprocessor)
     lm.compile(sampler="greedy")
     return lm

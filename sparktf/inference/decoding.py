@@ -96,18 +96,29 @@ class Decoder:
         Its cache's layout (:func:`probe_decoding`'s).
     """
 
+    #: A row's decode step, in copies of one cached position (see ``grouped_batches``): per position of its cache
+    #: (each step copies the whole cache) and besides.
+    ROW_COSTS = (1.0, 0.0)
+
     def __init__(self, lm: Any, layout: CacheLayout):
         import tensorflow as tf
 
         self.lm, self.layout = lm, layout
         self.traces = 0
         tokens = tf.TensorSpec((None, None), tf.int32)
-        cache = tf.TensorSpec(layout.shape, layout.dtype)
         scalar = tf.TensorSpec((), tf.int32)
+        stacked = tf.TensorSpec(layout.shape, layout.dtype)
         self._prefill = tf.function(self._prefill_graph, jit_compile=False,
-                                    input_signature=[tokens, cache, scalar])
+                                    input_signature=[tokens, stacked, scalar])
         self._decode = tf.function(self._decode_graph, jit_compile=False,
-                                   input_signature=[tokens, cache, scalar, tf.TensorSpec((None, None), tf.bool), scalar])
+                                   input_signature=[tokens, self._cache_spec(), scalar,
+                                                    tf.TensorSpec((None, None), tf.bool), scalar])
+
+    def _cache_spec(self) -> Any:
+        """What :meth:`decode` takes as a cache: the model's own, one tensor."""
+        import tensorflow as tf
+
+        return tf.TensorSpec(self.layout.shape, self.layout.dtype)
 
     # ------------------------------------------------------------------ prefill
 
@@ -164,13 +175,13 @@ class Decoder:
         import tensorflow as tf
 
         self.traces += 1
-        lm, sampler = self.lm, self.lm.sampler
+        sampler = self.lm.sampler
         batch = tf.shape(token_ids)[0]
 
         def body(step: Any, token_ids: Any, cache: Any) -> Tuple[Any, Any, Any]:
             position = index + step
             last = tf.slice(token_ids, [0, position - 1], [batch, 1])
-            logits, _, cache = lm.call_with_cache(last, cache, position - 1)
+            logits, cache = self._forward(last, cache, position - 1)
             probabilities = sampler.compute_probabilities(tf.squeeze(logits, axis=1))
             chosen = tf.cast(sampler.get_next_token(probabilities), token_ids.dtype)
             chosen = tf.where(prompt_mask[:, position], token_ids[:, position], chosen)
@@ -181,12 +192,19 @@ class Decoder:
         _, token_ids, cache = tf.while_loop(lambda step, *_: step < steps, body, (tf.constant(0), token_ids, cache))
         return token_ids, cache
 
+    def _forward(self, last: Any, cache: Any, index: Any) -> Tuple[Any, Any]:
+        """The logits of the ``last`` tokens at position ``index`` and the cache holding their keys and values."""
+        logits, _, cache = self.lm.call_with_cache(last, cache, index)
+        return logits, cache
+
     # ------------------------------------------------------------------ rows
 
     @staticmethod
     def keep(rows: Sequence[int], *tensors: Any) -> List[Any]:
-        """``tensors`` with only the batch ``rows`` (on their first axis)."""
+        """``tensors`` (or lists of them) with only the batch ``rows`` (on their first axis): the rows kept are
+        gathered, the others never copied."""
         import tensorflow as tf
 
         indices = tf.constant(list(rows), tf.int32)
-        return [tf.gather(tensor, indices, axis=0) for tensor in tensors]
+        return [tf.nest.map_structure(lambda tensor: tf.gather(tensor, indices, axis=0), structure)
+                for structure in tensors]

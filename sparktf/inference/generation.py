@@ -14,11 +14,15 @@ partition) at a time:
    that holds its longest prompt plus its new tokens;
 3. it prefills each batch (after the shared prefix, whose cache was computed
    once) and decodes ``chunk_steps`` tokens at a time, dropping the rows that
-   have produced a stop token or their ``max_new_tokens`` between chunks;
+   have produced a stop token or their ``max_new_tokens`` between chunks
+   (GPT-2 and Llama with a key and a value buffer per layer,
+   :mod:`~sparktf.inference.kv_cache`; other models on ``call_with_cache``);
 4. it gives the completions back in the window's order.
 
 With a greedy sampler each completion is the one ``lm.generate`` gives for
-the prompt alone. A model the decoder cannot drive (see
+the prompt alone, with ``generate``'s defaults (``stop_token_ids="auto"``,
+``max_length`` the preprocessor's sequence length unless ``max_new_tokens``
+is given). A model the decoder cannot drive (see
 :func:`~sparktf.inference.decoding.probe_decoding`) runs ``lm.generate``
 on the same sorted batches, with each batch's ``max_length``.
 """
@@ -37,9 +41,10 @@ import numpy as np
 
 from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference.decoding import CacheLayout, Decoder, probe_decoding
+from sparktf.inference.kv_cache import LayerBufferDecoder, buffer_family
 
-__all__ = ["GenerationOptions", "GenerationEngine", "RejectedRow", "generation_options", "grouped_batches",
-           "length_buckets", "timed_window", "WINDOW_BATCHES"]
+__all__ = ["GenerationOptions", "GenerationEngine", "GenerationTotals", "RejectedRow", "generation_options",
+           "grouped_batches", "length_buckets", "padding_stops", "stop_token_ids", "timed_window", "WINDOW_BATCHES"]
 
 _LOG = logging.getLogger("sparktf.generate")
 
@@ -68,7 +73,8 @@ class RejectedRow(DataError):
 class GenerationOptions:
     """``method="generate"``'s keywords, checked, and what the driver probed of the model (see
     :func:`generation_options`): its cache's ``cache_layout`` when it can be decoded token by token, else
-    ``undecodable``, why not."""
+    ``undecodable``, why not; the family whose decode steps keep a buffer per layer, ``buffer_family``
+    (:mod:`~sparktf.inference.kv_cache`), else ``no_buffers``, why not."""
 
     max_new_tokens: Optional[int] = None
     max_length: Optional[int] = None
@@ -78,6 +84,8 @@ class GenerationOptions:
     on_error: str = "raise"
     cache_layout: Optional[CacheLayout] = None
     undecodable: Optional[str] = None
+    buffer_family: Optional[str] = None
+    no_buffers: Optional[str] = None
 
 
 def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions:
@@ -116,7 +124,37 @@ def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions
     if reason is not None and (checked.max_new_tokens is not None or checked.prefix):
         raise ConfigurationError(f"max_new_tokens and prefix need a model sparktf can decode token by token; "
                                  f"this one cannot: {reason}")
-    return dataclasses.replace(checked, cache_layout=layout, undecodable=reason)
+    stops = stop_token_ids(model, checked.stop_token_ids)
+    if padding_stops(model, stops):
+        _LOG.warning("generate: stop token id %d is also %s's padding token, so, as lm.generate does (it reads the "
+                     "padding after a prompt as that stop token), every completion is its prompt with no new token. "
+                     "Pass stop_token_ids=None or ids without it to generate",
+                     model.preprocessor.tokenizer.pad_token_id, type(model).__name__)
+    family, no_buffers = buffer_family(model, layout) if layout is not None else (None, reason)
+    return dataclasses.replace(checked, cache_layout=layout, undecodable=reason, buffer_family=family,
+                               no_buffers=no_buffers)
+
+
+def stop_token_ids(lm: Any, stop: Any) -> np.ndarray:
+    """The token ids ``lm.generate(..., stop_token_ids=stop)`` stops at: ``"auto"`` is its preprocessor's end
+    token (and second end token, Llama 3's), ``None`` none."""
+    if isinstance(stop, str) and stop == "auto":
+        tokenizer = lm.preprocessor.tokenizer
+        stop = [tokenizer.end_token_id] + ([tokenizer.end_token2_id] if hasattr(tokenizer, "end_token2_id") else [])
+    return np.array([] if stop is None else list(stop), dtype=np.int64)
+
+
+def padding_stops(lm: Any, stops: np.ndarray) -> bool:
+    """Whether a stop token of ``stops`` is ``lm``'s padding token, so that ``lm.generate`` makes no new token.
+
+    Keras Hub's sampler stops once every row holds a stop token after its
+    prompt, and reads the padding after a prompt as tokens held: with the
+    padding's id among the stop tokens (a vocabulary whose end token is id 0,
+    GPT-2's padding), ``generate`` gives back each prompt (cut to
+    ``max_length``) without a new token.
+    """
+    padding = getattr(lm.preprocessor.tokenizer, "pad_token_id", None)
+    return padding is not None and bool(np.isin(padding, stops))
 
 
 def length_buckets(limit: int) -> List[int]:
@@ -125,18 +163,21 @@ def length_buckets(limit: int) -> List[int]:
     return sorted(min(length, limit) for length in lengths)
 
 
-def grouped_batches(rows: Sequence[Tuple[int, int]], batch_size: int, buckets: Sequence[int]
-                    ) -> List[Tuple[int, int]]:
+def grouped_batches(rows: Sequence[Tuple[int, int]], batch_size: int, buckets: Sequence[int],
+                    row_costs: Tuple[float, float] = (1.0, 0.0)) -> List[Tuple[int, int]]:
     """Cut ``rows`` (``(prompt length, end)`` pairs sorted by length) into batches of at most ``batch_size``: the
     ``[start, stop)`` spans of least estimated work.
 
     A batch is prefilled up to its longest prompt, then decodes in lockstep
-    from its shortest prompt to its furthest end; each step copies the cache
-    of every active row, as long as the batch's length bucket, and pays a
-    fixed cost. So a long prompt batched with short ones makes them all wait,
-    and tiny batches pay the fixed cost often. The least total is found by
-    dynamic programming (``O(n x batch_size)``).
+    from its shortest prompt to its furthest end; each step costs every
+    active row ``row_costs[0]`` per position of the batch's length bucket
+    (its cache copied or read) and ``row_costs[1]`` (its layers: the
+    decoder's ``ROW_COSTS``), and pays a fixed cost. So a long prompt batched
+    with short ones makes them all wait, and tiny batches pay the fixed cost
+    often. The least total is found by dynamic programming
+    (``O(n x batch_size)``).
     """
+    per_position, per_row = row_costs
     size = max(1, int(batch_size))
     best = [0.0] + [math.inf] * len(rows)
     cut = [0] * (len(rows) + 1)
@@ -146,7 +187,7 @@ def grouped_batches(rows: Sequence[Tuple[int, int]], batch_size: int, buckets: S
             furthest, ends = max(furthest, rows[start][1]), ends + rows[start][1]
             count, first = stop - start, rows[start][0]
             length = next((bucket for bucket in buckets if bucket >= furthest), furthest)
-            decode = length * (ends - count * first) + _STEP_COST * (furthest - first)
+            decode = (per_position * length + per_row) * (ends - count * first) + _STEP_COST * (furthest - first)
             cost = best[start] + decode + _PREFILL_COST * count * longest
             if cost < best[stop]:
                 best[stop], cut[stop] = cost, start
@@ -183,17 +224,24 @@ class GenerationEngine:
         self.limit = _sequence_limit(lm)
         self.buckets = length_buckets(self.limit)
         preprocessor = lm.preprocessor
-        stop = options.stop_token_ids
-        if stop == "auto":
-            tokenizer = preprocessor.tokenizer
-            stop = [tokenizer.end_token_id] + ([tokenizer.end_token2_id] if hasattr(tokenizer, "end_token2_id") else [])
-        self.stop_token_ids = np.array([] if stop is None else list(stop), dtype=np.int64)
+        self.stop_token_ids = stop_token_ids(lm, options.stop_token_ids)
+        # generate's max_length defaults to the preprocessor's sequence length (prompts cut to it) unless
+        # max_new_tokens is given
+        self.max_length = options.max_length if options.max_length is not None or options.max_new_tokens is not None \
+            else int(preprocessor.sequence_length)
+        self._stops_at_once = padding_stops(lm, self.stop_token_ids)
         self._start_token = bool(getattr(preprocessor, "add_start_token", False))
-        self.decoder = None if options.cache_layout is None else Decoder(lm, options.cache_layout)
+        self.decoder = None if options.cache_layout is None else \
+            LayerBufferDecoder(lm, options.cache_layout, options.buffer_family) if options.buffer_family else \
+            Decoder(lm, options.cache_layout)
         if self.decoder is None:
             _LOG.warning("generating with %s.generate on sorted batches: %s", type(lm).__name__, options.undecodable)
+        elif not options.buffer_family:
+            _LOG.info("decoding %s with call_with_cache, which copies the cache at each step: %s", type(lm).__name__,
+                      options.no_buffers)
         self.prefix_ids = self._tokens([options.prefix])[0] if options.prefix else None
         self._prefix_cache = None
+        self.totals = GenerationTotals()  # what this engine completed so far (see timed_window)
         if self.prefix_ids is not None and self.decoder is not None:
             self._prefix_cache = self.decoder.prefix_cache(self.prefix_ids)
 
@@ -222,7 +270,8 @@ class GenerationEngine:
         completions: List[Optional[str]] = [None] * len(prompts)
         new_tokens = 0
         rows.sort(key=lambda row: (row.length, row.end))
-        spans = grouped_batches([(row.length, row.end) for row in rows], batch_size, self.buckets)
+        spans = grouped_batches([(row.length, row.end) for row in rows], batch_size, self.buckets,
+                                (self.decoder or Decoder).ROW_COSTS)
         for start, stop in spans:
             batch = rows[start:stop]
             if self.decoder is not None:
@@ -246,14 +295,13 @@ class GenerationEngine:
             if len(prefix):
                 tokens = tokens[1:] if self._start_token else tokens
             length = len(prefix) + len(tokens)
-            if options.max_length is not None and length > options.max_length:
-                length = options.max_length  # as generate: the prompt cut to max_length, nothing new
-            end = length + options.max_new_tokens if options.max_new_tokens is not None else \
-                (options.max_length or int(self.lm.preprocessor.sequence_length))
-            if options.max_length is not None:
-                end = min(end, options.max_length)
-            end = max(end, length)
-            if end > self.limit or len(tokens) > self.limit:
+            if self.max_length is not None and length > self.max_length:
+                length = self.max_length  # as generate: the prompt cut to max_length, nothing new
+            end = length + options.max_new_tokens if options.max_new_tokens is not None else self.max_length
+            if self.max_length is not None:
+                end = min(end, self.max_length)
+            end = length if self._stops_at_once else max(end, length)
+            if end > self.limit or (self.max_length is None and len(tokens) > self.limit):
                 counted = f"more than {self.limit}" if len(tokens) > self.limit else str(length)
                 advice = ("Shorten it or lower max_new_tokens" if options.on_error == "null" else
                           "Shorten it, lower max_new_tokens, or pass on_error='null' to give such rows a null "
@@ -349,13 +397,35 @@ class GenerationEngine:
                 for value in np.asarray(texts, dtype=object).reshape(-1)]
 
 
+@dataclass
+class GenerationTotals:
+    """What one engine (a worker's, for one model and options) completed so far: the job's share of this worker
+    while its tasks run."""
+
+    prompts: int = 0
+    nulls: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: "GenerationTotals") -> None:
+        """Count ``other`` (a window's figures) in."""
+        self.prompts, self.nulls = self.prompts + other.prompts, self.nulls + other.nulls
+        self.new_tokens, self.seconds = self.new_tokens + other.new_tokens, self.seconds + other.seconds
+
+    def __str__(self) -> str:
+        seconds = max(self.seconds, 1e-9)
+        return (f"{self.prompts} prompts ({self.nulls} null), {self.new_tokens} new tokens in {self.seconds:.2f} s "
+                f"({self.prompts / seconds:.1f} prompts/s, {self.new_tokens / seconds:.1f} new tokens/s)")
+
+
 def timed_window(engine: GenerationEngine, prompts: Sequence[str], batch_size: int) -> List[Optional[str]]:
-    """``engine.complete(prompts, batch_size)``, logging the window's prompts/s, new tokens/s and this worker's
-    compiles."""
+    """``engine.complete(prompts, batch_size)``, logging (INFO) the window's prompts/s, new tokens/s and nulls, the
+    worker's totals with this engine so far (``engine.totals``) and its compiles."""
     started = time.perf_counter()
     completions, new_tokens = engine.complete(prompts, batch_size)
-    seconds = max(time.perf_counter() - started, 1e-9)
-    _LOG.info("generated %d prompts, %d new tokens in %.2f s (%.1f prompts/s, %.1f new tokens/s); %d compiles on "
-              "this worker", len(prompts), new_tokens, seconds, len(prompts) / seconds, new_tokens / seconds,
+    window = GenerationTotals(len(prompts), sum(text is None for text in completions), new_tokens,
+                              time.perf_counter() - started)
+    engine.totals.add(window)
+    _LOG.info("generated %s; this worker so far: %s; %d compiles on this worker", window, engine.totals,
               engine.compiles)
     return completions

@@ -10,8 +10,9 @@ state (and of which kind: ``"momentum"``, ``"velocity"``, ...), and whether a
 table's ids are a model input or a column of one (``ids[:, i]``, Keras'
 ``GetItem``). The compile arguments a model keeps, a ``Lambda``'s
 function as Keras serializes it, the compiled loss and metrics objects,
-Adagrad's accumulator of a variable and a Keras Hub ``CausalLM``'s cache
-builder are read here too. When Keras changes one of these, this module is
+Adagrad's accumulator of a variable, a Keras Hub ``CausalLM``'s cache
+builder and the sublayers of its GPT-2 and Llama decoder layers (for
+decoding in place) are read here too. When Keras changes one of these, this module is
 what changes.
 """
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["adagrad_accumulator", "cache_builder", "call_nodes", "column_of", "compile_config", "compiled_losses",
-           "is_functional", "nested_layers", "optimizer_tracks", "row_state_variables", "serialized_function",
-           "tracked_variables"]
+           "decoder_parts", "is_functional", "nested_layers", "optimizer_tracks", "row_state_variables",
+           "serialized_function", "tracked_variables"]
 
 
 def nested_layers(model: Any, include_self: bool = False) -> List[Any]:
@@ -100,3 +101,31 @@ def adagrad_accumulator(optimizer: Any, variable: Any) -> Any:
 def cache_builder(lm: Any) -> Any:
     """A Keras Hub ``CausalLM``'s ``_build_cache(token_ids)`` (None: it has none)."""
     return getattr(lm, "_build_cache", None)
+
+
+# The private sublayers of a Keras Hub decoder layer and of its attention, by family: what a decode step calls.
+_DECODER_PARTS = {
+    "gpt2": (("_self_attention_layer_norm", "_self_attention_layer", "_feedforward_layer_norm",
+              "_feedforward_intermediate_dense", "_feedforward_output_dense"),
+             ("_query_dense", "_key_dense", "_value_dense", "_output_dense", "_inverse_sqrt_key_dim")),
+    "llama": (("_self_attention_layernorm", "_self_attention_layer", "_feedforward_layernorm",
+               "_feedforward_gate_dense", "_feedforward_intermediate_dense", "_feedforward_output_dense"),
+              ("_query_dense", "_key_dense", "_value_dense", "_output_dense", "_inv_norm_factor")),
+}
+
+
+def decoder_parts(family: str, layer: Any) -> Optional[Dict[str, Any]]:
+    """The sublayers a decode step of ``family`` (``"gpt2"``: ``TransformerDecoder`` with
+    ``CachedMultiHeadAttention``; ``"llama"``: ``LlamaTransformerDecoder``) calls in ``layer``, by their private
+    names (the attention's with ``"attention."`` first, its softmax scale as ``"attention.scale"``); None when
+    ``layer`` lacks one."""
+    layer_names, attention_names = _DECODER_PARTS[family]
+    if not all(hasattr(layer, name) for name in layer_names):
+        return None
+    parts = {name: getattr(layer, name) for name in layer_names}
+    attention = parts["_self_attention_layer"]
+    if not all(hasattr(attention, name) for name in attention_names):
+        return None
+    parts.update({f"attention.{name}": getattr(attention, name) for name in attention_names[:-1]})
+    parts["attention.scale"] = getattr(attention, attention_names[-1])
+    return parts

@@ -36,6 +36,7 @@ from typing import Any, Optional, Sequence
 
 from sparktf.errors import SparkTFError
 from sparktf.spark.cluster import use_task_threads
+from sparktf.spark.worker_logging import configure_worker_logging
 from sparktf.spark.worker_reuse import end_worker_after_task
 from sparktf.tf_startup import list_devices, quietly
 
@@ -208,12 +209,15 @@ def prepare_tensorflow_task(plan: Optional[GpuPlan]) -> None:
     """Before a Spark task runs TensorFlow: its GPUs (:func:`bind_task_gpus`) and ``spark.task.cpus`` threads.
 
     TensorFlow then lists its devices; both with its start-up lines filtered.
+    The worker's ``sparktf`` loggers write to the executor's log from here on
+    (:func:`~sparktf.spark.worker_logging.configure_worker_logging`).
     Nothing happens outside a Spark task.
     """
     from pyspark import TaskContext
 
     if TaskContext.get() is None:
         return
+    configure_worker_logging()
     bind_task_gpus(plan or GpuPlan())
     with quietly():  # TensorFlow's runtime starts here: its start-up lines stay out of the worker's output
         use_task_threads()

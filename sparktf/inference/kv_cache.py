@@ -1,0 +1,209 @@
+"""Decoding with a key and a value buffer per layer: a decode step writes one position and stacks nothing.
+
+Keras Hub's ``call_with_cache`` keeps one ``[batch, layers, 2, length, heads,
+head_dim]`` cache and, at every decode step, slices each layer's part out,
+writes the new position into a copy and stacks the layers back: about five
+copies of every row's whole cache per step. :class:`LayerBufferDecoder`
+keeps, after the model's own prefill (unchanged, split once per batch), one
+key and one value buffer ``[batch, kv_heads, length, head_dim]`` per layer. A
+decode step writes each row's new position with ``tf.tensor_scatter_nd_update``
+and attends over the buffers with two batched matrix products (no operand
+transposed, grouped-query heads not repeated); no slice, stack or
+concatenation of a cache. Dropping finished rows gathers the rows kept.
+
+TensorFlow on a CPU still copies each buffer once per write: a tensor that
+enters a ``tf.function`` or a ``tf.while_loop`` body as an argument is never
+updated in place, and a variable written by slice or scatter (in place) is
+then copied whole by every read (its copy-on-read mode). Only XLA updates in
+place, and Keras Hub's step under XLA was 7x slower on a CPU here (batch 32,
+cache 256: 3.45 against 0.47 s). So a step
+costs one copy of the cache and one read of it (attention), against about
+five copies before; see ``docs/design/inference.md`` for the curve.
+
+The step runs the model's own sublayers (projections, norms, feed-forward,
+rotary embedding, output) around sparktf's attention, so it follows each
+family's layer order, and has code for these families:
+
+* ``"gpt2"``: ``GPT2CausalLM`` (``TransformerDecoder``, normalisation first,
+  learned positions);
+* ``"llama"``: ``LlamaCausalLM`` and ``Llama3CausalLM`` (rotary positions,
+  grouped-query attention, gated feed-forward).
+
+Other families (Mistral's sliding window, Gemma's soft caps and query scaling,
+Qwen, ...) decode with :class:`~sparktf.inference.decoding.Decoder` on
+``call_with_cache``, and the engine logs why once. The driver checks a
+family's step against ``call_with_cache`` on a tiny prompt before choosing it
+(:func:`buffer_family`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+from sparktf.inference.decoding import CacheLayout, Decoder
+from sparktf.models.keras_internals import decoder_parts
+
+__all__ = ["LayerBufferDecoder", "buffer_family"]
+
+#: The largest difference of a step's logits from ``call_with_cache``'s the driver's check accepts.
+LOGITS_ATOL = 1e-4
+_MASKED = -1e9  # added to a masked score, as Keras' softmax does
+
+
+def _family(lm: Any) -> Optional[str]:
+    """The family whose decode step sparktf writes for ``lm``, if any."""
+    import keras_hub
+
+    backbone = getattr(lm, "backbone", None)
+    if isinstance(backbone, keras_hub.models.GPT2Backbone):
+        return "gpt2"
+    if isinstance(backbone, keras_hub.models.LlamaBackbone):
+        return "llama"
+    return None
+
+
+def buffer_family(lm: Any, layout: CacheLayout) -> Tuple[Optional[str], Optional[str]]:
+    """``(family, None)`` when ``lm`` decodes with a buffer per layer, else ``(None, why not)``.
+
+    Besides the family and the cache's layout (``[batch, layers, 2, length,
+    kv_heads, head_dim]``), one decode step after a tiny prefill must give the
+    logits of ``call_with_cache`` within :data:`LOGITS_ATOL`.
+    """
+    import tensorflow as tf
+
+    family = _family(lm)
+    if family is None:
+        return None, f"sparktf has no decode step with a buffer per layer for {type(lm.backbone).__name__}"
+    layers = lm.backbone.transformer_layers
+    if len(layout.shape) != 6 or layout.sequence_axis != 3 or layout.shape[1:3] != (len(layers), 2) or \
+            any(decoder_parts(family, layer) is None for layer in layers) or \
+            (family == "gpt2" and not all(layer.normalize_first for layer in layers)):
+        return None, f"{type(lm).__name__}'s cache or decoder layers are not those of its family {family}"
+    tokens = tf.constant(np.arange(1, 7, dtype=np.int32)[None, :] % int(lm.backbone.vocabulary_size))
+    empty = tf.zeros([1, len(layers), 2, 6] + list(layout.shape[4:]), layout.dtype)
+    stacked = lm.call_with_cache(tokens[:, :5], empty, 0)[2]
+    want, _, _ = lm.call_with_cache(tokens[:, 5:], stacked, 5)
+    got, _ = _STEPS[family](lm, tokens[:, 5:], _split(stacked, len(layers)), 5)
+    difference = float(tf.reduce_max(tf.abs(tf.cast(got, tf.float32) - tf.cast(want, tf.float32))))
+    if not difference <= LOGITS_ATOL:
+        return None, f"its decode step with a buffer per layer differs from call_with_cache by {difference:.2g}"
+    return family, None
+
+
+def _split(stacked: Any, layers: int) -> List[Any]:
+    """The per-layer key and value buffers ``[batch, kv_heads, length, head_dim]`` of a ``call_with_cache`` cache
+    (copied once)."""
+    import tensorflow as tf
+
+    return [tf.transpose(stacked[:, layer, part], [0, 2, 1, 3]) for layer in range(layers) for part in (0, 1)]
+
+
+def _write(buffer: Any, update: Any, index: Any) -> Any:
+    """``buffer`` ``[batch, kv_heads, length, dim]`` with position ``index`` of each row set to ``update``
+    ``[batch, 1, kv_heads, dim]``."""
+    import tensorflow as tf
+
+    rows, heads = tf.meshgrid(tf.range(tf.shape(update)[0]), tf.range(update.shape[2]), indexing="ij")
+    positions = tf.stack([rows, heads, tf.fill(tf.shape(rows), index)], axis=-1)
+    return tf.tensor_scatter_nd_update(buffer, positions, update[:, 0])
+
+
+def _attend(query: Any, keys: Any, values: Any, index: Any, scale: float) -> Any:
+    """One query position ``[batch, 1, heads, dim]`` attending to ``keys``, ``values`` ``[batch, kv_heads,
+    length, dim]`` up to position ``index``: ``[batch, 1, heads, dim]``. Two batched matrix products (grouped-query
+    heads not repeated, no operand transposed)."""
+    import tensorflow as tf
+
+    batch, heads, dim = tf.shape(query)[0], query.shape[2], query.shape[3]
+    kv_heads = keys.shape[1]
+    grouped = tf.reshape(query, [batch, kv_heads, heads // kv_heads, dim])
+    scores = tf.matmul(grouped, keys, transpose_b=True) * tf.cast(scale, query.dtype)
+    visible = tf.range(tf.shape(keys)[2]) <= index
+    scores = tf.cast(scores, tf.float32) + tf.where(visible, 0.0, _MASKED)
+    weights = tf.cast(tf.nn.softmax(scores, axis=-1), values.dtype)
+    return tf.reshape(tf.matmul(weights, values), [batch, 1, heads, dim])
+
+
+def _gpt2_step(lm: Any, tokens: Any, buffers: List[Any], index: Any) -> Tuple[Any, List[Any]]:
+    """GPT-2's decode step (``GPT2CausalLM.call_with_cache`` with the buffers): logits and the buffers."""
+    backbone = lm.backbone
+    x = backbone.token_embedding(tokens)
+    x = backbone.embeddings_add((x, backbone.position_embedding(x, start_index=index)))
+    written = []
+    for layer_index, layer in enumerate(backbone.transformer_layers):
+        parts = decoder_parts("gpt2", layer)
+        normed = parts["_self_attention_layer_norm"](x)
+        keys = _write(buffers[2 * layer_index], parts["attention._key_dense"](normed), index)
+        values = _write(buffers[2 * layer_index + 1], parts["attention._value_dense"](normed), index)
+        attended = _attend(parts["attention._query_dense"](normed), keys, values, index, parts["attention.scale"])
+        x = parts["attention._output_dense"](attended) + x
+        feedforward = parts["_feedforward_intermediate_dense"](parts["_feedforward_layer_norm"](x))
+        x = parts["_feedforward_output_dense"](feedforward) + x
+        written += [keys, values]
+    return backbone.token_embedding(backbone.layer_norm(x), reverse=True), written
+
+
+def _llama_step(lm: Any, tokens: Any, buffers: List[Any], index: Any) -> Tuple[Any, List[Any]]:
+    """Llama's decode step (``LlamaCausalLM.call_with_cache`` with the buffers): logits and the buffers."""
+    import tensorflow as tf
+
+    backbone = lm.backbone
+    x = backbone.token_embedding(tokens)
+    written = []
+    for layer_index, layer in enumerate(backbone.transformer_layers):
+        parts = decoder_parts("llama", layer)
+        rotary = parts["_self_attention_layer"].rotary_embedding_layer
+        normed = parts["_self_attention_layernorm"](x)
+        keys = _write(buffers[2 * layer_index], rotary(parts["attention._key_dense"](normed), start_index=index),
+                      index)
+        values = _write(buffers[2 * layer_index + 1], parts["attention._value_dense"](normed), index)
+        query = rotary(parts["attention._query_dense"](normed), start_index=index)
+        x = parts["attention._output_dense"](_attend(query, keys, values, index, parts["attention.scale"])) + x
+        normed = parts["_feedforward_layernorm"](x)
+        gate = tf.cast(layer.activation(tf.cast(parts["_feedforward_gate_dense"](normed), tf.float32)), x.dtype)
+        x = parts["_feedforward_output_dense"](parts["_feedforward_intermediate_dense"](normed) * gate) + x
+        written += [keys, values]
+    return backbone.token_embedding(backbone.layer_norm(x), reverse=True), written
+
+
+_STEPS = {"gpt2": _gpt2_step, "llama": _llama_step}
+
+
+class LayerBufferDecoder(Decoder):
+    """:class:`~sparktf.inference.decoding.Decoder` whose decode steps write into a key and a value buffer per
+    layer (see the module docstring); its caches are lists of ``2 x layers`` buffers.
+
+    Parameters
+    ----------
+    lm : keras_hub.models.CausalLM
+        A model of ``family``, compiled with its sampler.
+    layout : CacheLayout
+        Its ``call_with_cache`` cache's layout.
+    family : str
+        ``"gpt2"`` or ``"llama"`` (:func:`buffer_family`'s).
+    """
+
+    #: Measured with ``bench_text.py``'s curve (GPT-2 shape, one thread): a row's step 0.15 ms plus 1.45 us per
+    #: position, where copying costs 7.3 us per position.
+    ROW_COSTS = (0.2, 20.0)
+
+    def __init__(self, lm: Any, layout: CacheLayout, family: str):
+        self.family, self.layers = family, len(lm.backbone.transformer_layers)
+        super().__init__(lm, layout)
+
+    def _cache_spec(self) -> Any:
+        """A key and a value buffer ``[batch, kv_heads, length, head_dim]`` per layer."""
+        import tensorflow as tf
+
+        kv_heads, head_dim = self.layout.shape[4:]
+        spec = tf.TensorSpec((None, kv_heads, None, head_dim), self.layout.dtype)
+        return [spec] * (2 * self.layers)
+
+    def prefill(self, token_ids: np.ndarray, prompt_end: int, prefix: Any = None) -> List[Any]:
+        """The model's own prefill (see :meth:`Decoder.prefill`), split once into the per-layer buffers."""
+        return _split(super().prefill(token_ids, prompt_end, prefix), self.layers)
+
+    def _forward(self, last: Any, cache: Any, index: Any) -> Tuple[Any, Any]:
+        return _STEPS[self.family](self.lm, last, list(cache), index)
