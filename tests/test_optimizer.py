@@ -355,16 +355,17 @@ def test_sample_and_class_weights_train_validate_and_evaluate_as_keras_fit_and_e
 
 
 class MeetOnce(PythonHook):
-    """At its first step in a process, writes ``marker`` and waits (at most 60 s) for ``partner``'s: two calls
-    whose models meet train at once, if sparktf lets them."""
+    """At its second step in a process (a training iteration, after the warm-up's step if there was one), writes
+    ``marker`` and waits (at most 60 s) for ``partner``'s: two calls whose models meet train at once, if sparktf lets
+    them."""
 
     def __init__(self, marker, partner=None, **kwargs):
         super().__init__(**kwargs)
-        self.marker, self.partner, self.met = marker, partner, False
+        self.marker, self.partner, self.steps = marker, partner, 0
 
     def hook(self):
-        if not self.met:
-            self.met = True
+        self.steps += 1
+        if self.steps == 2:
             open(self.marker, "w").close()
             deadline = time.monotonic() + 60
             while self.partner and not os.path.exists(self.partner) and time.monotonic() < deadline:
