@@ -416,19 +416,17 @@ class TFOptimizer:
 
     @property
     def last_timings(self) -> Dict[str, float]:
-        """The last segment's seconds per phase (launch, model load, data, compute, all-reduce, ...)."""
+        """The last segment's seconds per phase: set-up (launch, model load, ...) and the step's (data, lookup,
+        compute, exchange, apply)."""
         return self.training_session.state.last_timings
 
     @property
     def rank_timings(self) -> Dict[int, Dict[str, float]]:
         """``{rank: {phase: seconds}}`` of the last call, summed over its segments.
 
-        The step phases are ``data`` (waiting for the batch), ``lookup`` (the
-        sharded tables' all-to-all), ``compute`` (forward and backward),
-        ``exchange_wait`` (waiting in the all-reduce for the last rank),
-        ``transfer`` (the all-reduce itself) and ``apply`` (the update); the
-        set-up phases (``model_load``, ``warm_up``, ``connect``, ...) follow.
-        See ``docs/guides/training.md``, "Why is it slow?".
+        The step phases are ``data``, ``lookup`` (the tables' rows and ids), ``compute``, ``exchange_wait``
+        (waiting in the all-reduce for the last rank), ``transfer`` (the all-reduce itself) and ``apply``; the
+        set-up phases (``model_load``, ``warm_up``, ...) follow. See ``docs/guides/training.md``, "Why is it slow?".
         """
         return self.training_session.state.rank_timings
 
