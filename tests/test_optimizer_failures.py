@@ -324,11 +324,18 @@ def test_a_rank_hung_in_a_training_step_is_named_with_its_step_phase_and_iterati
     marker = str(tmp_path / "slept")
     dataset = TFDataset.from_ndarrays(data(64), batch_size=16)
     # rank 1 hangs in the forward pass of its third step (the warm-up, iterations 1 and 2, then 3)
-    optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=1, step=4), dataset, collective_timeout=5)
+    model_dir = str(tmp_path / "model")
+    optimizer = TFOptimizer.from_keras(sleep_once_model(marker, rank=1, step=4), dataset, collective_timeout=5,
+                                       model_dir=model_dir)
     history = optimizer.optimize(MaxIteration(4))
     assert history["iterations"] == 4
     assert re.search(r"rank 1 stayed longest in phase 'compute' at iteration 3; its innermost frames: .*"
                      r"test_optimizer_failures\.py:\d+ in hook: time\.sleep\(600\)", caplog.text), caplog.text
+    # the stacks file shows where rank 0 waited (its ring receive), not the code that reported its failure
+    with open(re.search(r"every rank's stack is in (\S+\.txt)", caplog.text).group(1)) as stacks:
+        waiting = stacks.read().split("rank 1, ")[0]
+    assert waiting.startswith("rank 0, phase 'exchange', iteration 3:") and "thread_stack" not in waiting
+    assert re.search(r"ring\.py:\d+ in ring_allreduce", waiting), waiting
     assert_process_ends(int(open(marker).read()))
 
 

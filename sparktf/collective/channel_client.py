@@ -171,6 +171,7 @@ class Heartbeat:
         self._watched = threading.get_ident()  # the task's thread: its stack goes with the reports of a long phase
         self._unchanged: Tuple[Any, float] = ((self.phase, self.iteration), time.monotonic())
         self.stack_after = STACK_AFTER_SECONDS
+        self._waiting_stack: Optional[List[str]] = None  # the task thread's stack, taken while its phase was long
         self._batch_names: Tuple[str, ...] = ()
         self._batches: Deque[Tuple[int, List[float]]] = deque(maxlen=_MAX_QUEUED_BATCHES)
         self._per_report = MAX_REPORTED_BATCHES
@@ -229,9 +230,11 @@ class Heartbeat:
         header = {"op": "report", "phase": self.phase, "iteration": int(self.iteration), "loss": self.loss}
         now, state = time.monotonic(), (self.phase, int(self.iteration))
         if state != self._unchanged[0]:
-            self._unchanged = (state, now)
+            self._unchanged, self._waiting_stack = (state, now), None
+        elif threading.get_ident() == self._watched:  # the task's failure report: where it waited, not this code
+            header["stack"] = self._waiting_stack
         elif now - self._unchanged[1] >= self.stack_after:
-            header["stack"] = thread_stack(self._watched)
+            header["stack"] = self._waiting_stack = thread_stack(self._watched)
         if failure is not None:
             header["failure"] = failure.to_wire()
         window = self.step_window()
