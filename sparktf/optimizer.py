@@ -424,9 +424,10 @@ class TFOptimizer:
     def rank_timings(self) -> Dict[int, Dict[str, float]]:
         """``{rank: {phase: seconds}}`` of the last call, summed over its segments.
 
-        The step phases are ``data``, ``lookup`` (the tables' rows and ids), ``compute``, ``exchange_wait``
-        (waiting in the all-reduce for the last rank), ``transfer`` (the all-reduce itself) and ``apply``; the
-        set-up phases (``model_load``, ``warm_up``, ...) follow. See ``docs/guides/training.md``, "Why is it slow?".
+        The step phases ``data``, ``lookup``, ``compute``, ``exchange_wait``, ``transfer`` and ``apply``; the
+        exchange's parts ``send``, ``receive`` and ``delivery``; ``lost_seconds`` (the others' waits for the
+        rank); the set-up phases (``model_load``, ``warm_up``, ...). See ``docs/guides/training.md``, "Why is it
+        slow?".
         """
         return self.training_session.state.rank_timings
 

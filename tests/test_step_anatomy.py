@@ -1,6 +1,6 @@
 """Per-rank step anatomy: each rank's split of a step, stragglers named with their phase (live, and from the
 segment's records), and a Chrome-trace timeline. A slow rank is injected for real (a hook layer sleeping in compute
-on one rank, a batch map sleeping on one partition, a hook delaying one rank's ring sends); the check that nobody is
+on one rank, a batch map sleeping on one partition, a hook slowing the link from one rank to the next); the check that nobody is
 named without one runs on step timings recorded by ``benchmarks/record_step_timings.py``."""
 
 import gc
@@ -19,13 +19,15 @@ from sparktf import MaxIteration, TFDataset, TFOptimizer
 from sparktf.errors import ConfigurationError
 from sparktf.summary import TrainSummary
 from sparktf.collective.channel import RankReport
-from sparktf.collective.sender import FrameSender
+from sparktf.collective.link import RingLink
+from sparktf.collective.transport import HEADER
 from sparktf.training.driver.anatomy import ANATOMY_PHASES, CallAnatomy, chrome_trace, find_stragglers, rank_timings
 from sparktf.training.worker.step_clock import STEP_COLUMNS, STEP_PHASES, RankAnatomy, window_summary
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "programs"))
 from hook_layers import PythonHook  # noqa: E402
 
+HEADER_BYTES = HEADER.size  # a ring frame's header (a number: this module's code travels by value)
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "step_timings_2_ranks.npz")
 SLEEP = 0.03
 
@@ -41,32 +43,35 @@ class SlowRankOne(PythonHook):
 
 
 class SlowLink:
-    """A socket whose sends each take ``SLEEP`` more (a slow link); everything else is the socket's."""
+    """The receiving end of a slow link: each frame's bytes after its header take ``SLEEP`` to arrive (the sender's
+    socket buffer took them at once, so its sends look fast); everything else is the socket's."""
 
     def __init__(self, sock):
         self._sock = sock
 
-    def sendmsg(self, *args):
-        time.sleep(SLEEP)
-        return self._sock.sendmsg(*args)
+    def recv_into(self, view, *args):
+        if len(view) != HEADER_BYTES:  # a frame's body (this test's frames are never a header's size)
+            time.sleep(SLEEP)
+        return self._sock.recv_into(view, *args)
 
     def __getattr__(self, name):
         return getattr(self._sock, name)
 
 
-class DelayedSendsOnRankOne(PythonHook):
-    """Slows every send of rank 1's ring (its live ``FrameSender``, found once) by ``SLEEP``."""
+class SlowLinkFromRankOne(PythonHook):
+    """Puts the link from rank 1 to rank 0 (rank 0's live ``RingLink``'s left socket, found once) behind a
+    :class:`SlowLink`."""
 
     def hook(self):
         from pyspark import TaskContext
 
         slowed = self.__dict__.get("slowed")
-        if TaskContext.get().partitionId() != 1 or (slowed is not None and not slowed._stopping):
+        if TaskContext.get().partitionId() != 0 or (slowed is not None and slowed._left.fileno() != -1):
             return
-        for sender in [o for o in gc.get_objects() if isinstance(o, FrameSender) and not o._stopping]:
-            if not isinstance(sender._sock, SlowLink):  # this job's sender only: gone with it, nothing left behind
-                sender._sock = SlowLink(sender._sock)
-                object.__setattr__(self, "slowed", sender)  # found: no more searching (not a tracked attribute)
+        for link in [o for o in gc.get_objects() if isinstance(o, RingLink) and o._left.fileno() != -1]:
+            if not isinstance(link._left, SlowLink):  # this job's link only: gone with it, nothing left behind
+                link._left = SlowLink(link._left)
+                object.__setattr__(self, "slowed", link)  # found: no more searching (not a tracked attribute)
 
 
 def _optimizer(sc, hook=None, map_function=None, records=256):
@@ -128,18 +133,20 @@ def test_a_slow_rank_is_named_with_its_phase_and_the_profiled_steps_make_a_timel
     assert loading.last_timeline is None
 
 
-def test_a_rank_whose_sends_are_slow_is_named_in_the_exchange_while_training_runs(sc, caplog, capsys):
+def test_a_rank_behind_a_slow_link_is_named_in_the_exchange_while_training_runs(sc, caplog, capsys):
     class BatchTimes(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             ended.append(time.time())
 
     ended = []
-    sending = _optimizer(sc, hook=DelayedSendsOnRankOne(), records=32 * 160)
+    sending = _optimizer(sc, hook=SlowLinkFromRankOne(), records=32 * 160)
     with caplog.at_level(logging.WARNING, logger="sparktf.optimizer"):
         sending.optimize(MaxIteration(120), verbose=1, callbacks=[BatchTimes()])
     assert [(s.rank, s.phase) for s in sending.stragglers] == [(1, "exchange")], sending.stragglers
     timings = sending.rank_timings
-    assert timings[1]["send"] - timings[0]["send"] > 120 * SLEEP / 2  # its own sends, not the wait they cause
+    # its sends looked fast; its bytes were slow where they arrived (rank 0 received them for SLEEP a frame)
+    assert timings[1]["send"] < 120 * SLEEP / 4 < 120 * SLEEP / 2 < timings[1]["delivery"] - timings[0]["delivery"]
+    assert sending.stragglers[0].lost_share > 0.1
     warning = next(r for r in caplog.records if "slower than the median in exchange" in r.getMessage())
     assert "rank 1 (executor" in warning.getMessage() and "gradient_compression" in warning.getMessage()
     assert len(ended) == 120 and warning.created < ended[-1]  # named from the live windows, before training ended
@@ -214,7 +221,28 @@ def test_a_bursty_rank_is_named_by_the_seconds_the_others_lost_waiting_for_it():
     assert rank_timings(_records(bursty))[1]["lost_seconds"] - healthy == pytest.approx(injected, rel=0.1)
     assert 0.1 < found[0].lost_share < 1 and "the others waited" in found[0].describe()
     # a rank slower in a phase where the others spend nothing is described without dividing by their zero
-    slowed = [steps[0], steps[1].copy()]
-    slowed[1][:, STEP_COLUMNS.index("lookup")] += SLEEP
+    slowed = [steps[0].copy(), steps[1].copy()]
+    slowed[0][:, STEP_COLUMNS.index("lookup")] = 0.0  # a model without tables: no lookup at all
+    slowed[1][:, STEP_COLUMNS.index("lookup")] = SLEEP
     (lookup,) = find_stragglers(_records(slowed))
     assert lookup.phase == "lookup" and "infx" not in lookup.describe() and "who spend no time" in lookup.describe()
+
+
+def test_a_rank_behind_a_slow_link_is_named_in_the_exchange_where_its_bytes_arrive():
+    # the recorded slow link (50 Mbit, 3.1 MB of gradients): the slow rank's sends went into its socket buffer at
+    # once; its peer received its bytes for ~0.5 s a step, and it left each all-reduce about half of that earlier
+    steps = _recorded()
+    link = 0.48
+    slow = [steps[0].copy(), steps[1].copy()]
+    exchange, receive = STEP_PHASES.index("exchange"), STEP_COLUMNS.index("receive")
+    slow[0][:, receive] += link
+    slow[0][:, exchange] += link
+    slow[1][:, exchange] += link / 2
+    found = find_stragglers(_records(slow))
+    assert [(s.rank, s.phase) for s in found] == [(1, "exchange")], found
+    assert _live([rows[:10] for rows in slow]) == [(1, "exchange")]
+    healthy = rank_timings(_records(steps))[1]["lost_seconds"]
+    slowdown = link * len(steps[0])
+    assert found[0].lost_seconds - healthy == pytest.approx(slowdown, rel=0.1)
+    timings = rank_timings(_records(slow))
+    assert timings[1]["delivery"] == pytest.approx(timings[0]["receive"]) and timings[1]["send"] < 0.1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import weakref
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, Tuple, TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -198,9 +198,10 @@ class Communicator:
         return self._world_size
 
     @property
-    def send_seconds(self) -> float:
-        """Seconds this rank's sends took so far (see :attr:`RingLink.send_seconds`; 0 for a ring of one)."""
-        return 0.0 if self._link is None else self._link.send_seconds
+    def wire_seconds(self) -> Tuple[float, float]:
+        """``(send, receive)``: seconds this rank's sends took and seconds it spent receiving frames after their
+        headers came, so far (see :attr:`RingLink.wire_seconds`; zeros for a ring of one)."""
+        return (0.0, 0.0) if self._link is None else self._link.wire_seconds
 
     def allreduce(self, buffer: np.ndarray, op: str = "mean", compression: str | None = None) -> np.ndarray:
         """Sum or average ``buffer`` over all ranks, in place.

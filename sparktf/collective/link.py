@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
+from typing import Tuple
 
 from sparktf.collective.sender import FrameSender
 from sparktf.collective.transport import (
@@ -41,6 +43,7 @@ class RingLink:
         self._tag = 0
         self._seq = 0
         self._frames_this_call = 0
+        self._receive_seconds = 0.0
         self._sender = FrameSender(right, self.right_rank, self._wake_receiver,
                                    name=f"sparktf-collective-sender-rank{rank}")
 
@@ -52,15 +55,23 @@ class RingLink:
         self._sender.counting = False
 
     def time_sends(self) -> None:
-        """Count the time of this call's sends from here on in :attr:`send_seconds` (see there)."""
+        """Count the time of this call's sends from here on in :attr:`wire_seconds` (see there)."""
         self._sender.counting = True
 
     @property
-    def send_seconds(self) -> float:
-        """Seconds this rank's sends took, over the calls so far, from each call's :meth:`time_sends` on: an
-        all-reduce starts counting once every rank has taken part (before that, a send may only wait for a late
-        peer), so a slow link or sender shows here and a late peer does not."""
-        return self._sender.send_seconds
+    def wire_seconds(self) -> Tuple[float, float]:
+        """``(send, receive)`` seconds over the calls so far.
+
+        ``send``: this rank's sends, from each call's :meth:`time_sends` on (an
+        all-reduce starts counting once every rank has taken part; before that,
+        a send may only wait for a late peer). ``receive``: receiving the left
+        neighbour's frames after their headers came. A frame goes out whole, so
+        from its header on only the link (or the left's sending) sets how long
+        its bytes take: a slow link shows at the receiver even when the
+        sender's socket buffer took the frame at once and its sends look fast,
+        and a late peer (the wait before a header) shows in neither.
+        """
+        return self._sender.send_seconds, self._receive_seconds
 
     def post(self, payload: memoryview) -> None:
         """Queue ``payload`` (bytes) for the right neighbour; keep it unchanged until ``flush``."""
@@ -156,10 +167,12 @@ class RingLink:
         return FrameHeader.unpack(self._header)
 
     def _receive_body(self, view: memoryview) -> None:
+        started = time.perf_counter()
         try:
             self._receive_payload(view)
         except TimeoutError:
             raise self._silence() from None
+        self._receive_seconds += time.perf_counter() - started
 
     def _silence(self) -> PeerFailure:
         return self._sender.error or PeerFailure(self.left_rank, (

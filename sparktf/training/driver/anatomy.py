@@ -10,7 +10,8 @@ rank and segment) give:
   wait is the rest of its exchange;
 * :func:`lost_seconds`: per rank, the seconds the others spent waiting for
   it in the exchange (in each step, the rank that arrived last cost the
-  others their waits);
+  others their waits, and a rank whose bytes were slower to arrive than the
+  others' cost every rank the difference);
 * :func:`find_stragglers`: a rank whose median seconds in a phase are well
   above the other ranks' median, step after step, or whose lost seconds
   pass a share of the call (a bursty one: a CPU quota's stalls);
@@ -37,9 +38,12 @@ __all__ = ["Straggler", "CallAnatomy", "ANATOMY_PHASES", "rank_timings", "step_p
 
 _LOG = logging.getLogger("sparktf.optimizer")
 
-#: The step phases :func:`rank_timings` gives, the exchange split in two; then ``send``, the part of the exchange
-#: the rank's own sends took (inside ``exchange_wait`` and ``transfer``, not added to the step).
-ANATOMY_PHASES = ("data", "lookup", "compute", "exchange_wait", "transfer", "apply", "send")
+#: The step phases :func:`rank_timings` gives, the exchange split in two; then parts of the exchange (inside
+#: ``exchange_wait`` and ``transfer``, not added to the step): ``send``, what the rank's own sends took; ``receive``,
+#: how long it received its left neighbour's bytes once they started to come; ``delivery``, how long its right
+#: neighbour received its bytes (that rank's ``receive``: a slow link or sender shows here, measured where the bytes
+#: arrive, even when the sender's socket buffer took them at once).
+ANATOMY_PHASES = ("data", "lookup", "compute", "exchange_wait", "transfer", "apply", "send", "receive", "delivery")
 #: A rank is a straggler in a phase when its median step spends this many times the other ranks' median there...
 STRAGGLER_FACTOR = 1.5
 #: ... and at least this many seconds more per step (below it, timer noise and scheduling jitter dominate).
@@ -52,8 +56,9 @@ MIN_STEPS = 5
 #: The live judgement looks at each rank's last windows (about a second each).
 LIVE_WINDOWS = 5
 # The columns a rank causes itself, and the phase a straggler there is slow in (the exchange's wait is caused by
-# the others; its sends are its own).
-_JUDGED = {"data": "data", "lookup": "lookup", "compute": "compute", "send": "exchange", "apply": "apply"}
+# the others; its sends, and how fast its bytes arrive, are its own).
+_JUDGED = {"data": "data", "lookup": "lookup", "compute": "compute", "send": "exchange", "delivery": "exchange",
+           "apply": "apply"}
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ class Straggler:
     executor, host : str
         Where the rank ran.
     phase : str
-        ``"data"``, ``"lookup"``, ``"compute"``, ``"exchange"`` (its sends are slow) or ``"apply"``.
+        ``"data"``, ``"lookup"``, ``"compute"``, ``"exchange"`` (its sends are slow, or its bytes slow to
+        arrive) or ``"apply"``.
     factor : float
         Its median seconds per step in ``phase`` over the other ranks' median (for a rank named by its cost, over
         the steps it made the others wait: its seconds there over theirs).
@@ -105,14 +111,22 @@ def _segment_phases(anatomies: Iterable[RankAnatomy]) -> Iterator[Dict[int, np.n
             continue
         exchange = STEP_PHASES.index("exchange")
         transfer = np.min([record.steps[:steps, exchange] for record in records], axis=0)
+        by_rank = {record.rank: record for record in records}
         split = {}
-        for record in records:
-            rows = split[record.rank] = np.zeros((steps, len(ANATOMY_PHASES)))
-            for phase in ("data", "lookup", "compute", "apply", "send"):
-                rows[:, ANATOMY_PHASES.index(phase)] = record.steps[:steps, STEP_COLUMNS.index(phase)]
-            rows[:, ANATOMY_PHASES.index("exchange_wait")] = record.steps[:steps, exchange] - transfer
+        for rank, right in _right_neighbours(by_rank).items():
+            rows = split[rank] = np.zeros((steps, len(ANATOMY_PHASES)))
+            for phase in ("data", "lookup", "compute", "apply", "send", "receive"):
+                rows[:, ANATOMY_PHASES.index(phase)] = by_rank[rank].steps[:steps, STEP_COLUMNS.index(phase)]
+            rows[:, ANATOMY_PHASES.index("exchange_wait")] = by_rank[rank].steps[:steps, exchange] - transfer
             rows[:, ANATOMY_PHASES.index("transfer")] = transfer
+            rows[:, ANATOMY_PHASES.index("delivery")] = by_rank[right].steps[:steps, STEP_COLUMNS.index("receive")]
         yield split
+
+
+def _right_neighbours(ranks: Iterable[int]) -> Dict[int, int]:
+    """``{rank: the rank it sends to}`` on the ring of ``ranks`` (in rank order)."""
+    ring = sorted(ranks)
+    return {rank: ring[(i + 1) % len(ring)] for i, rank in enumerate(ring)}
 
 
 def step_phases(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
@@ -126,16 +140,25 @@ def step_phases(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
 
 
 def _waits_caused(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
-    """``{rank: seconds per step}`` the other ranks waited for each rank in the exchange: in each step, the rank
-    that arrived last (it waited least) cost every other rank its wait (0 in the steps it did not arrive last)."""
+    """``{rank: seconds per step}`` the other ranks waited for each rank in the exchange, per step the larger of:
+
+    * its lateness: the rank that arrived last (it waited least) cost every other rank its wait (0 in the steps it
+      did not arrive last);
+    * its link: the seconds its bytes took to arrive beyond the median of the other ranks' (``delivery``), which
+      every other rank waits too (a ring moves at its slowest link's pace), while the rank itself may leave the
+      all-reduce early and look like the last to arrive by a part of it only.
+    """
     caused: Dict[int, List[np.ndarray]] = {}
     for segment in _segment_phases(anatomies):
         ranks = sorted(segment)
         waits = np.stack([segment[rank][:, ANATOMY_PHASES.index("exchange_wait")] for rank in ranks])
+        delivery = np.stack([segment[rank][:, ANATOMY_PHASES.index("delivery")] for rank in ranks])
         last = np.argmin(waits, axis=0)
         others = waits.sum(axis=0) - waits[last, np.arange(waits.shape[1])]
         for i, rank in enumerate(ranks):
-            caused.setdefault(rank, []).append(np.where(last == i, others, 0.0))
+            slower = delivery[i] - np.median(np.delete(delivery, i, axis=0), axis=0)
+            link = (len(ranks) - 1) * np.maximum(slower, 0.0)
+            caused.setdefault(rank, []).append(np.maximum(np.where(last == i, others, 0.0), link))
     return {rank: np.concatenate(parts) for rank, parts in caused.items()}
 
 
@@ -276,10 +299,14 @@ class CallAnatomy:
         if len(windows) < 2 or min(sum(w.count for w in kept) for kept in windows.values()) < MIN_STEPS:
             return
         p50 = WINDOW_STATS.index("p50")
-        columns = [STEP_COLUMNS.index(column) for column in _JUDGED]
-        medians = {rank: np.median(np.repeat([[w.stats[c][p50] for c in columns] for w in kept],
-                                             [w.count for w in kept], axis=0), axis=0)  # windows weigh by steps
-                   for rank, kept in windows.items()}
+        columns = [STEP_COLUMNS.index("receive" if column == "delivery" else column) for column in _JUDGED]
+        measured = {rank: np.median(np.repeat([[w.stats[c][p50] for c in columns] for w in kept],
+                                              [w.count for w in kept], axis=0), axis=0)  # windows weigh by steps
+                    for rank, kept in windows.items()}
+        delivery = list(_JUDGED).index("delivery")  # a rank's delivery is its right neighbour's receive
+        medians = {rank: np.concatenate([measured[rank][:delivery], measured[right][delivery:delivery + 1],
+                                         measured[rank][delivery + 1:]])
+                   for rank, right in _right_neighbours(measured).items()}
         places = {rank: (kept[-1].executor, kept[-1].executor.rsplit(":", 1)[0]) for rank, kept in windows.items()}
         self._name(_judged(medians, places, STRAGGLER_FACTOR, STRAGGLER_EXCESS))
 
@@ -317,8 +344,8 @@ _ADVICE = {
     "data": "its input is slower (a larger or skewed partition, a slow read): repartition the data evenly",
     "lookup": "its share of the sharded tables' lookups is larger: shard the tables over more workers",
     "compute": "its host computes slower (a busy or slower machine): exclude the host or give it fewer tasks",
-    "exchange": "its sends are slower (its network link or host): check the host's link, or send less "
-                "(gradient_compression)",
+    "exchange": "its sends, or its bytes' arrival at the next rank, are slower (its network link or host): check "
+                "the host's link, or send less (gradient_compression)",
     "apply": "its update is slower (a busy host): exclude the host or give it fewer tasks",
 }
 

@@ -267,9 +267,9 @@ class GradientExchange:
         return 1 if self._communicator is None else self._communicator.world_size
 
     @property
-    def send_seconds(self) -> float:
-        """Seconds this rank's all-reduce sends took so far (see ``Communicator.send_seconds``)."""
-        return 0.0 if self._communicator is None else self._communicator.send_seconds
+    def wire_seconds(self) -> Tuple[float, float]:
+        """``(send, receive)`` seconds of this rank's ring so far (see ``Communicator.wire_seconds``)."""
+        return (0.0, 0.0) if self._communicator is None else self._communicator.wire_seconds
 
     def __call__(self, layout: GradientLayout, parts: ExchangedParts) -> ExchangedParts:
         """The global sums of ``parts`` (``GradientLayout.pack``'s, in NumPy): the same on every rank."""

@@ -195,8 +195,8 @@ def train_iterations(
 
 class _TimedExchange(GradientExchange):
     """The step's gradient exchange (see ``training.worker.gradient_exchange``), timing ``compute`` before it, itself
-    (``exchange``) and its sends (``send``), and telling the heartbeat the step's phase (``exchange``, then
-    ``apply``)."""
+    (``exchange``), its sends (``send``) and its receiving (``receive``), and telling the heartbeat the step's phase
+    (``exchange``, then ``apply``)."""
 
     def __init__(self, communicator: Any, compression: Optional[str], watch: PhaseClock, heartbeat: Any,
                  tables: RankTables):
@@ -207,11 +207,13 @@ class _TimedExchange(GradientExchange):
     def __call__(self, layout: Any, parts: Any) -> Any:
         self._watch.lap("compute")
         self._heartbeat.phase = "exchange"
-        sent = self.send_seconds
+        sent, received = self.wire_seconds
         summed = super().__call__(layout, parts)
         self._watch.lap("exchange")
         self._heartbeat.phase = "apply"
-        self._watch.add("send", self.send_seconds - sent)
+        send, receive = self.wire_seconds
+        self._watch.add("send", send - sent)
+        self._watch.add("receive", receive - received)
         return summed
 
 
