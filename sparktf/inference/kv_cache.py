@@ -1,24 +1,30 @@
-"""Decoding with a key and a value buffer per layer: a decode step writes one position and stacks nothing.
+"""Decoding with a key and a value buffer per layer, written once per chunk of decode steps; nothing stacked.
 
 Keras Hub's ``call_with_cache`` keeps one ``[batch, layers, 2, length, heads,
 head_dim]`` cache and, at every decode step, slices each layer's part out,
 writes the new position into a copy and stacks the layers back: about five
 copies of every row's whole cache per step. :class:`LayerBufferDecoder`
 keeps, after the model's own prefill (unchanged, split once per batch), one
-key and one value buffer ``[batch, kv_heads, length, head_dim]`` per layer. A
-decode step writes each row's new position with ``tf.tensor_scatter_nd_update``
-and attends over the buffers with two batched matrix products (no operand
-transposed, grouped-query heads not repeated); no slice, stack or
-concatenation of a cache. Dropping finished rows gathers the rows kept.
+key and one value buffer ``[batch, kv_heads, length, head_dim]`` per layer,
+and leaves them unchanged during a chunk of decode steps: the chunk's loop
+carries a small key and value tail ``[batch, kv_heads, steps, head_dim]``
+per layer, a step writes its position into slot ``step`` of the tails and
+attends to the buffers' positions before the chunk and to the tails' slots
+up to its own (one softmax over both, four batched matrix products: no
+operand transposed, grouped-query heads not repeated). At the chunk's end the
+tails are written into the buffers with ``tf.tensor_scatter_nd_update``.
+Dropping finished rows gathers the rows kept.
 
-TensorFlow on a CPU still copies each buffer once per write: a tensor that
-enters a ``tf.function`` or a ``tf.while_loop`` body as an argument is never
-updated in place, and a variable written by slice or scatter (in place) is
-then copied whole by every read (its copy-on-read mode). Only XLA updates in
-place, and Keras Hub's step under XLA was 7x slower on a CPU here (batch 32,
-cache 256: 3.45 against 0.47 s). So a step
-costs one copy of the cache and one read of it (attention), against about
-five copies before; see ``docs/design/inference.md`` for the curve.
+Writing into the buffers at every step would copy them at every step:
+TensorFlow on a CPU never updates in place a tensor that enters a
+``tf.function`` or a ``tf.while_loop`` body as an argument, and a variable
+written by slice or scatter (in place) is then copied whole by every read (its
+copy-on-read mode). Only XLA updates in place, and Keras Hub's step under XLA
+was 7x slower on a CPU here (batch 32, cache 256: 3.45 against 0.47 s). The
+tails are copied at every step, but they are ``steps`` positions long. So a
+step reads the cache once (attention) and copies it once per chunk (``8``
+steps in generation), against about five copies per step before; see
+``docs/design/inference.md`` for the curve.
 
 The step runs the model's own sublayers (projections, norms, feed-forward,
 rotary embedding, output) around sparktf's attention, so it follows each
@@ -194,8 +200,8 @@ _STEPS = {"gpt2": _gpt2_step, "llama": _llama_step}
 
 
 class LayerBufferDecoder(Decoder):
-    """:class:`~sparktf.inference.decoding.Decoder` whose decode steps write into a key and a value buffer per
-    layer (see the module docstring); its caches are lists of ``2 x layers`` buffers.
+    """:class:`~sparktf.inference.decoding.Decoder` with a key and a value buffer per layer, written once per chunk
+    of decode steps (see the module docstring); its caches are lists of ``2 x layers`` buffers.
 
     Parameters
     ----------
