@@ -213,9 +213,9 @@ class LayerBufferDecoder(Decoder):
         ``"gpt2"`` or ``"llama"`` (:func:`buffer_family`'s).
     """
 
-    #: Measured with ``bench_text.py``'s curve (GPT-2 shape, one thread): a row's step 0.15 ms plus 1.45 us per
-    #: position, where copying costs 7.3 us per position.
-    ROW_COSTS = (0.2, 20.0)
+    #: Measured with ``bench_text.py``'s curve (GPT-2 shape, one thread, the bests of 5 runs on a loaded machine):
+    #: a row's step 0.25 ms plus 1.1 us per position (the attention's read), where copying costs 8 us per position.
+    ROW_COSTS = (0.15, 30.0)
 
     def __init__(self, lm: Any, layout: CacheLayout, family: str):
         self.family, self.layers = family, len(lm.backbone.transformer_layers)
