@@ -172,30 +172,42 @@ class Decoder:
         return self._decode(token_ids, cache, index, prompt_mask, steps)
 
     def _decode_graph(self, token_ids: Any, cache: Any, index: Any, prompt_mask: Any, steps: Any) -> Tuple[Any, Any]:
+        self.traces += 1
+
+        def forward(last: Any, step: Any, cache: Any) -> Tuple[Any, Any]:
+            logits, _, cache = self.lm.call_with_cache(last, cache, index - 1 + step)
+            return logits, cache
+
+        return self._loop(token_ids, index, prompt_mask, steps, forward, cache)
+
+    def _loop(self, token_ids: Any, index: Any, prompt_mask: Any, steps: Any, forward: Any,
+              state: Any) -> Tuple[Any, Any]:
+        """``steps`` decode steps from position ``index`` in a ``tf.while_loop`` carrying the tokens and ``state``:
+        the new ``(token_ids, state)``.
+
+        Step ``s`` feeds each row's token at position ``index - 1 + s`` to
+        ``forward(last [batch, 1], s, state)``, which returns the logits
+        ``[batch, 1, vocabulary]`` and the new ``state``, and sets position
+        ``index + s`` to the sampler's token (a prompt's own token where
+        ``prompt_mask`` is set).
+        """
         import tensorflow as tf
 
-        self.traces += 1
         sampler = self.lm.sampler
         batch = tf.shape(token_ids)[0]
 
-        def body(step: Any, token_ids: Any, cache: Any) -> Tuple[Any, Any, Any]:
+        def body(step: Any, token_ids: Any, state: Any) -> Tuple[Any, Any, Any]:
             position = index + step
-            last = tf.slice(token_ids, [0, position - 1], [batch, 1])
-            logits, cache = self._forward(last, cache, position - 1)
+            logits, state = forward(tf.slice(token_ids, [0, position - 1], [batch, 1]), step, state)
             probabilities = sampler.compute_probabilities(tf.squeeze(logits, axis=1))
             chosen = tf.cast(sampler.get_next_token(probabilities), token_ids.dtype)
             chosen = tf.where(prompt_mask[:, position], token_ids[:, position], chosen)
             token_ids = tf.tensor_scatter_nd_update(
                 token_ids, tf.stack([tf.range(batch), tf.fill([batch], position)], axis=1), chosen)
-            return step + 1, token_ids, cache
+            return step + 1, token_ids, state
 
-        _, token_ids, cache = tf.while_loop(lambda step, *_: step < steps, body, (tf.constant(0), token_ids, cache))
-        return token_ids, cache
-
-    def _forward(self, last: Any, cache: Any, index: Any) -> Tuple[Any, Any]:
-        """The logits of the ``last`` tokens at position ``index`` and the cache holding their keys and values."""
-        logits, _, cache = self.lm.call_with_cache(last, cache, index)
-        return logits, cache
+        _, token_ids, state = tf.while_loop(lambda step, *_: step < steps, body, (tf.constant(0), token_ids, state))
+        return token_ids, state
 
     # ------------------------------------------------------------------ rows
 

@@ -1,24 +1,30 @@
-"""Decoding with a key and a value buffer per layer: a decode step writes one position and stacks nothing.
+"""Decoding with a key and a value buffer per layer, written once per chunk of decode steps; nothing stacked.
 
 Keras Hub's ``call_with_cache`` keeps one ``[batch, layers, 2, length, heads,
 head_dim]`` cache and, at every decode step, slices each layer's part out,
 writes the new position into a copy and stacks the layers back: about five
 copies of every row's whole cache per step. :class:`LayerBufferDecoder`
 keeps, after the model's own prefill (unchanged, split once per batch), one
-key and one value buffer ``[batch, kv_heads, length, head_dim]`` per layer. A
-decode step writes each row's new position with ``tf.tensor_scatter_nd_update``
-and attends over the buffers with two batched matrix products (no operand
-transposed, grouped-query heads not repeated); no slice, stack or
-concatenation of a cache. Dropping finished rows gathers the rows kept.
+key and one value buffer ``[batch, kv_heads, length, head_dim]`` per layer,
+and leaves them unchanged during a chunk of decode steps: the chunk's loop
+carries a small key and value tail ``[batch, kv_heads, steps, head_dim]``
+per layer, a step writes its position into slot ``step`` of the tails and
+attends to the buffers' positions before the chunk and to the tails' slots
+up to its own (one softmax over both, four batched matrix products: no
+operand transposed, grouped-query heads not repeated). At the chunk's end the
+tails are written into the buffers with ``tf.tensor_scatter_nd_update``.
+Dropping finished rows gathers the rows kept.
 
-TensorFlow on a CPU still copies each buffer once per write: a tensor that
-enters a ``tf.function`` or a ``tf.while_loop`` body as an argument is never
-updated in place, and a variable written by slice or scatter (in place) is
-then copied whole by every read (its copy-on-read mode). Only XLA updates in
-place, and Keras Hub's step under XLA was 7x slower on a CPU here (batch 32,
-cache 256: 3.45 against 0.47 s). So a step
-costs one copy of the cache and one read of it (attention), against about
-five copies before; see ``docs/design/inference.md`` for the curve.
+Writing into the buffers at every step would copy them at every step:
+TensorFlow on a CPU never updates in place a tensor that enters a
+``tf.function`` or a ``tf.while_loop`` body as an argument, and a variable
+written by slice or scatter (in place) is then copied whole by every read (its
+copy-on-read mode). Only XLA updates in place, and Keras Hub's step under XLA
+was 7x slower on a CPU here (batch 32, cache 256: 3.45 against 0.47 s). The
+tails are copied at every step, but they are ``steps`` positions long. So a
+step reads the cache once (attention) and copies it once per chunk (``8``
+steps in generation), against about five copies per step before; see
+``docs/design/inference.md`` for the curve.
 
 The step runs the model's own sublayers (projections, norms, feed-forward,
 rotary embedding, output) around sparktf's attention, so it follows each
@@ -85,7 +91,8 @@ def buffer_family(lm: Any, layout: CacheLayout) -> Tuple[Optional[str], Optional
     empty = tf.zeros([1, len(layers), 2, 6] + list(layout.shape[4:]), layout.dtype)
     stacked = lm.call_with_cache(tokens[:, :5], empty, 0)[2]
     want, _, _ = lm.call_with_cache(tokens[:, 5:], stacked, 5)
-    got, _ = _STEPS[family](lm, tokens[:, 5:], _split(stacked, len(layers)), 5)
+    buffers = _split(stacked, len(layers))
+    got, _ = _STEPS[family](lm, tokens[:, 5:], buffers, [buffer[:, :, :1] for buffer in buffers], 5, 0)
     difference = float(tf.reduce_max(tf.abs(tf.cast(got, tf.float32) - tf.cast(want, tf.float32))))
     if not difference <= LOGITS_ATOL:
         return None, f"its decode step with a buffer per layer differs from call_with_cache by {difference:.2g}"
@@ -100,44 +107,61 @@ def _split(stacked: Any, layers: int) -> List[Any]:
     return [tf.transpose(stacked[:, layer, part], [0, 2, 1, 3]) for layer in range(layers) for part in (0, 1)]
 
 
-def _write(buffer: Any, update: Any, index: Any) -> Any:
-    """``buffer`` ``[batch, kv_heads, length, dim]`` with position ``index`` of each row set to ``update``
-    ``[batch, 1, kv_heads, dim]``."""
+def _write(buffer: Any, update: Any, start: Any) -> Any:
+    """``buffer`` ``[batch, kv_heads, length, dim]`` with positions ``start`` on of each row set to ``update``
+    ``[batch, kv_heads, n, dim]``."""
     import tensorflow as tf
 
-    rows, heads = tf.meshgrid(tf.range(tf.shape(update)[0]), tf.range(update.shape[2]), indexing="ij")
-    positions = tf.stack([rows, heads, tf.fill(tf.shape(rows), index)], axis=-1)
-    return tf.tensor_scatter_nd_update(buffer, positions, update[:, 0])
+    shape = tf.shape(update)
+    rows, heads, positions = tf.meshgrid(tf.range(shape[0]), tf.range(shape[1]), start + tf.range(shape[2]),
+                                         indexing="ij")
+    return tf.tensor_scatter_nd_update(buffer, tf.stack([rows, heads, positions], axis=-1), update)
 
 
-def _attend(query: Any, keys: Any, values: Any, index: Any, scale: float) -> Any:
-    """One query position ``[batch, 1, heads, dim]`` attending to ``keys``, ``values`` ``[batch, kv_heads,
-    length, dim]`` up to position ``index``: ``[batch, 1, heads, dim]``. Two batched matrix products (grouped-query
-    heads not repeated, no operand transposed)."""
+def _by_head(projected: Any) -> Any:
+    """One position's keys or values ``[batch, 1, kv_heads, dim]`` as ``[batch, kv_heads, 1, dim]`` (no copy)."""
+    import tensorflow as tf
+
+    return tf.reshape(projected, [tf.shape(projected)[0], projected.shape[2], 1, projected.shape[3]])
+
+
+def _attend(query: Any, past: Tuple[Any, Any], recent: Tuple[Any, Any], start: Any, step: Any, scale: float) -> Any:
+    """One query position ``[batch, 1, heads, dim]`` attending to the ``past`` keys and values ``[batch, kv_heads,
+    length, dim]`` before position ``start`` and the ``recent`` ones ``[batch, kv_heads, steps, dim]`` up to slot
+    ``step``: ``[batch, 1, heads, dim]``.
+
+    One softmax over both parts' scores; four batched matrix products (grouped-query heads not repeated, no operand
+    transposed).
+    """
     import tensorflow as tf
 
     batch, heads, dim = tf.shape(query)[0], query.shape[2], query.shape[3]
-    kv_heads = keys.shape[1]
+    kv_heads, length = past[0].shape[1], tf.shape(past[0])[2]
     grouped = tf.reshape(query, [batch, kv_heads, heads // kv_heads, dim])
-    scores = tf.matmul(grouped, keys, transpose_b=True) * tf.cast(scale, query.dtype)
-    visible = tf.range(tf.shape(keys)[2]) <= index
-    scores = tf.cast(scores, tf.float32) + tf.where(visible, 0.0, _MASKED)
-    weights = tf.cast(tf.nn.softmax(scores, axis=-1), values.dtype)
-    return tf.reshape(tf.matmul(weights, values), [batch, 1, heads, dim])
+    scale = tf.cast(scale, query.dtype)
+    scores = [tf.cast(tf.matmul(grouped, keys, transpose_b=True) * scale, tf.float32) + tf.where(visible, 0.0, _MASKED)
+              for keys, visible in ((past[0], tf.range(length) < start),
+                                    (recent[0], tf.range(tf.shape(recent[0])[2]) <= step))]
+    weights = tf.cast(tf.nn.softmax(tf.concat(scores, axis=-1), axis=-1), past[1].dtype)
+    attended = tf.matmul(weights[..., :length], past[1]) + tf.matmul(weights[..., length:], recent[1])
+    return tf.reshape(attended, [batch, 1, heads, dim])
 
 
-def _gpt2_step(lm: Any, tokens: Any, buffers: List[Any], index: Any) -> Tuple[Any, List[Any]]:
-    """GPT-2's decode step (``GPT2CausalLM.call_with_cache`` with the buffers): logits and the buffers."""
+def _gpt2_step(lm: Any, tokens: Any, buffers: List[Any], tails: List[Any], start: Any,
+               step: Any) -> Tuple[Any, List[Any]]:
+    """GPT-2's decode step (``GPT2CausalLM.call_with_cache``) at position ``start + step``: the logits and the
+    ``tails`` with slot ``step`` written (see :meth:`LayerBufferDecoder._decode_graph`)."""
     backbone = lm.backbone
     x = backbone.token_embedding(tokens)
-    x = backbone.embeddings_add((x, backbone.position_embedding(x, start_index=index)))
+    x = backbone.embeddings_add((x, backbone.position_embedding(x, start_index=start + step)))
     written = []
     for layer_index, layer in enumerate(backbone.transformer_layers):
         parts = decoder_parts("gpt2", layer)
         normed = parts["_self_attention_layer_norm"](x)
-        keys = _write(buffers[2 * layer_index], parts["attention._key_dense"](normed), index)
-        values = _write(buffers[2 * layer_index + 1], parts["attention._value_dense"](normed), index)
-        attended = _attend(parts["attention._query_dense"](normed), keys, values, index, parts["attention.scale"])
+        keys = _write(tails[2 * layer_index], _by_head(parts["attention._key_dense"](normed)), step)
+        values = _write(tails[2 * layer_index + 1], _by_head(parts["attention._value_dense"](normed)), step)
+        attended = _attend(parts["attention._query_dense"](normed), buffers[2 * layer_index: 2 * layer_index + 2],
+                           (keys, values), start, step, parts["attention.scale"])
         x = parts["attention._output_dense"](attended) + x
         feedforward = parts["_feedforward_intermediate_dense"](parts["_feedforward_layer_norm"](x))
         x = parts["_feedforward_output_dense"](feedforward) + x
@@ -145,8 +169,10 @@ def _gpt2_step(lm: Any, tokens: Any, buffers: List[Any], index: Any) -> Tuple[An
     return backbone.token_embedding(backbone.layer_norm(x), reverse=True), written
 
 
-def _llama_step(lm: Any, tokens: Any, buffers: List[Any], index: Any) -> Tuple[Any, List[Any]]:
-    """Llama's decode step (``LlamaCausalLM.call_with_cache`` with the buffers): logits and the buffers."""
+def _llama_step(lm: Any, tokens: Any, buffers: List[Any], tails: List[Any], start: Any,
+                step: Any) -> Tuple[Any, List[Any]]:
+    """Llama's decode step (``LlamaCausalLM.call_with_cache``) at position ``start + step``: the logits and the
+    ``tails`` with slot ``step`` written (see :meth:`LayerBufferDecoder._decode_graph`)."""
     import tensorflow as tf
 
     backbone = lm.backbone
@@ -156,11 +182,13 @@ def _llama_step(lm: Any, tokens: Any, buffers: List[Any], index: Any) -> Tuple[A
         parts = decoder_parts("llama", layer)
         rotary = parts["_self_attention_layer"].rotary_embedding_layer
         normed = parts["_self_attention_layernorm"](x)
-        keys = _write(buffers[2 * layer_index], rotary(parts["attention._key_dense"](normed), start_index=index),
-                      index)
-        values = _write(buffers[2 * layer_index + 1], parts["attention._value_dense"](normed), index)
-        query = rotary(parts["attention._query_dense"](normed), start_index=index)
-        x = parts["attention._output_dense"](_attend(query, keys, values, index, parts["attention.scale"])) + x
+        keys = _write(tails[2 * layer_index],
+                      _by_head(rotary(parts["attention._key_dense"](normed), start_index=start + step)), step)
+        values = _write(tails[2 * layer_index + 1], _by_head(parts["attention._value_dense"](normed)), step)
+        query = rotary(parts["attention._query_dense"](normed), start_index=start + step)
+        attended = _attend(query, buffers[2 * layer_index: 2 * layer_index + 2], (keys, values), start, step,
+                           parts["attention.scale"])
+        x = parts["attention._output_dense"](attended) + x
         normed = parts["_feedforward_layernorm"](x)
         gate = tf.cast(layer.activation(tf.cast(parts["_feedforward_gate_dense"](normed), tf.float32)), x.dtype)
         x = parts["_feedforward_output_dense"](parts["_feedforward_intermediate_dense"](normed) * gate) + x
@@ -172,8 +200,8 @@ _STEPS = {"gpt2": _gpt2_step, "llama": _llama_step}
 
 
 class LayerBufferDecoder(Decoder):
-    """:class:`~sparktf.inference.decoding.Decoder` whose decode steps write into a key and a value buffer per
-    layer (see the module docstring); its caches are lists of ``2 x layers`` buffers.
+    """:class:`~sparktf.inference.decoding.Decoder` with a key and a value buffer per layer, written once per chunk
+    of decode steps (see the module docstring); its caches are lists of ``2 x layers`` buffers.
 
     Parameters
     ----------
@@ -185,9 +213,9 @@ class LayerBufferDecoder(Decoder):
         ``"gpt2"`` or ``"llama"`` (:func:`buffer_family`'s).
     """
 
-    #: Measured with ``bench_text.py``'s curve (GPT-2 shape, one thread): a row's step 0.15 ms plus 1.45 us per
-    #: position, where copying costs 7.3 us per position.
-    ROW_COSTS = (0.2, 20.0)
+    #: Measured with ``bench_text.py``'s curve (GPT-2 shape, one thread, the bests of 5 runs on a loaded machine):
+    #: a row's step 0.25 ms plus 1.1 us per position (the attention's read), where copying costs 8 us per position.
+    ROW_COSTS = (0.15, 30.0)
 
     def __init__(self, lm: Any, layout: CacheLayout, family: str):
         self.family, self.layers = family, len(lm.backbone.transformer_layers)
@@ -205,5 +233,27 @@ class LayerBufferDecoder(Decoder):
         """The model's own prefill (see :meth:`Decoder.prefill`), split once into the per-layer buffers."""
         return _split(super().prefill(token_ids, prompt_end, prefix), self.layers)
 
-    def _forward(self, last: Any, cache: Any, index: Any) -> Tuple[Any, Any]:
-        return _STEPS[self.family](self.lm, last, list(cache), index)
+    def _decode_graph(self, token_ids: Any, cache: Any, index: Any, prompt_mask: Any, steps: Any) -> Tuple[Any, Any]:
+        """A chunk of ``steps`` decode steps (see :meth:`Decoder.decode`) whose new keys and values go to small tails.
+
+        The chunk writes positions ``start = index - 1`` to ``start + steps -
+        1``. Its loop carries a key and a value tail ``[batch, kv_heads,
+        steps, head_dim]`` per layer, and step ``s`` writes slot ``s``; the
+        buffers are not written in the loop, and a step attends to their
+        positions before ``start`` (every step writes its position for every
+        row, a row inside its prompt too, so the later ones are never needed)
+        and to the tails' slots up to ``s``. The tails are then written into
+        the buffers: one copy of each buffer per chunk.
+        """
+        import tensorflow as tf
+
+        self.traces += 1
+        start, step_function = index - 1, _STEPS[self.family]
+        tails = [tf.zeros([tf.shape(token_ids)[0], buffer.shape[1], steps, buffer.shape[3]], buffer.dtype)
+                 for buffer in cache]
+
+        def forward(last: Any, step: Any, tails: Any) -> Tuple[Any, Any]:
+            return step_function(self.lm, last, cache, tails, start, step)
+
+        token_ids, tails = self._loop(token_ids, index, prompt_mask, steps, forward, tails)
+        return token_ids, [_write(buffer, tail, start) for buffer, tail in zip(cache, tails)]
