@@ -425,7 +425,7 @@ class TFOptimizer:
         """``{rank: {phase: seconds}}`` of the last call, summed over its segments.
 
         The step phases ``data``, ``lookup``, ``compute``, ``exchange_wait``, ``transfer`` and ``apply``; the
-        exchange's parts ``send``, ``receive`` and ``delivery``; ``lost_seconds`` (the others' waits for the
+        exchange's parts ``send``, ``receive``, ``waited`` and ``delivery``; ``lost_seconds`` (the others' waits for the
         rank); the set-up phases (``model_load``, ``warm_up``, ...). See ``docs/guides/training.md``, "Why is it
         slow?".
         """

@@ -210,10 +210,13 @@ def test_a_bursty_rank_is_named_by_the_seconds_the_others_lost_waiting_for_it():
     stall, every = 0.07, 10  # a CPU quota's bursts: most steps at full speed, one in ten stalled 70 ms
     bursty = [steps[0].copy(), steps[1].copy()]
     stalled = np.arange(0, len(steps[0]), every)
+    inside = 0.01  # and stalled inside the all-reduce too, which both ranks' exchange shows
     bursty[1][stalled, STEP_COLUMNS.index("compute")] += stall
-    bursty[0][stalled, STEP_PHASES.index("exchange")] += stall  # the healthy rank waits for it in the all-reduce
+    bursty[1][stalled, STEP_PHASES.index("exchange")] += inside
+    for column in (STEP_PHASES.index("exchange"), STEP_COLUMNS.index("waited")):  # the healthy rank waits for it
+        bursty[0][stalled, column] += stall + inside
     assert find_stragglers(_records(steps)) == []
-    injected = stall * len(stalled)
+    injected = (stall + inside) * len(stalled)
     found = find_stragglers(_records(bursty))
     assert [(s.rank, s.phase) for s in found] == [(1, "compute")]  # its median step hardly moved
     healthy = rank_timings(_records(steps))[1]["lost_seconds"]
@@ -234,10 +237,12 @@ def test_a_rank_behind_a_slow_link_is_named_in_the_exchange_where_its_bytes_arri
     steps = _recorded()
     link = 0.48
     slow = [steps[0].copy(), steps[1].copy()]
-    exchange, receive = STEP_PHASES.index("exchange"), STEP_COLUMNS.index("receive")
-    slow[0][:, receive] += link
-    slow[0][:, exchange] += link
-    slow[1][:, exchange] += link / 2
+    exchange, receive, waited = STEP_PHASES.index("exchange"), STEP_COLUMNS.index("receive"), \
+        STEP_COLUMNS.index("waited")
+    for column in (exchange, receive, waited):
+        slow[0][:, column] += link
+    for column in (exchange, waited):  # its all-gather's bytes came from rank 0 once rank 0 had its reduce-scatter's
+        slow[1][:, column] += link / 2
     found = find_stragglers(_records(slow))
     assert [(s.rank, s.phase) for s in found] == [(1, "exchange")], found
     assert _live([rows[:10] for rows in slow]) == [(1, "exchange")]

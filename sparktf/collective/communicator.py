@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import socket
 import weakref
-from typing import Any, Callable, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import ml_dtypes
 import numpy as np
 
 from sparktf.collective.auth import check_secret
-from sparktf.collective.link import RingLink
+from sparktf.collective.link import RingLink, WireSeconds
 from sparktf.collective.channel_client import directory_peers
 from sparktf.collective.rendezvous import (barrier_task_peers, bind_listener, checked_claim, connect_ring, format_peer,
                                           parse_peer)
@@ -198,10 +198,10 @@ class Communicator:
         return self._world_size
 
     @property
-    def wire_seconds(self) -> Tuple[float, float]:
-        """``(send, receive)``: seconds this rank's sends took and seconds it spent receiving frames after their
-        headers came, so far (see :attr:`RingLink.wire_seconds`; zeros for a ring of one)."""
-        return (0.0, 0.0) if self._link is None else self._link.wire_seconds
+    def wire_seconds(self) -> WireSeconds:
+        """Seconds of this rank's ring traffic so far: its sends, receiving, and waiting for its left neighbour
+        (see :attr:`RingLink.wire_seconds`; zeros for a ring of one)."""
+        return WireSeconds(0.0, 0.0, 0.0) if self._link is None else self._link.wire_seconds
 
     def allreduce(self, buffer: np.ndarray, op: str = "mean", compression: str | None = None) -> np.ndarray:
         """Sum or average ``buffer`` over all ranks, in place.

@@ -5,18 +5,26 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Tuple
+from typing import NamedTuple
 
 from sparktf.collective.sender import FrameSender
 from sparktf.collective.transport import (
     ABORT, DATA, HEADER, FrameHeader, PeerFailure, decode_abort, encode_abort, recv_exact,
 )
 
-__all__ = ["RingLink"]
+__all__ = ["RingLink", "WireSeconds"]
 
 logger = logging.getLogger(__name__)
 
 _GRACE_SECONDS = 1.0  # how long a frame being sent may take to finish when stopping
+
+
+class WireSeconds(NamedTuple):
+    """Seconds of a rank's ring traffic over the calls so far (see :attr:`RingLink.wire_seconds`)."""
+
+    send: float
+    receive: float
+    waited: float
 
 
 class RingLink:
@@ -43,7 +51,8 @@ class RingLink:
         self._tag = 0
         self._seq = 0
         self._frames_this_call = 0
-        self._receive_seconds = 0.0
+        self._receive_seconds = 0.0  # receiving frames' bodies
+        self._waited_seconds = 0.0  # receiving frames, from asking for their header
         self._sender = FrameSender(right, self.right_rank, self._wake_receiver,
                                    name=f"sparktf-collective-sender-rank{rank}")
 
@@ -59,8 +68,8 @@ class RingLink:
         self._sender.counting = True
 
     @property
-    def wire_seconds(self) -> Tuple[float, float]:
-        """``(send, receive)`` seconds over the calls so far.
+    def wire_seconds(self) -> WireSeconds:
+        """Seconds over the calls so far.
 
         ``send``: this rank's sends, from each call's :meth:`time_sends` on (an
         all-reduce starts counting once every rank has taken part; before that,
@@ -69,9 +78,12 @@ class RingLink:
         from its header on only the link (or the left's sending) sets how long
         its bytes take: a slow link shows at the receiver even when the
         sender's socket buffer took the frame at once and its sends look fast,
-        and a late peer (the wait before a header) shows in neither.
+        and a late peer (the wait before a header) does not. ``waited``:
+        receiving the left neighbour's frames from asking for each one: all
+        this rank waited for it (its lateness, its slowness inside the call,
+        the link).
         """
-        return self._sender.send_seconds, self._receive_seconds
+        return WireSeconds(self._sender.send_seconds, self._receive_seconds, self._waited_seconds)
 
     def post(self, payload: memoryview) -> None:
         """Queue ``payload`` (bytes) for the right neighbour; keep it unchanged until ``flush``."""
@@ -79,13 +91,15 @@ class RingLink:
 
     def receive_into(self, payload: memoryview) -> None:
         """Receive the next frame from the left neighbour into ``payload``, which must fit it exactly."""
+        asked = time.perf_counter()
         self._receive_header(payload.nbytes, payload.nbytes)
-        self._receive_body(payload)
+        self._receive_body(payload, asked)
 
     def receive_bytes(self, limit: int) -> bytes:
         """Receive the next frame from the left neighbour, of at most ``limit`` bytes."""
+        asked = time.perf_counter()
         payload = bytearray(self._receive_header(0, limit))
-        self._receive_body(memoryview(payload))
+        self._receive_body(memoryview(payload), asked)
         return bytes(payload)
 
     def flush(self) -> None:
@@ -166,13 +180,16 @@ class RingLink:
         self._frames_this_call += 1
         return FrameHeader.unpack(self._header)
 
-    def _receive_body(self, view: memoryview) -> None:
+    def _receive_body(self, view: memoryview, asked: float) -> None:
+        """Fill ``view`` with the frame's body; the frame was asked for at ``asked`` (``perf_counter``)."""
         started = time.perf_counter()
         try:
             self._receive_payload(view)
         except TimeoutError:
             raise self._silence() from None
-        self._receive_seconds += time.perf_counter() - started
+        ended = time.perf_counter()
+        self._receive_seconds += ended - started
+        self._waited_seconds += ended - asked
 
     def _silence(self) -> PeerFailure:
         return self._sender.error or PeerFailure(self.left_rank, (

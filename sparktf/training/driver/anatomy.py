@@ -40,10 +40,11 @@ _LOG = logging.getLogger("sparktf.optimizer")
 
 #: The step phases :func:`rank_timings` gives, the exchange split in two; then parts of the exchange (inside
 #: ``exchange_wait`` and ``transfer``, not added to the step): ``send``, what the rank's own sends took; ``receive``,
-#: how long it received its left neighbour's bytes once they started to come; ``delivery``, how long its right
-#: neighbour received its bytes (that rank's ``receive``: a slow link or sender shows here, measured where the bytes
-#: arrive, even when the sender's socket buffer took them at once).
-ANATOMY_PHASES = ("data", "lookup", "compute", "exchange_wait", "transfer", "apply", "send", "receive", "delivery")
+#: how long it received its left neighbour's bytes once they started to come; ``waited``, all it waited for them;
+#: ``delivery``, how long its right neighbour received its bytes (that rank's ``receive``: a slow link or sender
+#: shows here, measured where the bytes arrive, even when the sender's socket buffer took them at once).
+ANATOMY_PHASES = ("data", "lookup", "compute", "exchange_wait", "transfer", "apply", "send", "receive", "waited",
+                  "delivery")
 #: A rank is a straggler in a phase when its median step spends this many times the other ranks' median there...
 STRAGGLER_FACTOR = 1.5
 #: ... and at least this many seconds more per step (below it, timer noise and scheduling jitter dominate).
@@ -115,7 +116,7 @@ def _segment_phases(anatomies: Iterable[RankAnatomy]) -> Iterator[Dict[int, np.n
         split = {}
         for rank, right in _right_neighbours(by_rank).items():
             rows = split[rank] = np.zeros((steps, len(ANATOMY_PHASES)))
-            for phase in ("data", "lookup", "compute", "apply", "send", "receive"):
+            for phase in ("data", "lookup", "compute", "apply", "send", "receive", "waited"):
                 rows[:, ANATOMY_PHASES.index(phase)] = by_rank[rank].steps[:steps, STEP_COLUMNS.index(phase)]
             rows[:, ANATOMY_PHASES.index("exchange_wait")] = by_rank[rank].steps[:steps, exchange] - transfer
             rows[:, ANATOMY_PHASES.index("transfer")] = transfer
@@ -139,22 +140,28 @@ def step_phases(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
     return {rank: np.concatenate(parts) for rank, parts in rows.items()}
 
 
+def _arrived_last(segment: Dict[int, np.ndarray]) -> Tuple[List[int], np.ndarray, np.ndarray]:
+    """The segment's ranks in order, their seconds ``waited`` for their left neighbours per step (ranks x steps),
+    and per step the index of the rank that held the others up: the one that waited least."""
+    ranks = sorted(segment)
+    waits = np.stack([segment[rank][:, ANATOMY_PHASES.index("waited")] for rank in ranks])
+    return ranks, waits, np.argmin(waits, axis=0)
+
+
 def _waits_caused(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
     """``{rank: seconds per step}`` the other ranks waited for each rank in the exchange, per step the larger of:
 
-    * its lateness: the rank that arrived last (it waited least) cost every other rank its wait (0 in the steps it
-      did not arrive last);
+    * what it held them up: each other rank's wait for its left neighbour's bytes beyond its own, in the steps it
+      waited least (0 in the others): its lateness, and its slowness inside the all-reduce;
     * its link: the seconds its bytes took to arrive beyond the median of the other ranks' (``delivery``), which
       every other rank waits too (a ring moves at its slowest link's pace), while the rank itself may leave the
-      all-reduce early and look like the last to arrive by a part of it only.
+      all-reduce early and look like it held the others up by a part of it only.
     """
     caused: Dict[int, List[np.ndarray]] = {}
     for segment in _segment_phases(anatomies):
-        ranks = sorted(segment)
-        waits = np.stack([segment[rank][:, ANATOMY_PHASES.index("exchange_wait")] for rank in ranks])
+        ranks, waits, last = _arrived_last(segment)
         delivery = np.stack([segment[rank][:, ANATOMY_PHASES.index("delivery")] for rank in ranks])
-        last = np.argmin(waits, axis=0)
-        others = waits.sum(axis=0) - waits[last, np.arange(waits.shape[1])]
+        others = waits.sum(axis=0) - len(ranks) * waits[last, np.arange(waits.shape[1])]
         for i, rank in enumerate(ranks):
             slower = delivery[i] - np.median(np.delete(delivery, i, axis=0), axis=0)
             link = (len(ranks) - 1) * np.maximum(slower, 0.0)
@@ -221,9 +228,8 @@ def _costly_phase(rank: int, anatomies: Sequence[RankAnatomy]) -> Tuple[str, flo
     for segment in _segment_phases(anatomies):
         if rank not in segment or len(segment) < 2:
             continue
-        ranks = sorted(segment)
-        waits = np.stack([segment[r][:, ANATOMY_PHASES.index("exchange_wait")] for r in ranks])
-        costly = np.argmin(waits, axis=0) == ranks.index(rank)
+        ranks, _, last = _arrived_last(segment)
+        costly = last == ranks.index(rank)
         mine += segment[rank][costly][:, columns].sum(axis=0)
         theirs += np.mean([segment[r][costly][:, columns].sum(axis=0) for r in ranks if r != rank], axis=0)
     best = int(np.argmax(mine - theirs))

@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparktf.collective import WIRE_DTYPES
+from sparktf.collective.link import WireSeconds
 from sparktf.optimizers.rows import sum_duplicate_rows
 from sparktf.training.tables.rank_tables import RankTables
 from sparktf.training.tables.row_sums import merge_rows
@@ -267,9 +268,9 @@ class GradientExchange:
         return 1 if self._communicator is None else self._communicator.world_size
 
     @property
-    def wire_seconds(self) -> Tuple[float, float]:
-        """``(send, receive)`` seconds of this rank's ring so far (see ``Communicator.wire_seconds``)."""
-        return (0.0, 0.0) if self._communicator is None else self._communicator.wire_seconds
+    def wire_seconds(self) -> WireSeconds:
+        """Seconds of this rank's ring traffic so far (see ``Communicator.wire_seconds``)."""
+        return WireSeconds(0.0, 0.0, 0.0) if self._communicator is None else self._communicator.wire_seconds
 
     def __call__(self, layout: GradientLayout, parts: ExchangedParts) -> ExchangedParts:
         """The global sums of ``parts`` (``GradientLayout.pack``'s, in NumPy): the same on every rank."""

@@ -195,7 +195,7 @@ def train_iterations(
 
 class _TimedExchange(GradientExchange):
     """The step's gradient exchange (see ``training.worker.gradient_exchange``), timing ``compute`` before it, itself
-    (``exchange``), its sends (``send``) and its receiving (``receive``), and telling the heartbeat the step's phase
+    (``exchange``) and its ring traffic (``send``, ``receive``, ``waited``), and telling the heartbeat the step's phase
     (``exchange``, then ``apply``)."""
 
     def __init__(self, communicator: Any, compression: Optional[str], watch: PhaseClock, heartbeat: Any,
@@ -207,13 +207,12 @@ class _TimedExchange(GradientExchange):
     def __call__(self, layout: Any, parts: Any) -> Any:
         self._watch.lap("compute")
         self._heartbeat.phase = "exchange"
-        sent, received = self.wire_seconds
+        before = self.wire_seconds
         summed = super().__call__(layout, parts)
         self._watch.lap("exchange")
         self._heartbeat.phase = "apply"
-        send, receive = self.wire_seconds
-        self._watch.add("send", send - sent)
-        self._watch.add("receive", receive - received)
+        for column, seconds, earlier in zip(before._fields, self.wire_seconds, before):
+            self._watch.add(column, seconds - earlier)
         return summed
 
 

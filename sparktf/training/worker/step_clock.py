@@ -3,8 +3,8 @@
 Each rank of a segment keeps one :class:`PhaseClock`. ``lap(phase)`` ends the
 phase running since the last lap: its seconds add to the segment's totals
 (``timings``) and, for the step phases (:data:`STEP_PHASES`), to the current
-step's row, whose last columns (``send``, ``receive``) hold the parts of the
-exchange this rank's own sends and its receiving took. The rows (a few floats
+step's row, whose last columns (``send``, ``receive``, ``waited``) hold parts
+of the exchange: its own sends, receiving and waiting for its left neighbour. The rows (a few floats
 per step) and the wall-clock spans of the steps in ``profile_steps`` travel to
 the driver with the segment's results as a :class:`RankAnatomy`, which
 :mod:`sparktf.training.driver.anatomy` reads. While the segment runs,
@@ -27,9 +27,10 @@ __all__ = ["STEP_PHASES", "STEP_COLUMNS", "WINDOW_STATS", "PhaseClock", "RankAna
 #: anatomy, the timeline): waiting for the batch, the tables' lookup, the forward and backward pass, the gradient
 #: exchange, and the update.
 STEP_PHASES = ("data", "lookup", "compute", "exchange", "apply")
-#: A step row's columns: the phases, then two parts of the exchange: the seconds this rank's sends took, and the
-#: seconds it spent receiving its left neighbour's bytes once they started to come (``RingLink.wire_seconds``).
-STEP_COLUMNS = STEP_PHASES + ("send", "receive")
+#: A step row's columns: the phases, then parts of the exchange (``RingLink.wire_seconds``): the seconds this rank's
+#: sends took, those it spent receiving its left neighbour's bytes once they started to come, and all it waited for
+#: them.
+STEP_COLUMNS = STEP_PHASES + ("send", "receive", "waited")
 #: What a window's summary gives per column, over its steps.
 WINDOW_STATS = ("mean", "p50", "p95", "max")
 
