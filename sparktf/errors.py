@@ -6,7 +6,7 @@ actual shape or dtype, worker rank) and says what to do about it.
 
 import traceback as traceback_module
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 __all__ = ["SparkTFError", "DataError", "TrainingError", "ModelError", "CollectiveError", "DriverJVMGone", "StorageError",
            "ConfigurationError", "InternalError", "CancelledError", "FailureRecord", "WorkerTraceback", "task_record",
@@ -18,7 +18,18 @@ class SparkTFError(Exception):
 
 
 class DataError(SparkTFError, ValueError):
-    """Bad records, specs, batch sizes or dataset options."""
+    """Bad records, specs, batch sizes or dataset options.
+
+    Attributes
+    ----------
+    bad_row : tuple of int or None
+        ``(partition, row)`` of the record that failed (the row 0-based
+        within the partition), when one record did.
+    """
+
+    def __init__(self, *args: Any, bad_row: Optional[Tuple[int, int]] = None):
+        super().__init__(*args)
+        self.bad_row = bad_row
 
 
 class TrainingError(SparkTFError, RuntimeError):
@@ -115,6 +126,8 @@ class FailureRecord:
         The training rank that failed, if one did.
     shard : int or None
         The input shard that rank read (not always its own).
+    bad_row : tuple of int or None
+        A ``DataError``'s ``(partition, row)``, when one record failed.
     traceback : str
         The traceback where the error was raised, as Python prints it (its
         last 8,000 characters); empty when it was not raised.
@@ -128,6 +141,7 @@ class FailureRecord:
     retries: int = 0
     rank: Optional[int] = None
     shard: Optional[int] = None
+    bad_row: Optional[Tuple[int, int]] = None
     traceback: str = ""
 
     @classmethod
@@ -141,6 +155,8 @@ class FailureRecord:
         if isinstance(error, StorageError):
             return replace(record, transient=error.transient, path=error.path, route=error.route,
                            retries=error.retries)
+        if isinstance(error, DataError) and error.bad_row is not None:
+            return replace(record, bad_row=tuple(int(value) for value in error.bad_row))
         return record
 
     @property
@@ -162,6 +178,8 @@ class FailureRecord:
         if self.kind == "StorageError":
             error: SparkTFError = StorageError(self.message, path=self.path, route=self.route, retries=self.retries,
                                                transient=self.transient)
+        elif self.kind == "DataError":
+            error = DataError(self.message, bad_row=self.bad_row)
         else:
             error = _KINDS.get(self.kind, TrainingError)(self.message)
         error.record = self
@@ -182,9 +200,12 @@ class FailureRecord:
             raise ValueError(f"a failure record of unknown kind {kind[:100]!r}")
         optional_int = (lambda value: None if value is None else int(value))
         optional_str = (lambda value: None if value is None else str(value)[:_MAX_MESSAGE_CHARS])
+        bad_row = None if data["bad_row"] is None else tuple(int(value) for value in data["bad_row"])
+        if bad_row is not None and len(bad_row) != 2:
+            raise ValueError(f"a failure record whose bad_row is not (partition, row): {bad_row[:4]}")
         return cls(kind, str(data["message"])[:_MAX_MESSAGE_CHARS], bool(data["transient"]), optional_str(data["path"]),
                    optional_str(data["route"]), int(data["retries"]), optional_int(data["rank"]),
-                   optional_int(data["shard"]), str(data["traceback"])[-_MAX_TRACEBACK_CHARS:])
+                   optional_int(data["shard"]), bad_row, str(data["traceback"])[-_MAX_TRACEBACK_CHARS:])
 
 
 def task_record(error: BaseException, rank: Optional[int] = None,

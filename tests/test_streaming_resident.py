@@ -8,6 +8,7 @@ stream's own jobs, so these tests run the resident job with ``num_workers=1``
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -275,7 +276,9 @@ def test_a_bad_record_stops_the_training_query_naming_the_micro_batch_column_and
     with pytest.raises(Exception):
         query.awaitTermination(300)
     text = str(query.exception())
-    assert "DataError" in text and "micro-batch 1: " in text and "column 'features'" in text and "row 5" in text
+    assert "DataError" in text and "column 'features'" in text and "row 5" in text
+    bad_file = next(name for name in os.listdir(tmp_path / "events" / "part-1") if name.endswith(".parquet"))
+    assert re.search(r"micro-batch 1, file \S+/events/part-1/" + re.escape(bad_file) + ": ", text), text
     # micro-batch 0 trained, or (a resident job stopped with the query before it) stays staged for the next start
     trained = [entry["batchId"] for entry in query.training_progress]
     staged = [batch.batch_id for batch in staged_batches(staging_root(str(tmp_path / "model")))]

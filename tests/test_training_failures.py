@@ -162,6 +162,8 @@ def test_only_failures_a_relaunch_can_mend_are_relaunched_and_a_record_keeps_cla
         assert type(back) is StorageError and str(back) == "s3://b/k: reset" and (record.rank, record.shard) == (1, 0)
         assert (back.path, back.route, back.retries, back.transient) == ("s3://b/k", "fsspec s3fs", 2, transient)
     assert type(FailureRecord.of(DataError("bad record 3")).to_error()) is DataError
+    wired = json.loads(json.dumps(FailureRecord.of(DataError("row 3", bad_row=(1, 3))).to_wire()))
+    assert FailureRecord.from_wire(wired).to_error().bad_row == (1, 3)  # where the record is travels with it
     unknown = FailureRecord.of(KeyError("k"))
     assert unknown.relaunch_helps and type(unknown.to_error()) is TrainingError and "KeyError" in unknown.message
     with pytest.raises(ValueError, match="unknown kind"):

@@ -271,7 +271,7 @@ def arrow_to_numpy(
                 f"column {column!r}, partition {partition}, row {row} (0-based within the partition): "
                 f"an array of length {int(lengths[wrong[0]])} at nesting level {level}, expected {length} "
                 f"(the column's shape {list(leaf.shape)}: a DataFrame's first row's, a stream's from the model's "
-                "inputs or the schema). Pad or truncate the arrays to one length."
+                "inputs or the schema). Pad or truncate the arrays to one length.", bad_row=(partition, row)
             )
         values = values.flatten()
         elements_per_row *= length
@@ -286,7 +286,7 @@ def _check_no_nulls(values: pa.Array, column: str, partition: int, first_row: in
         row = first_row + position // max(elements_per_row, 1)
         raise DataError(
             f"column {column!r}, partition {partition}, row {row} (0-based within the partition) holds a "
-            "null; fill or drop nulls first (df.na.fill / df.na.drop)."
+            "null; fill or drop nulls first (df.na.fill / df.na.drop).", bad_row=(partition, row)
         )
 
 
@@ -303,11 +303,12 @@ def _sparse_vectors(array: pa.Array, leaf: specs.LeafSpec, column: str, partitio
     (width,) = leaf.shape
     wrong = np.flatnonzero(widths != width)
     if wrong.size:
+        row = first_row + int(wrong[0])
         raise DataError(
-            f"column {column!r}, partition {partition}, row {first_row + int(wrong[0])} (0-based within the "
+            f"column {column!r}, partition {partition}, row {row} (0-based within the "
             f"partition): a vector of size {int(widths[wrong[0]])}, expected {width} (a DataFrame's first row's, a "
             "stream's from the model's inputs or the schema). "
-            "Every vector of a column must have one size."
+            "Every vector of a column must have one size.", bad_row=(partition, row)
         )
     indptr = np.zeros(len(array) + 1, np.int64)
     np.cumsum(lengths, out=indptr[1:])

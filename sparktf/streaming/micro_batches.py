@@ -33,14 +33,32 @@ _QUERY_ID_WAIT = 120.0
 
 
 @contextlib.contextmanager
-def naming_micro_batch(batch_id: int) -> Iterator[None]:
-    """A ``DataError`` raised inside names the micro-batch (Spark's ``batchId``) before what it says."""
+def naming_micro_batch(batch_id: int, frame: Any) -> Iterator[None]:
+    """A ``DataError`` raised inside names the micro-batch (Spark's ``batchId``) before what it says, and the file
+    its bad record came from when Spark tells it (a file source: ``input_file_name``)."""
     try:
         yield
     except DataError as error:
         if error.args and not str(error.args[0]).startswith("micro-batch "):
-            error.args = (f"micro-batch {batch_id}: {error.args[0]}",) + tuple(error.args[1:])
+            found = None if error.bad_row is None else _file_of(frame, *error.bad_row)
+            where = f"micro-batch {batch_id}" + ("" if found is None else f", file {found}")
+            error.args = (f"{where}: {error.args[0]}",) + tuple(error.args[1:])
         raise
+
+
+def _file_of(frame: Any, partition: int, row: int) -> Optional[str]:
+    """The file row ``row`` of ``frame``'s partition ``partition`` was read from (None: not from a file, or Spark
+    could not say). One small job, on the failure's road only."""
+    from pyspark.sql import functions
+
+    position = functions.monotonically_increasing_id()  # the partition in its upper 31 bits, the row below
+    try:
+        found = (frame.select(functions.input_file_name().alias("file"), position.alias("position"))
+                 .where(functions.col("position") == (partition << 33) + row).limit(1).collect())
+    except Exception as error:  # the error being raised matters more than where it came from
+        _LOG.debug("the file of micro-batch row %d of partition %d is unknown: %s", row, partition, error)
+        return None
+    return found[0]["file"] if found and found[0]["file"] else None
 
 
 @dataclass(frozen=True)
@@ -140,7 +158,7 @@ class MicroBatchTrainer:
     def __call__(self, batch: Any, batch_id: int) -> None:
         batch_id = int(batch_id)
         if not self._trained_already(batch_id):
-            with naming_micro_batch(batch_id):
+            with naming_micro_batch(batch_id, batch):
                 self._train_micro_batch(batch, batch_id)
 
     def _train_micro_batch(self, batch: Any, batch_id: int) -> None:

@@ -87,7 +87,7 @@ class ResidentTrainer(MicroBatchTrainer):
         waited = self._job.wait_for_backlog(self._max_staged - 1)  # back-pressure: room for this one
         dataset = self._optimizer.dataset.micro_batch(batch)
         began = time.perf_counter()
-        with naming_micro_batch(batch_id):  # its records are converted as they are staged
+        with naming_micro_batch(batch_id, batch):  # its records are converted as they are staged
             staged = stage_micro_batch(dataset.blocks, self._root, batch_id, self._query_id)
         staging = time.perf_counter() - began
         if staged.records == 0:
