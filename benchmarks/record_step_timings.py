@@ -11,8 +11,10 @@ Run ``python benchmarks/record_step_timings.py [output.npz]``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from typing import Any, Iterator, List
 
 import numpy as np
 
@@ -20,28 +22,41 @@ STEPS = 400
 OUTPUT = os.path.join(os.path.dirname(__file__), os.pardir, "tests", "data", "step_timings_2_ranks.npz")
 
 
+@contextlib.contextmanager
+def recorded_anatomy() -> Iterator[List[Any]]:
+    """The ``RankAnatomy`` records of the ``optimize`` calls made inside (which ``optimize`` keeps only as their
+    reading), in the list it yields."""
+    from sparktf.training.driver import run
+
+    records: List[Any] = []
+    reading = run.CallAnatomy
+
+    class Recording(reading):
+        def add(self, segment):
+            records.extend(segment)
+            super().add(segment)
+
+    run.CallAnatomy = Recording
+    try:
+        yield records
+    finally:
+        run.CallAnatomy = reading
+
+
 def main() -> None:
     import keras
 
     import sparktf
     from sparktf import MaxIteration, TFDataset, TFOptimizer
-    from sparktf.training.driver import run
 
     sparktf.init_spark("local[2]", app_name="record-step-timings", conf={"spark.driver.host": "127.0.0.1"})
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(8192, 32)).astype(np.float32), rng.normal(size=(8192, 1)).astype(np.float32)
     model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, "relu"), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
-    records = []
-
-    class Recording(run.CallAnatomy):  # the call's records, which optimize keeps only as their reading
-        def add(self, segment):
-            records.extend(segment)
-            super().add(segment)
-
-    run.CallAnatomy = Recording
-    TFOptimizer.from_keras(model, TFDataset.from_ndarrays((x, y), batch_size=64), num_workers=2).optimize(
-        MaxIteration(STEPS), verbose=0)
+    with recorded_anatomy() as records:
+        TFOptimizer.from_keras(model, TFDataset.from_ndarrays((x, y), batch_size=64), num_workers=2).optimize(
+            MaxIteration(STEPS), verbose=0)
     steps = {f"steps_{record.rank}": record.steps for record in records}
     np.savez_compressed(sys.argv[1] if len(sys.argv) > 1 else OUTPUT, **steps)
     print({name: rows.shape for name, rows in steps.items()})

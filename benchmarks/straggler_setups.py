@@ -18,6 +18,10 @@ from the call's start), each rank's ``rank_timings``, and::
     RESULT <setup>_lost_over_slowdown=<the slowed rank's lost_seconds / (slowed call - healthy call)>
     RESULT <setup>_named=<1 when the slowed rank is named first, in the expected phase>
 
+``--record PATH`` writes both runs' step rows (``healthy_<rank>``,
+``slowed_<rank>``) and the slowed rank (``slowed_rank``) for
+``tests/test_step_anatomy.py``.
+
 Run ``sudo python benchmarks/straggler_setups.py slow-link`` (or ``cpu-quota``).
 """
 
@@ -35,6 +39,7 @@ import time
 from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
+from record_step_timings import recorded_anatomy  # beside this script
 
 NAMESPACE, HOST_SIDE, SLOW_SIDE = "sparktf-slow", "10.77.0.1", "10.77.0.2"
 CGROUP = "/sys/fs/cgroup/cpu/sparktf-quota"
@@ -175,13 +180,15 @@ def train(iterations: int) -> Dict[str, Any]:
     watch = _NamedAt(time.monotonic())
     logging.getLogger("sparktf.optimizer").addHandler(watch)
     try:
-        optimizer.optimize(MaxIteration(iterations), verbose=0)
+        with recorded_anatomy() as records:
+            optimizer.optimize(MaxIteration(iterations), verbose=0)
     finally:
         logging.getLogger("sparktf.optimizer").removeHandler(watch)
     timings = optimizer.rank_timings
     phases = ("data", "lookup", "compute", "exchange_wait", "transfer", "apply")
     return {"seconds": max(sum(t[p] for p in phases) for t in timings.values()), "named_at": watch.named,
-            "stragglers": optimizer.stragglers, "timings": timings, "params": model.count_params()}
+            "stragglers": optimizer.stragglers, "timings": timings, "params": model.count_params(),
+            "records": records}
 
 
 def main() -> None:
@@ -190,6 +197,7 @@ def main() -> None:
     parser.add_argument("--rate", default="50mbit")
     parser.add_argument("--iterations", type=int, default=60)
     parser.add_argument("--folder", default="/tmp/sparktf-straggler-setups")
+    parser.add_argument("--record", metavar="PATH", help="write both runs' step rows to this .npz")
     args = parser.parse_args()
     os.makedirs(args.folder, exist_ok=True)
     slow = link_cap(args.rate) if args.setup == "slow-link" else cpu_quota(30000)
@@ -223,6 +231,11 @@ def main() -> None:
     lost = max((s.lost_seconds for s in slowed["stragglers"] if s.host == slowed_host), default=0.0)
     print(f"slowdown {slowdown:.2f} s, the slowed rank's lost seconds {lost:.2f}; healthy run named "
           f"{[(s.rank, s.phase) for s in healthy['stragglers']]}")
+    if args.record:
+        rows = {f"{name}_{rank}": np.concatenate([r.steps for r in result["records"] if r.rank == rank])
+                for name, result in (("healthy", healthy), ("slowed", slowed)) for rank in (0, 1)}  # segments in order
+        slowed_rank = next(record.rank for record in slowed["records"] if record.host == slowed_host)
+        np.savez_compressed(args.record, slowed_rank=slowed_rank, **rows)
     key = args.setup.replace("-", "_")
     print(f"RESULT {key}_healthy_named_nobody={int(not healthy['stragglers'])}")
     print(f"RESULT {key}_lost_over_slowdown={lost / slowdown if slowdown > 0 else float('nan'):.3f}")

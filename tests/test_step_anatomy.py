@@ -1,7 +1,8 @@
 """Per-rank step anatomy: each rank's split of a step, stragglers named with their phase (live, and from the
 segment's records), and a Chrome-trace timeline. A slow rank is injected for real (a hook layer sleeping in compute
 on one rank, a batch map sleeping on one partition, a hook slowing the link from one rank to the next); the check that nobody is
-named without one runs on step timings recorded by ``benchmarks/record_step_timings.py``."""
+named without one runs on step timings recorded by ``benchmarks/record_step_timings.py``, and two real slowdowns
+(a slow link, a CPU quota) on recordings of ``benchmarks/straggler_setups.py``."""
 
 import gc
 import json
@@ -251,3 +252,23 @@ def test_a_rank_behind_a_slow_link_is_named_in_the_exchange_where_its_bytes_arri
     assert found[0].lost_seconds - healthy == pytest.approx(slowdown, rel=0.1)
     timings = rank_timings(_records(slow))
     assert timings[1]["delivery"] == pytest.approx(timings[0]["receive"]) and timings[1]["send"] < 0.1
+
+
+@pytest.mark.parametrize("setup, phase, live", [("slow_link", "exchange", True), ("cpu_quota", "compute", False)])
+def test_real_slowdowns_recorded_name_the_slowed_rank_and_cost_what_they_slowed(setup, phase, live):
+    # recorded by benchmarks/straggler_setups.py on a standalone cluster: one worker in a network namespace behind a
+    # 50 Mbit/s link, or in a cgroup with a 30 % CPU quota; 60 iterations healthy, then 60 slowed
+    data = np.load(os.path.join(os.path.dirname(__file__), "data", f"straggler_{setup}.npz"))
+    slowed_rank = int(data["slowed_rank"])
+    healthy, slowed = ([data[f"{run}_{rank}"] for rank in (0, 1)] for run in ("healthy", "slowed"))
+    size = 15  # steps a live window holds (about a second's: 20-40 steps here)
+    assert find_stragglers(_records(healthy)) == [] and _live(healthy, size) == []
+    found = find_stragglers(_records(slowed))
+    assert [(s.rank, s.phase) for s in found] == [(slowed_rank, phase)], found
+    # a slow link from the live windows' medians; a quota's bursts hardly move them: named by its cost at the end
+    assert _live(slowed, size) == ([(slowed_rank, phase)] if live else [])
+
+    def step_seconds(steps):
+        return max(rows[:, :len(STEP_PHASES)].sum() for rows in steps)
+
+    assert found[0].lost_seconds == pytest.approx(step_seconds(slowed) - step_seconds(healthy), rel=0.1)
