@@ -1,7 +1,8 @@
 """Batch generation at engine speed: prompts grouped by length, ``max_new_tokens``, finished rows dropped, a shared
-prefix prefilled once, one bad row not failing the job. Every completion is checked against ``lm.generate`` on its
+prefix prefilled once, leading runs prompts share found and prefilled once, one bad row not failing the job. Every completion is checked against ``lm.generate`` on its
 prompt alone, for a GPT-2 and a Llama 3 built tiny from config."""
 
+import dataclasses
 import json
 import os
 import re
@@ -19,6 +20,7 @@ keras_hub = pytest.importorskip("keras_hub")
 from sparktf.inference.generation import GenerationEngine, generation_options, length_buckets  # noqa: E402
 from sparktf.inference.decoding import Decoder  # noqa: E402
 from sparktf.inference.kv_cache import LayerBufferDecoder  # noqa: E402
+from sparktf.inference.shared_runs import SharedRuns  # noqa: E402
 from tiny_lms import gpt2_lm, llama3_lm, qwen_lm  # noqa: E402
 
 PROMPTS = ["a b", "ab c", "c a b", "b", "a a c b a", "c c b", "ab ab", "b c", "a", "c b a c a b c", "b b", "ab"]
@@ -36,12 +38,12 @@ def test_each_completion_is_generate_on_its_prompt_alone_with_stop_tokens_a_pref
     stop = [lm.preprocessor.tokenizer.token_to_id("c")]  # a token the model makes, not its padding
     for stop_token_ids in (None, stop):
         engine = GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 5, "stop_token_ids": stop_token_ids}))
-        completions, new_tokens = engine.complete(PROMPTS, batch_size=3)
+        completions, window = engine.complete(PROMPTS, batch_size=3)
         assert completions == [_alone(lm, prompt, 5, stop_token_ids) for prompt in PROMPTS]
         if stop_token_ids is None:
-            assert new_tokens == 5 * len(PROMPTS)
+            assert window.new_tokens == 5 * len(PROMPTS)
         else:
-            assert new_tokens < 5 * len(PROMPTS)  # rows that stopped early left their batch
+            assert window.new_tokens < 5 * len(PROMPTS)  # rows that stopped early left their batch
         assert engine.compiles == 2  # one prefill and one decode function, whatever the batch and length
 
     prefixed = GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 4, "prefix": "a b c",
@@ -56,6 +58,25 @@ def test_each_completion_is_generate_on_its_prompt_alone_with_stop_tokens_a_pref
     completions, _ = stripped.complete(PROMPTS[:4], batch_size=2)
     assert [prompt + text for prompt, text in zip(PROMPTS, completions)] == \
         [_alone(lm, prompt, 3, None) for prompt in PROMPTS[:4]]
+
+
+def test_runs_prompts_share_are_found_prefilled_once_and_complete_as_without_them():
+    runs = SharedRuns.find([np.array(tokens) for tokens in ([1, 2, 3, 4], [1, 2, 3, 5], [9, 9], [1, 2, 3, 4, 6])],
+                           minimum=3)
+    assert runs.groups.tolist() == [0, 0, -1, 0] and runs.runs.tolist() == [3] and runs.possible() == 6
+    assert runs.batch_start([0, 0]) == 3 and runs.batch_start([0, -1]) == 0
+
+    lm = gpt2_lm(max_sequence_length=64)
+    templates = [" ".join(words.split() * 8) for words in ("a b c ab", "b a c c")]  # 33 and 41 tokens
+    prompts = [templates[i % 2] + tail for i, tail in enumerate([" a", " b c", "", " c a b", " ab", " b", " c c"])]
+    prompts += PROMPTS[:3]  # in no group
+    for prefix in ("", "c c "):  # runs found after a given prefix too
+        options = generation_options(lm, {"max_new_tokens": 4, "stop_token_ids": None, "prefix": prefix})
+        completions, window = GenerationEngine(lm, options).complete(prompts, batch_size=3)
+        without, plain = GenerationEngine(lm, dataclasses.replace(options, shared_run=None)).complete(prompts, 3)
+        assert completions == without
+        assert 0 < window.prefill_saved <= window.prefill_possible and plain.prefill_possible == 0
+    assert "prefill of" in str(window) and "prefill of" not in str(plain)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama3"])

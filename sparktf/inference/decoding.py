@@ -6,7 +6,8 @@
 
 * :meth:`Decoder.prefill` fills a batch's cache from its padded prompts, after
   a shared prefix whose cache was computed once (:meth:`Decoder.prefix_cache`)
-  and is tiled into the batch;
+  and is tiled into the batch, or after each row's own prefix (the runs rows
+  share, gathered by :meth:`Decoder.prefix_rows`);
 * :meth:`Decoder.decode` runs up to ``steps`` decode steps, one position for
   every row, exactly as the sampler's loop does (a row still inside its
   prompt keeps its own token);
@@ -130,12 +131,27 @@ class Decoder:
                  for axis, size in enumerate(self.layout.shape)]
         return tf.zeros(shape, self.layout.dtype)
 
-    def prefix_cache(self, prefix_ids: np.ndarray) -> Any:
-        """The cache of one row holding ``prefix_ids`` (computed once per worker and prefix)."""
-        return self._prefill(prefix_ids[None, :].astype(np.int32), self.empty_cache(1, len(prefix_ids)), 0)
+    def prefix_cache(self, token_ids: np.ndarray, prefix: Any = None) -> Any:
+        """The model's cache of the rows ``token_ids`` ``[rows, length]`` (after ``prefix``'s tokens when given): a
+        ``prefix`` for :meth:`prefill` (computed once per worker and ``prefix=``, or per window and shared runs)."""
+        return self.stacked_prefill(token_ids, token_ids.shape[1], prefix)
+
+    def prefix_rows(self, cache: Any, rows: Sequence[int], length: int) -> Any:
+        """The first ``length`` positions of the model's ``cache``'s ``rows`` (repeated as listed): a batch's
+        ``prefix``."""
+        import tensorflow as tf
+
+        size = [-1] * len(self.layout.shape)
+        size[self.layout.sequence_axis] = length
+        return tf.gather(tf.slice(cache, [0] * len(size), size), tf.constant(list(rows), tf.int32), axis=0)
 
     def prefill(self, token_ids: np.ndarray, prompt_end: int, prefix: Any = None) -> Any:
-        """The cache of a batch of padded ``token_ids`` (rows start after ``prefix``'s tokens when given).
+        """The cache :meth:`decode` takes of a batch of padded ``token_ids`` (see :meth:`stacked_prefill`)."""
+        return self.stacked_prefill(token_ids, prompt_end, prefix)
+
+    def stacked_prefill(self, token_ids: np.ndarray, prompt_end: int, prefix: Any = None) -> Any:
+        """The model's own cache (one tensor) of a batch of padded ``token_ids`` (rows start after ``prefix``'s tokens
+        when given: a cache of one row, tiled, or of one row per row of the batch).
 
         Returns a cache as long as ``token_ids`` holding positions up to
         ``prompt_end`` (the longest prompt's end); positions past a row's
@@ -148,7 +164,7 @@ class Decoder:
         start = 0
         if prefix is not None:
             start = int(prefix.shape[self.layout.sequence_axis])
-            tiled = tf.repeat(prefix, batch, axis=0)
+            tiled = prefix if prefix.shape[0] == batch else tf.repeat(prefix, batch, axis=0)
             padding = [[0, 0]] * len(self.layout.shape)
             padding[self.layout.sequence_axis] = [0, length - start]
             cache = tf.pad(tiled, padding)

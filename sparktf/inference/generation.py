@@ -13,7 +13,10 @@ partition) at a time:
    padded to the smallest of a fixed set of lengths (:func:`length_buckets`)
    that holds its longest prompt plus its new tokens;
 3. it prefills each batch (after the shared prefix, whose cache was computed
-   once) and decodes ``chunk_steps`` tokens at a time, dropping the rows that
+   once, and after the leading runs of tokens its rows share with other rows
+   of the window, found and prefilled once per window:
+   :mod:`~sparktf.inference.shared_runs`; such rows are batched apart from
+   the others) and decodes ``chunk_steps`` tokens at a time, dropping the rows that
    have produced a stop token or their ``max_new_tokens`` between chunks
    (GPT-2 and Llama with a key and a value buffer per layer,
    :mod:`~sparktf.inference.kv_cache`; other models on ``call_with_cache``);
@@ -42,6 +45,7 @@ import numpy as np
 from sparktf.errors import ConfigurationError, DataError
 from sparktf.inference.decoding import CacheLayout, Decoder, probe_decoding
 from sparktf.inference.kv_cache import LayerBufferDecoder, buffer_family
+from sparktf.inference.shared_runs import MIN_SHARED_RUN, SharedRuns
 
 __all__ = ["GenerationOptions", "GenerationEngine", "GenerationTotals", "RejectedRow", "generation_options",
            "grouped_batches", "length_buckets", "padding_stops", "stop_token_ids", "timed_window", "WINDOW_BATCHES"]
@@ -74,7 +78,8 @@ class GenerationOptions:
     """``method="generate"``'s keywords, checked, and what the driver probed of the model (see
     :func:`generation_options`): its cache's ``cache_layout`` when it can be decoded token by token, else
     ``undecodable``, why not; the family whose decode steps keep a buffer per layer, ``buffer_family``
-    (:mod:`~sparktf.inference.kv_cache`), else ``no_buffers``, why not."""
+    (:mod:`~sparktf.inference.kv_cache`), else ``no_buffers``, why not; ``shared_run``, the fewest tokens rows of a
+    window must share beyond ``prefix`` for their run to be prefilled once (None: runs are not looked for)."""
 
     max_new_tokens: Optional[int] = None
     max_length: Optional[int] = None
@@ -86,6 +91,7 @@ class GenerationOptions:
     undecodable: Optional[str] = None
     buffer_family: Optional[str] = None
     no_buffers: Optional[str] = None
+    shared_run: Optional[int] = None
 
 
 def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions:
@@ -132,7 +138,7 @@ def generation_options(model: Any, options: Dict[str, Any]) -> GenerationOptions
                      model.preprocessor.tokenizer.pad_token_id, type(model).__name__)
     family, no_buffers = buffer_family(model, layout) if layout is not None else (None, reason)
     return dataclasses.replace(checked, cache_layout=layout, undecodable=reason, buffer_family=family,
-                               no_buffers=no_buffers)
+                               no_buffers=no_buffers, shared_run=MIN_SHARED_RUN if layout is not None else None)
 
 
 def stop_token_ids(lm: Any, stop: Any) -> np.ndarray:
@@ -213,6 +219,7 @@ class _Row:
     length: int  # the prompt's tokens
     shown_from: int  # the first token of the completion's text: after the prefix, or after the prompt
     end: int
+    group: int = -1  # the group of rows sharing a leading run it is in (see SharedRuns), if any
 
 
 class GenerationEngine:
@@ -243,7 +250,7 @@ class GenerationEngine:
         self._prefix_cache = None
         self.totals = GenerationTotals()  # what this engine completed so far (see timed_window)
         if self.prefix_ids is not None and self.decoder is not None:
-            self._prefix_cache = self.decoder.prefix_cache(self.prefix_ids)
+            self._prefix_cache = self.decoder.prefix_cache(self.prefix_ids[None, :])
 
     @property
     def compiles(self) -> int:
@@ -252,8 +259,9 @@ class GenerationEngine:
 
     # ------------------------------------------------------------------ the window
 
-    def complete(self, prompts: Sequence[str], batch_size: int) -> Tuple[List[Optional[str]], int]:
-        """The completions of ``prompts`` in order (None for a row ``on_error="null"`` skips) and the new tokens made.
+    def complete(self, prompts: Sequence[str], batch_size: int) -> Tuple[List[Optional[str]], "GenerationTotals"]:
+        """The completions of ``prompts`` in order (None for a row ``on_error="null"`` skips) and the window's figures
+        (its ``seconds`` not set).
 
         Batches of at most ``batch_size`` rows of similar length go through the model (see
         :func:`grouped_batches`).
@@ -268,24 +276,55 @@ class GenerationEngine:
             offset, reason = rejected[0]
             raise RejectedRow(offset, reason)
         completions: List[Optional[str]] = [None] * len(prompts)
-        new_tokens = 0
-        rows.sort(key=lambda row: (row.length, row.end))
-        spans = grouped_batches([(row.length, row.end) for row in rows], batch_size, self.buckets,
-                                (self.decoder or Decoder).ROW_COSTS)
-        for start, stop in spans:
+        window = GenerationTotals(prompts=len(prompts), nulls=len(rejected))
+        runs = self._shared_runs(rows)
+        runs_cache = self.decoder.prefix_cache(runs.token_ids, self._prefix_cache) if runs else None
+        if runs:
+            window.prefill_possible = runs.possible()
+            window.prefill_saved = -int((runs.runs - runs.known).sum())  # the runs' own prefill
+        for start, stop in self._batches(rows, batch_size):
             batch = rows[start:stop]
-            if self.decoder is not None:
-                self._decode(batch)
-            else:
+            if self.decoder is None:
                 self._generate(batch)
+            else:
+                groups = [row.group for row in batch]
+                run = runs.batch_start(groups) if runs else 0
+                if run:
+                    window.prefill_saved += len(batch) * (run - runs.known)
+                self._decode(batch, self.decoder.prefix_rows(runs_cache, groups, run) if run else self._prefix_cache)
             texts = self._texts([row.token_ids[row.shown_from:] for row in batch])
             for row, text in zip(batch, texts):
                 completions[row.offset] = text
-            new_tokens += sum(len(row.token_ids) - row.length for row in batch)
+            window.new_tokens += sum(len(row.token_ids) - row.length for row in batch)
         if rejected:
             _LOG.warning("generate: %d of %d prompts got a null completion (on_error='null'), the first: %s",
                          len(rejected), len(prompts), rejected[0][1])
-        return completions, new_tokens
+        return completions, window
+
+    def _shared_runs(self, rows: List["_Row"]) -> Optional[SharedRuns]:
+        """The groups of ``rows`` sharing a leading run (each row's ``group`` set), if worth prefilling apart: the
+        prefill saved must outweigh the decode steps of one more batch."""
+        if self.decoder is None or self.options.shared_run is None or not rows:
+            return None
+        known = len(self.prefix_ids) if self.prefix_ids is not None else 0
+        runs = SharedRuns.find([row.token_ids for row in rows], self.options.shared_run, known)
+        if not runs or runs.possible() * _PREFILL_COST < _STEP_COST * max(row.end - row.length for row in rows):
+            return None
+        for row, group in zip(rows, runs.groups):
+            row.group = int(group)
+        return runs
+
+    def _batches(self, rows: List["_Row"], batch_size: int) -> List[Tuple[int, int]]:
+        """Sorts ``rows`` (those in a group of a shared run last, each part by length) and cuts each part into
+        batches (:func:`grouped_batches`): their ``[start, stop)`` spans."""
+        rows.sort(key=lambda row: (row.group >= 0, row.length, row.end))
+        first_grouped = sum(row.group < 0 for row in rows)
+        spans = []
+        for first, last in ((0, first_grouped), (first_grouped, len(rows))):
+            spans += [(first + start, first + stop) for start, stop in
+                      grouped_batches([(row.length, row.end) for row in rows[first:last]], batch_size, self.buckets,
+                                      (self.decoder or Decoder).ROW_COSTS)]
+        return spans
 
     def _rows(self, prompts: Sequence[str]) -> Tuple[List["_Row"], List[Tuple[int, str]]]:
         """The rows to complete and, for the others, ``(offset, reason)``."""
@@ -335,13 +374,14 @@ class GenerationEngine:
 
     # ------------------------------------------------------------------ decoding
 
-    def _decode(self, batch: List["_Row"]) -> None:
-        """Decode ``batch`` chunk by chunk, dropping its finished rows; sets each row's tokens."""
+    def _decode(self, batch: List["_Row"], prefix: Any) -> None:
+        """Decode ``batch`` chunk by chunk after ``prefix``'s cache (see :meth:`Decoder.prefill`), dropping its
+        finished rows; sets each row's tokens."""
         import tensorflow as tf
 
         token_ids, mask = self._padded(batch)
         prompt_lengths = mask.sum(axis=1)
-        cache = self.decoder.prefill(token_ids, int(prompt_lengths.max()), self._prefix_cache)
+        cache = self.decoder.prefill(token_ids, int(prompt_lengths.max()), prefix)
         tokens, mask_t = tf.constant(token_ids), tf.constant(mask)
         active = list(range(len(batch)))
         index = int(prompt_lengths.min())
@@ -400,31 +440,35 @@ class GenerationEngine:
 @dataclass
 class GenerationTotals:
     """What one engine (a worker's, for one model and options) completed so far: the job's share of this worker
-    while its tasks run."""
+    while its tasks run. ``prefill_saved`` counts the prompt tokens not prefilled thanks to leading runs rows
+    shared (less the runs' own prefill), ``prefill_possible`` what the runs found could save at most."""
 
     prompts: int = 0
     nulls: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
+    prefill_saved: int = 0
+    prefill_possible: int = 0
 
     def add(self, other: "GenerationTotals") -> None:
         """Count ``other`` (a window's figures) in."""
-        self.prompts, self.nulls = self.prompts + other.prompts, self.nulls + other.nulls
-        self.new_tokens, self.seconds = self.new_tokens + other.new_tokens, self.seconds + other.seconds
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
     def __str__(self) -> str:
         seconds = max(self.seconds, 1e-9)
+        shared = (f", prefill of {self.prefill_saved} prompt tokens saved by shared runs (of "
+                  f"{self.prefill_possible} possible)" if self.prefill_possible else "")
         return (f"{self.prompts} prompts ({self.nulls} null), {self.new_tokens} new tokens in {self.seconds:.2f} s "
-                f"({self.prompts / seconds:.1f} prompts/s, {self.new_tokens / seconds:.1f} new tokens/s)")
+                f"({self.prompts / seconds:.1f} prompts/s, {self.new_tokens / seconds:.1f} new tokens/s){shared}")
 
 
 def timed_window(engine: GenerationEngine, prompts: Sequence[str], batch_size: int) -> List[Optional[str]]:
-    """``engine.complete(prompts, batch_size)``, logging (INFO) the window's prompts/s, new tokens/s and nulls, the
-    worker's totals with this engine so far (``engine.totals``) and its compiles."""
+    """``engine.complete(prompts, batch_size)``, logging (INFO) the window's prompts/s, new tokens/s, nulls and prefill
+    saved by shared runs, the worker's totals with this engine so far (``engine.totals``) and its compiles."""
     started = time.perf_counter()
-    completions, new_tokens = engine.complete(prompts, batch_size)
-    window = GenerationTotals(len(prompts), sum(text is None for text in completions), new_tokens,
-                              time.perf_counter() - started)
+    completions, window = engine.complete(prompts, batch_size)
+    window.seconds = time.perf_counter() - started
     engine.totals.add(window)
     _LOG.info("generated %s; this worker so far: %s; %d compiles on this worker", window, engine.totals,
               engine.compiles)

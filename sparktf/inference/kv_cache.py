@@ -230,8 +230,8 @@ class LayerBufferDecoder(Decoder):
         return [spec] * (2 * self.layers)
 
     def prefill(self, token_ids: np.ndarray, prompt_end: int, prefix: Any = None) -> List[Any]:
-        """The model's own prefill (see :meth:`Decoder.prefill`), split once into the per-layer buffers."""
-        return _split(super().prefill(token_ids, prompt_end, prefix), self.layers)
+        """The model's own prefill (:meth:`Decoder.stacked_prefill`), split once into the per-layer buffers."""
+        return _split(self.stacked_prefill(token_ids, prompt_end, prefix), self.layers)
 
     def _decode_graph(self, token_ids: Any, cache: Any, index: Any, prompt_mask: Any, steps: Any) -> Tuple[Any, Any]:
         """A chunk of ``steps`` decode steps (see :meth:`Decoder.decode`) whose new keys and values go to small tails.
