@@ -1,6 +1,6 @@
 """Batch generation at engine speed: prompts grouped by length, ``max_new_tokens``, finished rows dropped, a shared
-prefix prefilled once, leading runs prompts share found and prefilled once, one bad row not failing the job. Every completion is checked against ``lm.generate`` on its
-prompt alone, for a GPT-2 and a Llama 3 built tiny from config."""
+prefix prefilled once, leading runs prompts share found and prefilled once, one bad row not failing the job. Every
+completion is checked against ``lm.generate`` on its prompt alone, for a GPT-2 and a Llama 3 built tiny from config."""
 
 import dataclasses
 import json
