@@ -3,17 +3,12 @@ prefix prefilled once, leading runs prompts share found and prefilled once, one 
 completion is checked against ``lm.generate`` on its prompt alone, for a GPT-2 and a Llama 3 built tiny from config."""
 
 import dataclasses
-import json
-import os
-import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from sparktf import TFDataset, TFPredictor
-from sparktf.errors import ConfigurationError, DataError
+from sparktf.errors import ConfigurationError
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -203,16 +198,3 @@ def test_the_cache_layout_is_probed_once_on_the_driver_and_travels_with_the_opti
         completions, _ = GenerationEngine(lm, shipped).complete(PROMPTS[:2], batch_size=2)
         assert completions == [_alone(lm, prompt, 2, None) for prompt in PROMPTS[:2]]
     assert len(probes) == 2  # no worker probes again
-
-
-def test_the_figures_reach_the_executors_log_at_info_without_any_logging_set_up():
-    program = os.path.join(os.path.dirname(__file__), "programs", "generate_program.py")
-    ran = subprocess.run([sys.executable, program], capture_output=True, text=True, timeout=240)
-    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
-    completions = json.loads(next(line for line in ran.stdout.splitlines() if line.startswith("COMPLETIONS "))[12:])
-    assert len(completions) == 6 and sum(text is None for text in completions) == 1  # the too long prompt
-    windows = re.findall(r"INFO sparktf.generate: generated (\d+) prompts \((\d+) null\), \d+ new tokens .*new "
-                         r"tokens/s\); this worker so far: .*; 2 compiles on this worker", ran.stderr)
-    assert sum(int(prompts) for prompts, _ in windows) == 6 and sum(int(nulls) for _, nulls in windows) == 1, \
-        ran.stderr[-3000:]
-    assert "WARNING sparktf.generate: generate: 1 of" in ran.stderr  # the null row's reason, through the handler

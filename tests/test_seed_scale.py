@@ -1,10 +1,12 @@
-"""Seed-scale models and the driver JVM: one fresh process with a session of its own runs every case.
+"""Cases that need a fresh driver process: one process with a session of its own runs every case.
 
 ``tests/programs/seed_scale.py`` picks the default driver memory, trains
-ResNet-101 on a 1g driver heap, then kills its driver JVM under a running
-``optimize``; each case prints a ``RESULT <case> ...`` line.
+ResNet-101 on a 1g driver heap, generates with its logging left as a new
+user's is, then kills its driver JVM under a running ``optimize``; each case
+prints a ``RESULT <case> ...`` line.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -23,15 +25,20 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def results(checkpoints):
-    """Each case's RESULT line without ``RESULT <case> ``, by case."""
+def program(checkpoints):
+    """The program's run (its stderr holds the executors' log)."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     # within pytest's own 600 s, so that a hung program is killed here rather than left behind
-    done = subprocess.run([sys.executable, PROGRAM, str(checkpoints)], capture_output=True, text=True, timeout=540,
+    return subprocess.run([sys.executable, PROGRAM, str(checkpoints)], capture_output=True, text=True, timeout=540,
                           env=env)
-    lines = dict(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("RESULT "))
-    assert done.returncode == 0 and len(lines) == 3, \
-        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+
+
+@pytest.fixture(scope="module")
+def results(program):
+    """Each case's RESULT line without ``RESULT <case> ``, by case."""
+    lines = dict(line.split(" ", 2)[1:] for line in program.stdout.splitlines() if line.startswith("RESULT "))
+    assert program.returncode == 0 and len(lines) == 4, \
+        f"exit {program.returncode}\n{program.stdout[-3000:]}\n{program.stderr[-5000:]}"
     return lines
 
 
@@ -57,3 +64,13 @@ def test_killing_the_driver_jvm_under_optimize_raises_a_clear_error(results):
     seconds = float(re.search(r"seconds=([\d.]+)", result).group(1))
     assert seconds < 15
     assert "driver JVM died" in result
+
+
+def test_the_generation_figures_reach_the_executors_log_at_info_without_any_logging_set_up(results, program):
+    completions = json.loads(results["generate"])
+    assert len(completions) == 6 and sum(text is None for text in completions) == 1  # the too long prompt
+    windows = re.findall(r"INFO sparktf.generate: generated (\d+) prompts \((\d+) null\), \d+ new tokens .*new "
+                         r"tokens/s\); this worker so far: .*; 2 compiles on this worker", program.stderr)
+    assert sum(int(prompts) for prompts, _ in windows) == 6 and sum(int(nulls) for _, nulls in windows) == 1, \
+        program.stderr[-3000:]
+    assert "WARNING sparktf.generate: generate: 1 of" in program.stderr  # the null row's reason, through the handler

@@ -1,11 +1,14 @@
-"""The seed-scale cases, run in order in one fresh Python process with a Spark session of its own.
+"""The cases that need a fresh driver process, run in order in one Python process with a Spark session of its own.
 
 ``python seed_scale.py CHECKPOINT_DIR`` prints the memory init_spark picks
 (before any session exists), trains ResNet-101 on Spark's default 1g driver
-heap, then kills the driver JVM under a running ``optimize`` (last: it ends
-the session). Each case prints one ``RESULT <case> ...`` line.
+heap, generates with a tiny GPT-2, its logging left as a new user's is
+(nothing set up: the executors' log is this process's stderr), then kills the
+driver JVM under a running ``optimize`` (last: it ends the session). Each
+case prints one ``RESULT <case> ...`` line.
 """
 
+import json
 import os
 import signal
 import sys
@@ -14,6 +17,11 @@ import time
 
 import numpy as np
 from spark_conf import CONF  # beside this program
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tiny_lms
+
+#: The last prompt is too long for 4 new tokens: its completion is null (on_error="null").
+PROMPTS = ["a b", "ab c", "c a b", "b", "a a c b a", " ".join(["a"] * 14)]
 
 
 def resnet101():
@@ -44,6 +52,18 @@ def resnet101():
     print(f"RESULT resnet101 iterations={history['iterations']} changed={changed} state_mb={state_mb:.0f} "
           f"variables={len(driver)} saved={len(rank0)} equal={equal} saved_iteration={saved.iteration}", flush=True)
     return spark
+
+
+def generate(spark) -> None:
+    """Batch generation on ``spark`` with no logging set up: the engine's figures reach the executors' log."""
+    from sparktf import TFDataset, TFPredictor
+    from tiny_lms import gpt2_lm
+
+    frame = spark.createDataFrame([(prompt,) for prompt in PROMPTS], "prompt string").repartition(2)
+    dataset = TFDataset.from_dataframe(frame, "prompt", batch_per_thread=2)
+    completions = TFPredictor.from_keras(gpt2_lm(), dataset, method="generate", max_new_tokens=4,
+                                         stop_token_ids=None, on_error="null").predict().collect()
+    print("RESULT generate " + json.dumps(completions), flush=True)
 
 
 def kill_jvm(spark) -> None:
@@ -85,4 +105,6 @@ def driver_memory() -> None:
 
 if __name__ == "__main__":
     driver_memory()
-    kill_jvm(resnet101())
+    session = resnet101()
+    generate(session)
+    kill_jvm(session)
