@@ -1,6 +1,7 @@
 """Batch generation at engine speed: prompts grouped by length, ``max_new_tokens``, finished rows dropped, a shared
 prefix prefilled once, leading runs prompts share found and prefilled once, one bad row not failing the job. Every
-completion is checked against ``lm.generate`` on its prompt alone, for a GPT-2 and a Llama 3 built tiny from config."""
+completion is checked against ``lm.generate`` on its prompt alone, for a GPT-2 and a Llama 3 built tiny from config;
+a Mistral, a Gemma and a Gemma 2 decode with a buffer per layer too."""
 
 import dataclasses
 import json

@@ -51,9 +51,8 @@ def qwen_lm(seed=5):
 
 
 def _sharpened(lm, factor=4.0):
-    """``lm`` compiled greedy, its kernels ``factor`` times their random values and its norms' scales
-    random (not ones or zeros): sharper attention and logits, so that a tiny model's tokens depend on the positions it
-    attends to."""
+    """``lm`` compiled greedy, its kernels ``factor`` times their random values and its norms' scales random (not ones
+    or zeros): sharper attention and logits, so that a tiny model's tokens depend on the positions it attends to."""
     for weight in lm.backbone.weights:
         if "kernel" in weight.path:
             weight.assign(weight * factor)
