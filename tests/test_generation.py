@@ -1,6 +1,7 @@
 """Batch generation at engine speed: prompts grouped by length, ``max_new_tokens``, finished rows dropped, a shared
 prefix prefilled once, leading runs prompts share found and prefilled once, one bad row not failing the job. Every
-completion is checked against ``lm.generate`` on its prompt alone, for a GPT-2 and a Llama 3 built tiny from config."""
+completion is checked against ``lm.generate`` on its prompt alone, for a GPT-2 and a Llama 3 built tiny from config;
+a Mistral, a Gemma and a Gemma 2 decode with a buffer per layer too."""
 
 import dataclasses
 
@@ -16,7 +17,7 @@ from sparktf.inference.generation import GenerationEngine, generation_options, l
 from sparktf.inference.decoding import Decoder  # noqa: E402
 from sparktf.inference.kv_cache import LayerBufferDecoder  # noqa: E402
 from sparktf.inference.shared_runs import SharedRuns  # noqa: E402
-from tiny_lms import gpt2_lm, llama3_lm, qwen_lm  # noqa: E402
+from tiny_lms import gemma_lm, gpt2_lm, llama3_lm, mistral_lm, qwen_lm  # noqa: E402
 
 PROMPTS = ["a b", "ab c", "c a b", "b", "a a c b a", "c c b", "ab ab", "b c", "a", "c b a c a b c", "b b", "ab"]
 
@@ -100,7 +101,7 @@ def test_a_preset_round_trip_generates_as_generate_with_its_defaults(spark, tmp_
 
 
 def test_gpt2_and_llama_decode_with_a_buffer_per_layer_and_another_family_copies_the_cache_saying_so_once(caplog):
-    for lm in (gpt2_lm(), llama3_lm()):  # the completions: the test above
+    for lm in (gpt2_lm(), llama3_lm()):  # the completions: the test above; Mistral and Gemma: the test below
         assert isinstance(GenerationEngine(lm, generation_options(lm, {"max_new_tokens": 2})).decoder,
                           LayerBufferDecoder)
     lm = qwen_lm()
@@ -112,6 +113,20 @@ def test_gpt2_and_llama_decode_with_a_buffer_per_layer_and_another_family_copies
     assert said == ["decoding QwenCausalLM with call_with_cache, which copies the cache at each step: sparktf has no "
                     "decode step with a buffer per layer for QwenBackbone"]
     assert completions == [_alone(lm, prompt, 4, None) for prompt in PROMPTS[:5]]
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma", "gemma2"])
+def test_mistral_and_gemma_decode_with_a_buffer_per_layer_as_generate_does_past_their_sliding_windows(family):
+    # Mistral's window (5 positions) and Gemma 2's (5, on every other layer) are shorter than the sequences; Gemma 2
+    # adds norms after the attention and the feed-forward and soft caps on the attention scores and the logits
+    lm = mistral_lm() if family == "mistral" else gemma_lm(gemma2=family == "gemma2")
+    prompts = PROMPTS[:6] + ["c b a c a b c"]  # 2 to 8 tokens: 16 to 22 new ones, 2 or 3 chunks of 8 steps
+    options = generation_options(lm, {"max_length": 24, "stop_token_ids": None})
+    assert options.buffer_family == family.rstrip("2")  # the driver's check of one step's logits
+    engine = GenerationEngine(lm, options)
+    completions, _ = engine.complete(prompts, batch_size=3)
+    assert isinstance(engine.decoder, LayerBufferDecoder)
+    assert completions == [str(text) for text in lm.generate(prompts, max_length=24, stop_token_ids=None)]
 
 
 def test_length_buckets_are_few_and_fixed_and_a_beam_sampler_keeps_generate():

@@ -18,7 +18,7 @@ partition) at a time:
    :mod:`~sparktf.inference.shared_runs`; such rows are batched apart from
    the others) and decodes ``chunk_steps`` tokens at a time, dropping the rows that
    have produced a stop token or their ``max_new_tokens`` between chunks
-   (GPT-2 and Llama with a key and a value buffer per layer,
+   (GPT-2, Llama, Mistral and Gemma with a key and a value buffer per layer,
    :mod:`~sparktf.inference.kv_cache`; other models on ``call_with_cache``);
 4. it gives the completions back in the window's order.
 

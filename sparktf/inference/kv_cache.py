@@ -33,17 +33,27 @@ family's layer order, and has code for these families:
 * ``"gpt2"``: ``GPT2CausalLM`` (``TransformerDecoder``, normalisation first,
   learned positions);
 * ``"llama"``: ``LlamaCausalLM`` and ``Llama3CausalLM`` (rotary positions,
-  grouped-query attention, gated feed-forward).
+  grouped-query attention, gated feed-forward);
+* ``"mistral"``: ``MistralCausalLM``, Llama's step (the same layers) with its
+  sliding window: a query attends to the last ``sliding_window`` positions;
+* ``"gemma"``: ``GemmaCausalLM``, Gemma 1 and Gemma 2 (step of its own:
+  embeddings scaled by ``sqrt(hidden_dim)``, Gemma's rotary layout, GeGLU
+  feed-forward; Gemma 2's norms after the attention and the feed-forward, soft
+  caps on the attention scores, a sliding window on every other layer; the
+  logits' soft cap is the output embedding's own).
 
-Other families (Mistral's sliding window, Gemma's soft caps and query scaling,
-Qwen, ...) decode with :class:`~sparktf.inference.decoding.Decoder` on
-``call_with_cache``, and the engine logs why once. The driver checks a
-family's step against ``call_with_cache`` on a tiny prompt before choosing it
-(:func:`buffer_family`).
+Other families decode with :class:`~sparktf.inference.decoding.Decoder` on
+``call_with_cache`` (Qwen, Phi-3, Falcon, ...), and the engine logs why once;
+Gemma 3 (``Gemma3CausalLM``: query-key norms, a cache of one tensor per layer
+and vision inputs) is not decoded token by token at all
+(:func:`~sparktf.inference.decoding.probe_decoding` refuses its cache). The
+driver checks a family's step against ``call_with_cache`` on a tiny prompt
+before choosing it (:func:`buffer_family`).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -67,6 +77,10 @@ def _family(lm: Any) -> Optional[str]:
         return "gpt2"
     if isinstance(backbone, keras_hub.models.LlamaBackbone):
         return "llama"
+    if isinstance(backbone, keras_hub.models.MistralBackbone):
+        return "mistral"
+    if isinstance(backbone, keras_hub.models.GemmaBackbone):
+        return "gemma"
     return None
 
 
@@ -125,13 +139,18 @@ def _by_head(projected: Any) -> Any:
     return tf.reshape(projected, [tf.shape(projected)[0], projected.shape[2], 1, projected.shape[3]])
 
 
-def _attend(query: Any, past: Tuple[Any, Any], recent: Tuple[Any, Any], start: Any, step: Any, scale: float) -> Any:
+def _attend(query: Any, past: Tuple[Any, Any], recent: Tuple[Any, Any], start: Any, step: Any, scale: float,
+            window: Optional[int] = None, soft_cap: Optional[float] = None) -> Any:
     """One query position ``[batch, 1, heads, dim]`` attending to the ``past`` keys and values ``[batch, kv_heads,
     length, dim]`` before position ``start`` and the ``recent`` ones ``[batch, kv_heads, steps, dim]`` up to slot
     ``step``: ``[batch, 1, heads, dim]``.
 
-    One softmax over both parts' scores; four batched matrix products (grouped-query heads not repeated, no operand
-    transposed).
+    The scores are ``scale`` times the query-key products, then ``soft_cap *
+    tanh(scores / soft_cap)`` when a ``soft_cap`` is given (Gemma 2); with a
+    sliding ``window`` only the last ``window`` positions (the query's own
+    included) are attended to, as Mistral's and Gemma 2's masks do. One
+    softmax over both parts' scores; four batched matrix products
+    (grouped-query heads not repeated, no operand transposed).
     """
     import tensorflow as tf
 
@@ -139,9 +158,17 @@ def _attend(query: Any, past: Tuple[Any, Any], recent: Tuple[Any, Any], start: A
     kv_heads, length = past[0].shape[1], tf.shape(past[0])[2]
     grouped = tf.reshape(query, [batch, kv_heads, heads // kv_heads, dim])
     scale = tf.cast(scale, query.dtype)
-    scores = [tf.cast(tf.matmul(grouped, keys, transpose_b=True) * scale, tf.float32) + tf.where(visible, 0.0, _MASKED)
-              for keys, visible in ((past[0], tf.range(length) < start),
-                                    (recent[0], tf.range(tf.shape(recent[0])[2]) <= step))]
+    past_positions, slots = tf.range(length), tf.range(tf.shape(recent[0])[2])
+    past_visible, recent_visible = past_positions < start, slots <= step
+    if window is not None:  # position start + step sees the positions after start + step - window
+        past_visible &= past_positions > start + step - window
+        recent_visible &= slots > step - window
+    scores = []
+    for keys, visible in ((past[0], past_visible), (recent[0], recent_visible)):
+        products = tf.matmul(grouped, keys, transpose_b=True) * scale
+        if soft_cap is not None:
+            products = tf.tanh(products / soft_cap) * soft_cap
+        scores.append(tf.cast(products, tf.float32) + tf.where(visible, 0.0, _MASKED))
     weights = tf.cast(tf.nn.softmax(tf.concat(scores, axis=-1), axis=-1), past[1].dtype)
     attended = tf.matmul(weights[..., :length], past[1]) + tf.matmul(weights[..., length:], recent[1])
     return tf.reshape(attended, [batch, 1, heads, dim])
@@ -169,17 +196,18 @@ def _gpt2_step(lm: Any, tokens: Any, buffers: List[Any], tails: List[Any], start
     return backbone.token_embedding(backbone.layer_norm(x), reverse=True), written
 
 
-def _llama_step(lm: Any, tokens: Any, buffers: List[Any], tails: List[Any], start: Any,
+def _llama_step(family: str, lm: Any, tokens: Any, buffers: List[Any], tails: List[Any], start: Any,
                 step: Any) -> Tuple[Any, List[Any]]:
-    """Llama's decode step (``LlamaCausalLM.call_with_cache``) at position ``start + step``: the logits and the
-    ``tails`` with slot ``step`` written (see :meth:`LayerBufferDecoder._decode_graph`)."""
+    """Llama's or Mistral's decode step (``LlamaCausalLM.call_with_cache``, ``MistralCausalLM``'s: the same layers
+    but for Mistral's sliding window) at position ``start + step``: the logits and the ``tails`` with slot ``step``
+    written (see :meth:`LayerBufferDecoder._decode_graph`)."""
     import tensorflow as tf
 
     backbone = lm.backbone
     x = backbone.token_embedding(tokens)
     written = []
     for layer_index, layer in enumerate(backbone.transformer_layers):
-        parts = decoder_parts("llama", layer)
+        parts = decoder_parts(family, layer)
         rotary = parts["_self_attention_layer"].rotary_embedding_layer
         normed = parts["_self_attention_layernorm"](x)
         keys = _write(tails[2 * layer_index],
@@ -187,7 +215,7 @@ def _llama_step(lm: Any, tokens: Any, buffers: List[Any], tails: List[Any], star
         values = _write(tails[2 * layer_index + 1], _by_head(parts["attention._value_dense"](normed)), step)
         query = rotary(parts["attention._query_dense"](normed), start_index=start + step)
         attended = _attend(query, buffers[2 * layer_index: 2 * layer_index + 2], (keys, values), start, step,
-                           parts["attention.scale"])
+                           parts["attention.scale"], parts["attention.window"])
         x = parts["attention._output_dense"](attended) + x
         normed = parts["_feedforward_layernorm"](x)
         gate = tf.cast(layer.activation(tf.cast(parts["_feedforward_gate_dense"](normed), tf.float32)), x.dtype)
@@ -196,7 +224,51 @@ def _llama_step(lm: Any, tokens: Any, buffers: List[Any], tails: List[Any], star
     return backbone.token_embedding(backbone.layer_norm(x), reverse=True), written
 
 
-_STEPS = {"gpt2": _gpt2_step, "llama": _llama_step}
+def _gemma_step(lm: Any, tokens: Any, buffers: List[Any], tails: List[Any], start: Any,
+                step: Any) -> Tuple[Any, List[Any]]:
+    """Gemma's decode step (``GemmaCausalLM.call_with_cache``, Gemma 1 and 2) at position ``start + step``: the
+    logits and the ``tails`` with slot ``step`` written (see :meth:`LayerBufferDecoder._decode_graph`).
+
+    Unlike Llama's: the embeddings are scaled by ``sqrt(hidden_dim)``, the
+    rotary embedding is Gemma's (``_apply_rope``), the feed-forward is GeGLU
+    (tanh-approximated GELU), and Gemma 2's layers add norms after the
+    attention and the feed-forward, soft caps on the attention scores and a
+    sliding window on every other layer (the final logits' soft cap is the
+    output embedding's own).
+    """
+    import keras
+    import tensorflow as tf
+
+    backbone = lm.backbone
+    x = backbone.token_embedding(tokens)
+    x = x * tf.cast(tf.sqrt(tf.cast(backbone.hidden_dim, tf.float32)), x.dtype)
+    written = []
+    for layer_index, layer in enumerate(backbone.transformer_layers):
+        parts = decoder_parts("gemma", layer)
+        rotary = parts["attention._apply_rope"]
+        normed = parts["pre_attention_norm"](x)
+        keys = _write(tails[2 * layer_index],
+                      _by_head(rotary(parts["attention.key_dense"](normed), start + step)), step)
+        values = _write(tails[2 * layer_index + 1], _by_head(parts["attention.value_dense"](normed)), step)
+        query = rotary(parts["attention.query_dense"](normed), start + step)
+        attended = parts["attention.output_dense"](
+            _attend(query, buffers[2 * layer_index: 2 * layer_index + 2], (keys, values), start, step,
+                    parts["attention.scale"], parts["attention.window"], parts["attention.soft_cap"]))
+        if parts["post_attention_norm"] is not None:
+            attended = parts["post_attention_norm"](attended)
+        x = x + attended
+        normed = parts["pre_ffw_norm"](x)
+        gated = keras.activations.gelu(parts["gating_ffw"](normed), approximate=True) * parts["gating_ffw_2"](normed)
+        feedforward = parts["ffw_linear"](gated)
+        if parts["post_ffw_norm"] is not None:
+            feedforward = parts["post_ffw_norm"](feedforward)
+        x = feedforward + x
+        written += [keys, values]
+    return backbone.token_embedding(backbone.layer_norm(x), reverse=True), written
+
+
+_STEPS = {"gpt2": _gpt2_step, "llama": partial(_llama_step, "llama"), "mistral": partial(_llama_step, "mistral"),
+          "gemma": _gemma_step}
 
 
 class LayerBufferDecoder(Decoder):
@@ -210,7 +282,7 @@ class LayerBufferDecoder(Decoder):
     layout : CacheLayout
         Its ``call_with_cache`` cache's layout.
     family : str
-        ``"gpt2"`` or ``"llama"`` (:func:`buffer_family`'s).
+        ``"gpt2"``, ``"llama"``, ``"mistral"`` or ``"gemma"`` (:func:`buffer_family`'s).
     """
 
     #: Measured with ``bench_text.py``'s curve (GPT-2 shape, one thread, the bests of 5 runs on a loaded machine):

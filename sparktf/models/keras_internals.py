@@ -11,9 +11,9 @@ table's ids are a model input or a column of one (``ids[:, i]``, Keras'
 ``GetItem``). The compile arguments a model keeps, a ``Lambda``'s
 function as Keras serializes it, the compiled loss and metrics objects,
 Adagrad's accumulator of a variable, a Keras Hub ``CausalLM``'s cache
-builder and the sublayers of its GPT-2 and Llama decoder layers (for
-decoding in place) are read here too. When Keras changes one of these, this module is
-what changes.
+builder and the sublayers of its GPT-2, Llama, Mistral and Gemma decoder
+layers (for decoding with a buffer per layer) are read here too. When Keras
+changes one of these, this module is what changes.
 """
 
 from __future__ import annotations
@@ -103,29 +103,70 @@ def cache_builder(lm: Any) -> Any:
     return getattr(lm, "_build_cache", None)
 
 
-# The private sublayers of a Keras Hub decoder layer and of its attention, by family: what a decode step calls.
+# The private sublayers of a Keras Hub decoder layer (the second: its attention) and of its attention, by family: what a
+# decode step calls.
+# Mistral's layers have Llama's names.
+_LLAMA_NAMES = (("_self_attention_layernorm", "_self_attention_layer", "_feedforward_layernorm",
+                 "_feedforward_gate_dense", "_feedforward_intermediate_dense", "_feedforward_output_dense"),
+                ("_query_dense", "_key_dense", "_value_dense", "_output_dense"))
 _DECODER_PARTS = {
     "gpt2": (("_self_attention_layer_norm", "_self_attention_layer", "_feedforward_layer_norm",
               "_feedforward_intermediate_dense", "_feedforward_output_dense"),
-             ("_query_dense", "_key_dense", "_value_dense", "_output_dense", "_inverse_sqrt_key_dim")),
-    "llama": (("_self_attention_layernorm", "_self_attention_layer", "_feedforward_layernorm",
-               "_feedforward_gate_dense", "_feedforward_intermediate_dense", "_feedforward_output_dense"),
-              ("_query_dense", "_key_dense", "_value_dense", "_output_dense", "_inv_norm_factor")),
+             ("_query_dense", "_key_dense", "_value_dense", "_output_dense")),
+    "llama": _LLAMA_NAMES,
+    "mistral": _LLAMA_NAMES,
+    "gemma": (("pre_attention_norm", "attention", "pre_ffw_norm", "gating_ffw", "gating_ffw_2", "ffw_linear"),
+              ("query_dense", "key_dense", "value_dense", "output_dense", "_apply_rope")),
+}
+# A Gemma 2 layer's norms after its attention and feed-forward (None in a Gemma 1 layer).
+_OPTIONAL_PARTS = {"gemma": ("post_attention_norm", "post_ffw_norm")}
+
+
+def _gemma_attention(layer: Any, attention: Any) -> Tuple[float, Optional[int], Optional[float]]:
+    """``CachedGemmaAttention._compute_attention``'s query scale, sliding window and soft cap."""
+    import numpy as np
+
+    head_dim = attention.head_dim if attention.query_head_dim_normalize else \
+        attention.hidden_dim // attention.num_query_heads
+    window = attention.sliding_window_size if attention.use_sliding_window_attention else None
+    return 1 / np.sqrt(head_dim), window, attention.logit_soft_cap
+
+
+# What a family's attention does to its scores: (query scale, sliding window or None, soft cap or None), read from the
+# decoder layer and its attention. Mistral's window is the decoder layer's (it makes the mask).
+_ATTENTION_SETTINGS = {
+    "gpt2": lambda layer, attention: (attention._inverse_sqrt_key_dim, None, None),
+    "llama": lambda layer, attention: (attention._inv_norm_factor, None, None),
+    "mistral": lambda layer, attention: (attention._inv_norm_factor, layer.sliding_window, None),
+    "gemma": _gemma_attention,
 }
 
 
 def decoder_parts(family: str, layer: Any) -> Optional[Dict[str, Any]]:
-    """The sublayers a decode step of ``family`` (``"gpt2"``: ``TransformerDecoder`` with
-    ``CachedMultiHeadAttention``; ``"llama"``: ``LlamaTransformerDecoder``) calls in ``layer``, by their private
-    names (the attention's with ``"attention."`` first, its softmax scale as ``"attention.scale"``); None when
-    ``layer`` lacks one."""
+    """The sublayers a decode step of ``family`` calls in ``layer``, by their private names; None when ``layer``
+    lacks one.
+
+    The families: ``"gpt2"`` (``TransformerDecoder`` with
+    ``CachedMultiHeadAttention``), ``"llama"`` (``LlamaTransformerDecoder``),
+    ``"mistral"`` (``MistralTransformerDecoder``) and ``"gemma"``
+    (``GemmaDecoderBlock``, Gemma 1 and 2; its optional post-attention and
+    post-feed-forward norms are None when absent). The attention's sublayers
+    (and Gemma's ``_apply_rope``) have ``"attention."`` first; its query scale,
+    sliding window (None: none) and score soft cap (None: none) are
+    ``"attention.scale"``, ``"attention.window"`` and ``"attention.soft_cap"``.
+    """
     layer_names, attention_names = _DECODER_PARTS[family]
     if not all(hasattr(layer, name) for name in layer_names):
         return None
     parts = {name: getattr(layer, name) for name in layer_names}
-    attention = parts["_self_attention_layer"]
+    parts.update({name: getattr(layer, name, None) for name in _OPTIONAL_PARTS.get(family, ())})
+    attention = parts[layer_names[1]]
     if not all(hasattr(attention, name) for name in attention_names):
         return None
-    parts.update({f"attention.{name}": getattr(attention, name) for name in attention_names[:-1]})
-    parts["attention.scale"] = getattr(attention, attention_names[-1])
+    parts.update({f"attention.{name}": getattr(attention, name) for name in attention_names})
+    try:
+        settings = _ATTENTION_SETTINGS[family](layer, attention)
+    except AttributeError:
+        return None
+    parts.update(zip(("attention.scale", "attention.window", "attention.soft_cap"), settings))
     return parts
