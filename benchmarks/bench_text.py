@@ -30,7 +30,12 @@ Side by side in one run, on ``local[2]``:
     new tokens), and each side's peak worker memory is printed;
   - ``RESULT generate_prefix_ratio``: the same path when every prompt starts
     with one 128-token template, given as ``prefix=`` against written into
-    each prompt (goal >= 1.5);
+    each prompt, the engine looking for no shared runs (goal >= 1.5);
+    ``generate_found_prefix_ratio``: written into each prompt, the engine
+    finding the shared run against not looking;
+  - ``RESULT generate_found_templates_ratio``: prompts made of one of 4
+    templates of 128 tokens and a tail of 8-128, the engine finding the
+    runs they share against not looking (goal >= 1.5);
   - ``RESULT generate_ratio``: the new path on 2 partitions against one
     process's best, ``lm.generate`` on batches sorted by length with each
     batch's ``max_length``, on both cores (prompts/s over prompts/s, goal
@@ -91,11 +96,11 @@ def prompts(count: int, seed: int = 1, longest: int = 255) -> List[str]:
     return [" ".join(rng.choice(list(LETTERS), length)) for length in lengths]
 
 
-def template() -> str:
+def template(seed: int = 7) -> str:
     """A 128-token instruction template (the start token and 127 words) every prompt of the prefix case shares."""
     import numpy as np
 
-    return " ".join(np.random.default_rng(7).choice(list(LETTERS), PREFIX_WORDS))
+    return " ".join(np.random.default_rng(seed).choice(list(LETTERS), PREFIX_WORDS))
 
 
 def classifier(lora: int = 0) -> Any:
@@ -285,17 +290,20 @@ def todays_generate(frame: Any, max_length: int) -> Dict[str, Any]:
 
 
 @contextlib.contextmanager
-def copying_decoder() -> Iterator[None]:
-    """Predictors made inside decode with ``call_with_cache`` (the engine before per-layer buffers): the driver's
-    check of the model's family answers no."""
+def engine_without(feature: str) -> Iterator[None]:
+    """Predictors made inside generate without one of the engine's features, as the driver sets them up:
+    ``"buffers"`` decode with ``call_with_cache`` (the engine before per-layer buffers: the driver's check of the
+    model's family answers no); ``"shared_runs"`` look for no leading runs the prompts share."""
     from sparktf.inference import generation
 
-    checked = generation.buffer_family
-    generation.buffer_family = lambda lm, layout: (None, "the benchmark's baseline")
+    name, value = {"buffers": ("buffer_family", lambda lm, layout: (None, "the benchmark's baseline")),
+                   "shared_runs": ("MIN_SHARED_RUN", None)}[feature]
+    kept = getattr(generation, name)
+    setattr(generation, name, value)
     try:
         yield
     finally:
-        generation.buffer_family = checked
+        setattr(generation, name, kept)
 
 
 def generation(spark: Any, count: int) -> Dict[str, float]:
@@ -304,7 +312,7 @@ def generation(spark: Any, count: int) -> Dict[str, float]:
     lengths = [token_count(lm, item) for item in items]
     frame = prompt_frame(spark, items)
     engine = sparktf_generate(frame)
-    with copying_decoder():
+    with engine_without("buffers"):
         copying = sparktf_generate(frame)
     same_engine = sum(copying["outputs"][i] == engine["outputs"][i] for i in range(len(items)))
     today = todays_generate(frame, max(lengths) + NEW_TOKENS)
@@ -324,17 +332,33 @@ def generation(spark: Any, count: int) -> Dict[str, float]:
     shared = sparktf_generate(frame, prefix=prefix)
     frame.unpersist()
     frame = prompt_frame(spark, [prefix + " " + item for item in short])
-    written = sparktf_generate(frame)
+    with engine_without("shared_runs"):
+        written = sparktf_generate(frame)
+    found = sparktf_generate(frame)
     frame.unpersist()
-    same_prefix = sum(prefix + shared["outputs"][i] == written["outputs"][i] for i in range(len(short)))
+    same_prefix = sum(prefix + shared["outputs"][i] == written["outputs"][i] == found["outputs"][i]
+                      for i in range(len(short)))
     print(f"a shared 128-token prefix: given as prefix= {len(short) / shared['seconds']:.1f} prompts/s, written into "
-          f"each prompt {len(short) / written['seconds']:.1f} prompts/s; completions equal: {same_prefix}/{len(short)}")
+          f"each prompt {len(short) / written['seconds']:.1f} prompts/s without looking for shared runs, "
+          f"{len(short) / found['seconds']:.1f} with them; completions equal: {same_prefix}/{len(short)}")
+    templated = [template(7 + i % 4) + " " + item for i, item in enumerate(prompts(count, seed=3, longest=127))]
+    frame = prompt_frame(spark, templated)
+    with engine_without("shared_runs"):
+        ungrouped = sparktf_generate(frame)
+    grouped = sparktf_generate(frame)
+    frame.unpersist()
+    same_grouped = sum(ungrouped["outputs"][i] == grouped["outputs"][i] for i in range(len(templated)))
+    print(f"4 templates of 128 tokens and a tail of 8-128: {len(templated) / grouped['seconds']:.1f} prompts/s with "
+          f"shared runs found, {len(templated) / ungrouped['seconds']:.1f} without; completions equal: "
+          f"{same_grouped}/{len(templated)}")
 
     best = one_process("generate", count)
     print(f"one process, sorted batches, generate on both cores: {best['records'] / best['seconds']:.1f} prompts/s")
     return {"generate_buffers_ratio": copying["seconds"] / engine["seconds"],
             "generate_engine_ratio": today["seconds"] / engine["seconds"],
             "generate_prefix_ratio": written["seconds"] / shared["seconds"],
+            "generate_found_prefix_ratio": written["seconds"] / found["seconds"],
+            "generate_found_templates_ratio": ungrouped["seconds"] / grouped["seconds"],
             "generate_ratio": best["seconds"] / engine["seconds"]}
 
 
