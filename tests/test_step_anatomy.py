@@ -272,3 +272,9 @@ def test_real_slowdowns_recorded_name_the_slowed_rank_and_cost_what_they_slowed(
         return max(rows[:, :len(STEP_PHASES)].sum() for rows in steps)
 
     assert found[0].lost_seconds == pytest.approx(step_seconds(slowed) - step_seconds(healthy), rel=0.1)
+
+
+def test_a_rank_training_alone_cost_nobody_any_time():
+    (rows,) = _recorded()[:1]
+    timings = rank_timings([RankAnatomy(0, "127.0.0.1:4000", "127.0.0.1", {}, rows, 1)])
+    assert timings[0]["lost_seconds"] == 0.0 and timings[0]["delivery"] == pytest.approx(rows[:, STEP_COLUMNS.index("receive")].sum())

@@ -163,8 +163,10 @@ def _waits_caused(anatomies: Iterable[RankAnatomy]) -> Dict[int, np.ndarray]:
         delivery = np.stack([segment[rank][:, ANATOMY_PHASES.index("delivery")] for rank in ranks])
         others = waits.sum(axis=0) - len(ranks) * waits[last, np.arange(waits.shape[1])]
         for i, rank in enumerate(ranks):
-            slower = delivery[i] - np.median(np.delete(delivery, i, axis=0), axis=0)
-            link = (len(ranks) - 1) * np.maximum(slower, 0.0)
+            link = np.zeros(waits.shape[1])  # a rank alone holds nobody up
+            if len(ranks) > 1:
+                slower = delivery[i] - np.median(np.delete(delivery, i, axis=0), axis=0)
+                link = (len(ranks) - 1) * np.maximum(slower, 0.0)
             caused.setdefault(rank, []).append(np.maximum(np.where(last == i, others, 0.0), link))
     return {rank: np.concatenate(parts) for rank, parts in caused.items()}
 
