@@ -424,11 +424,9 @@ class TFOptimizer:
     def rank_timings(self) -> Dict[int, Dict[str, float]]:
         """``{rank: {phase: seconds}}`` of the last call, summed over its segments.
 
-        The step phases ``data``, ``lookup``, ``compute``, ``exchange_wait``, ``transfer`` and ``apply``; the
-        exchange's parts ``send``, ``receive``, ``waited`` and ``delivery``; ``lost_seconds`` (the others' waits for the
-        rank); the set-up phases (``model_load``, ``warm_up``, ...). See ``docs/guides/training.md``, "Why is it
-        slow?".
-        """
+        The step phases (``data``, ``lookup``, ``compute``, ``exchange_wait``, ``transfer``, ``apply``), the
+        exchange's parts (``send``, ``receive``, ``waited``, ``delivery``), ``lost_seconds`` (the others' waits for
+        the rank), the set-up phases (``model_load``, ...): see ``docs/guides/training.md``, "Why is it slow?"."""
         return self.training_session.state.rank_timings
 
     @property
