@@ -149,6 +149,8 @@ def standalone_cluster(host: str, slowed_address: str, slowed_prefix: List[str],
         for process in processes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+        for process in processes:  # reaped: a zombie would keep the cgroup from being removed
+            process.wait(timeout=30)
 
 
 class _NamedAt(logging.Handler):
